@@ -1,0 +1,21 @@
+"""qwen-resnorm-fp4: gated residual + LayerNorm + adaLN modulation + NVFP4 quantization in one CUDA kernel.
+
+Ops: ``torch.ops.qwen_fp4.resnorm_quant``, ``.resnorm``, ``.nvfp4_quantize`` (CUDA kernels where built,
+the pure-PyTorch reference on CPU). Typed wrappers: :func:`resnorm_quant`, :func:`resnorm`,
+:func:`nvfp4_quantize`, :func:`dequantize_nvfp4`.
+"""
+
+from . import ops  # defines the op schemas first
+from . import _library
+
+_library.load()  # then the CUDA kernels register for the CUDA key, if built
+
+from .api import dequantize_nvfp4, nvfp4_quantize, resnorm, resnorm_quant  # noqa: E402
+from .layout import sf_offset_128x4  # noqa: E402
+
+try:
+    from ._version import __version__  # written by setup.py
+except ImportError:  # a source tree that was never built
+    __version__ = "0.1.0"
+
+__all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "sf_offset_128x4", "__version__"]

@@ -1,0 +1,206 @@
+"""Typed, checked entry points over ``torch.ops.qwen_fp4``.
+
+Every check raises TypeError (wrong type or dtype) or ValueError (wrong shape, device or value) naming
+the argument, before anything runs; inputs are never modified. Non-contiguous inputs are made contiguous
+(a copy) so that the kernels can use 16-byte vector loads.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from . import reference
+from .env import resolve_fast_math
+
+Tensor = torch.Tensor
+
+MAX_COLS = 16384
+ACTIVATION_DTYPES = (torch.bfloat16,)
+PARAM_DTYPES = (torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64, torch.bool)
+
+
+def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def _check_tensor(name: str, t: object, dtypes: Sequence[torch.dtype], device: Optional[torch.device]) -> Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {_dtype_names(dtypes)}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but x is on {device}: all tensors must be on one device")
+    return t
+
+
+def _check_cols(name: str, cols: int) -> None:
+    if cols % 64 != 0 or cols <= 0:
+        raise ValueError(f"{name}.shape[-1] (D) must be a positive multiple of 64, got {cols}")
+    if cols > MAX_COLS:
+        raise ValueError(f"{name}.shape[-1] (D) must be at most {MAX_COLS}, got {cols}")
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """Contiguous and 16-byte aligned (a copy only when needed)."""
+    t = t.contiguous()
+    if not torch.compiler.is_compiling() and t.device.type != "meta" and t.data_ptr() % 16 != 0:
+        t = t.clone()
+    return t
+
+
+def _check_global_scale(global_scale: object, device: torch.device) -> Tensor:
+    _check_tensor("global_scale", global_scale, (torch.float32,), device)
+    if global_scale.numel() != 1:
+        raise ValueError(f"global_scale must have exactly one element, got shape {tuple(global_scale.shape)}")
+    return global_scale
+
+
+def _check_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index):
+    _check_tensor("x", x, ACTIVATION_DTYPES, None)
+    dev = x.device
+    _check_tensor("residual", residual, ACTIVATION_DTYPES, dev)
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension ([..., D])")
+    if residual.shape != x.shape:
+        raise ValueError(f"residual shape {tuple(residual.shape)} must equal x shape {tuple(x.shape)}")
+    cols = x.shape[-1]
+    _check_cols("x", cols)
+    rows = x.numel() // cols
+
+    for name, t in (("bias", bias), ("weight", weight), ("norm_bias", norm_bias)):
+        if t is not None:
+            _check_tensor(name, t, PARAM_DTYPES, dev)
+            if tuple(t.shape) != (cols,):
+                raise ValueError(f"{name} must have shape ({cols},) like x's last dim, got {tuple(t.shape)}")
+
+    for name, t in (("gate", gate), ("scale", scale), ("shift", shift)):
+        _check_tensor(name, t, PARAM_DTYPES, dev)
+        if t.dim() not in (1, 2) or t.shape[-1] != cols:
+            raise ValueError(f"{name} must be [D] or [B, D] with D={cols}, got shape {tuple(t.shape)}")
+    if not (gate.shape == scale.shape == shift.shape):
+        raise ValueError(
+            f"gate, scale and shift must have one shape, got {tuple(gate.shape)}, {tuple(scale.shape)}, {tuple(shift.shape)}")
+
+    if modulate_index is not None:
+        _check_tensor("modulate_index", modulate_index, INDEX_DTYPES, dev)
+        if modulate_index.dim() != 2:
+            raise ValueError(f"modulate_index must be [B, S], got shape {tuple(modulate_index.shape)}")
+        b, s = modulate_index.shape
+        if gate.dim() != 2 or gate.shape[0] != 2 * b:
+            raise ValueError(
+                f"with modulate_index of shape {tuple(modulate_index.shape)}, gate/scale/shift must be [2B, D] = "
+                f"[{2 * b}, {cols}], got {tuple(gate.shape)}")
+        if b * s != rows:
+            raise ValueError(f"modulate_index has {b}x{s} = {b * s} entries but x has {rows} rows")
+    elif gate.dim() == 2:
+        b = gate.shape[0]
+        if b == 0 or rows % b != 0:
+            raise ValueError(f"x has {rows} rows, which does not split into gate.shape[0] = {b} batches")
+
+    if isinstance(eps, bool) or not isinstance(eps, (float, int)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+
+
+def resnorm_quant(
+    residual: Tensor,
+    x: Tensor,
+    bias: Optional[Tensor],
+    gate: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    global_scale: Tensor,
+    eps: float = 1e-6,
+    fast_math: Optional[bool] = None,
+    *,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gated residual update + LayerNorm + adaLN modulation + NVFP4 quantization, in one kernel.
+
+    Args:
+        residual, x: bf16 [..., D], D a multiple of 64 (at most 16384). M = x.numel() / D rows.
+        gate, scale, shift: bf16 or fp32, [D] (shared), [B, D] (per batch: x's rows split into B equal
+            groups, e.g. x of shape [B, S, D]) or [2B, D] with ``modulate_index``.
+        global_scale: fp32 one-element tensor on x's device (the FC1 input global scale, 448*6/amax).
+        bias: optional [D], added to x before the gate (a = bf16(x + bias)).
+        eps: LayerNorm epsilon.
+        fast_math: the production quantizer's fast mode; None follows FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH.
+        weight, norm_bias: optional affine LayerNorm parameters, [D].
+        modulate_index: optional [B, S] (int32, int64 or bool); token (b, s) uses modulation row b where the
+            index is 0 and row B + b elsewhere (diffusers' zero_cond_t).
+
+    Returns:
+        packed: uint8 [M, D/2], two E2M1 codes a byte (even element in the low nibble);
+        scales: uint8 [round_up(M, 128), D/16], E4M3 block scales in the 128x4 swizzled layout;
+        residual_out: bf16 like x, the updated residual stream r = bf16(fma(a, gate, residual)).
+
+    Bytes are identical to ``nvfp4_quantize(*resnorm(...))``.
+    """
+    _check_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
+    _check_global_scale(global_scale, x.device)
+    fm = resolve_fast_math(fast_math)
+    opt = lambda t: None if t is None else _aligned(t)  # noqa: E731
+    return torch.ops.qwen_fp4.resnorm_quant(
+        _aligned(residual), _aligned(x), opt(bias), _aligned(gate), _aligned(scale), _aligned(shift),
+        global_scale, float(eps), fm, opt(weight), opt(norm_bias), opt(modulate_index))
+
+
+def resnorm(
+    residual: Tensor,
+    x: Tensor,
+    bias: Optional[Tensor],
+    gate: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    eps: float = 1e-6,
+    *,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """The BF16 half of :func:`resnorm_quant`, same numerics: returns (y, residual_out), both bf16 like x.
+
+    y = bf16(fma(LayerNorm(r), 1 + scale, shift)). Arguments as in :func:`resnorm_quant`.
+    """
+    _check_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
+    opt = lambda t: None if t is None else _aligned(t)  # noqa: E731
+    return torch.ops.qwen_fp4.resnorm(
+        _aligned(residual), _aligned(x), opt(bias), _aligned(gate), _aligned(scale), _aligned(shift),
+        float(eps), opt(weight), opt(norm_bias), opt(modulate_index))
+
+
+def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
+    """NVFP4-quantize bf16 ``y`` [..., D] with the production recipe (FlashInfer / TensorRT-LLM fp4_quantize,
+    128x4 swizzled E4M3 scales). Returns (packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16])."""
+    _check_tensor("y", y, ACTIVATION_DTYPES, None)
+    if y.dim() < 1:
+        raise ValueError("y must have at least one dimension ([..., D])")
+    _check_cols("y", y.shape[-1])
+    _check_global_scale(global_scale, y.device)
+    return torch.ops.qwen_fp4.nvfp4_quantize(_aligned(y), global_scale, resolve_fast_math(fast_math))
+
+
+def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: Optional[int] = None) -> Tensor:
+    """Back to fp32 [rows, D]: e2m1 * float(e4m3 scale) / global_scale. ``rows`` defaults to packed's rows."""
+    _check_tensor("packed", packed, (torch.uint8,), None)
+    _check_tensor("scales", scales, (torch.uint8,), packed.device)
+    _check_global_scale(global_scale, packed.device)
+    if packed.dim() != 2:
+        raise ValueError(f"packed must be [M, D/2], got shape {tuple(packed.shape)}")
+    m, half = packed.shape
+    rows = m if rows is None else int(rows)
+    if not 0 <= rows <= m:
+        raise ValueError(f"rows must be in [0, {m}], got {rows}")
+    cols = half * 2
+    _check_cols("packed (2 * last dim)", cols)
+    need = (rows + 127) // 128 * 128 * (cols // 16)
+    if scales.numel() < need:
+        raise ValueError(f"scales has {scales.numel()} bytes, {need} needed for {rows} rows of {cols}")
+    return reference.dequantize_nvfp4(packed.contiguous(), scales.contiguous(), global_scale, rows)

@@ -1,0 +1,22 @@
+"""The 128x4 swizzled layout of NVFP4 block scales that the FP4 GEMMs (CUTLASS / cuBLASLt / FlashInfer) read."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def round_up(n: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``n``."""
+    return (n + multiple - 1) // multiple * multiple
+
+
+def sf_offset_128x4(m: T, k: T, cols: int) -> T:
+    """Byte offset of the scale of row ``m``, 16-element block ``k`` in a row of ``cols`` elements.
+
+    Rows are tiled by 128 and blocks by 4; inside a tile, row m sits at (m % 32) * 16 + ((m % 128) // 32) * 4
+    and block k at k % 4, so one 512-byte tile holds 128 rows x 4 blocks. Works on ints and integer tensors.
+    """
+    k4 = cols // 64  # tiles of 4 blocks along a row
+    return (m // 128) * (k4 * 512) + (k // 4) * 512 + (m % 32) * 16 + ((m % 128) // 32) * 4 + (k % 4)

@@ -1,0 +1,95 @@
+"""The ``qwen_fp4`` op schemas (defined once, here), their fake implementations and their CPU
+implementations (the pure-PyTorch reference). The CUDA implementations live in csrc/ and register
+themselves for the CUDA dispatch key when the compiled library is loaded (after this module).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import reference
+from .layout import round_up
+
+Tensor = torch.Tensor
+
+NAMESPACE = "qwen_fp4"
+
+SCHEMAS = {
+    "resnorm_quant": (
+        "resnorm_quant(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, "
+        "Tensor global_scale, float eps, bool fast_math, Tensor? weight=None, Tensor? norm_bias=None, "
+        "Tensor? modulate_index=None) -> (Tensor packed, Tensor scales, Tensor residual_out)"
+    ),
+    "resnorm": (
+        "resnorm(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, float eps, "
+        "Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None) -> (Tensor y, Tensor residual_out)"
+    ),
+    "nvfp4_quantize": "nvfp4_quantize(Tensor y, Tensor global_scale, bool fast_math) -> (Tensor packed, Tensor scales)",
+    # The GPU's rcp.approx.ftz.f32, element-wise on fp32: lets the reference reproduce fast mode exactly.
+    "_rcp_approx": "_rcp_approx(Tensor x) -> Tensor",
+}
+
+_lib = torch.library.Library(NAMESPACE, "DEF")
+for _schema in SCHEMAS.values():
+    _lib.define(_schema)
+
+
+def _quant_shapes(like: Tensor) -> Tuple[Tensor, Tensor]:
+    d = like.shape[-1]
+    rows = like.numel() // d
+    packed = like.new_empty((rows, d // 2), dtype=torch.uint8)
+    scales = like.new_empty((round_up(rows, 128), d // 16), dtype=torch.uint8)
+    return packed, scales
+
+
+@torch.library.register_fake(f"{NAMESPACE}::resnorm_quant")
+def _resnorm_quant_fake(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
+                        weight=None, norm_bias=None, modulate_index=None):
+    packed, scales = _quant_shapes(x)
+    return packed, scales, torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::resnorm")
+def _resnorm_fake(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None, modulate_index=None):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+@torch.library.register_fake(f"{NAMESPACE}::nvfp4_quantize")
+def _nvfp4_quantize_fake(y, global_scale, fast_math):
+    return _quant_shapes(y)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::_rcp_approx")
+def _rcp_approx_fake(x):
+    return torch.empty_like(x)
+
+
+# CPU: the reference is the implementation.
+@torch.library.impl(f"{NAMESPACE}::resnorm_quant", "CPU", lib=_lib)
+def _resnorm_quant_cpu(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
+                       weight=None, norm_bias=None, modulate_index=None):
+    return reference.resnorm_quant(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
+                                   weight, norm_bias, modulate_index)
+
+
+@torch.library.impl(f"{NAMESPACE}::resnorm", "CPU", lib=_lib)
+def _resnorm_cpu(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None, modulate_index=None):
+    return reference.resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
+
+
+@torch.library.impl(f"{NAMESPACE}::nvfp4_quantize", "CPU", lib=_lib)
+def _nvfp4_quantize_cpu(y, global_scale, fast_math):
+    return reference.nvfp4_quantize(y, global_scale, fast_math)
+
+
+def gpu_rcp(x: Tensor) -> Tensor:
+    """The GPU's approximate reciprocal (rcp.approx.ftz.f32) of an fp32 CUDA tensor."""
+    return torch.ops.qwen_fp4._rcp_approx(x.float().contiguous())
+
+
+def reference_rcp_for(device: torch.device) -> Optional[callable]:
+    """The reciprocal that makes the reference's fast mode byte-exact on ``device`` (None: IEEE 1/x)."""
+    return gpu_rcp if torch.device(device).type == "cuda" else None

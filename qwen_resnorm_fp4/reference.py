@@ -1,0 +1,220 @@
+"""Pure-PyTorch reference of the numerics contract (docs/numerics.md).
+
+This module *is* the specification: the CPU implementations of the ``qwen_fp4`` ops call it, and the
+GPU tests compare the CUDA kernels against it. It runs on any device (plain tensor ops, no Python loops
+over elements). Every step names the contract step it implements.
+
+Exactness notes
+- Every fp32 operation here is a single IEEE operation, as on the GPU. The fused multiply-adds of the
+  contract are emulated exactly by ``fma_fp32`` (float64 product + TwoSum + a fix for the one double
+  rounding case), because ``a * b + c`` in fp32 would round twice.
+- The row mean/variance are plain ``torch.sum`` in fp32 and ``torch.rsqrt``: a different reduction order
+  and a correctly rounded rsqrt, where the GPU uses a tree reduction and ``rsqrt.approx``. So ``y`` may
+  differ from the GPU in the last bf16 bit for a small fraction of elements; everything else is exact.
+- Fast mode needs the GPU's approximate reciprocal to be byte-exact; pass ``rcp=`` (the CUDA extension
+  exposes it as ``torch.ops.qwen_fp4._rcp_approx``). Without it, IEEE ``1/x`` stands in.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple
+
+import torch
+
+from .layout import round_up, sf_offset_128x4
+
+Tensor = torch.Tensor
+
+FLT_MAX = torch.finfo(torch.float32).max
+E4M3_MAX = 448.0
+BLOCK = 16  # NVFP4 block size along a row
+
+# E2M1 magnitudes by code 0..7; bit 3 is the sign.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# Rounding boundaries between consecutive codes, and whether a tie there rounds up (to the even code).
+_E2M1_BOUNDARIES = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def bf16_round(t: Tensor) -> Tensor:
+    """bf16(v): round-to-nearest-even to bf16, returned as fp32."""
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+def fma_fp32(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """fp32 fused multiply-add ``round_fp32(a * b + c)`` with a single rounding, like CUDA's ``fmaf``.
+
+    The product of two fp32 values is exact in fp64. The fp64 sum rounds once; TwoSum recovers its exact
+    error. Rounding that fp64 sum to fp32 is then correct unless the sum sits exactly halfway between two
+    fp32 values while the true sum is not: then the error's sign decides the direction.
+    """
+    p = a.double() * b.double()
+    cd = c.double()
+    s = p + cd
+    bb = s - p
+    err = (p - (s - bb)) + (cd - bb)
+    f = s.float()
+    lo = torch.where(f.double() <= s, f, torch.nextafter(f, torch.full_like(f, -float("inf"))))
+    hi = torch.nextafter(lo, torch.full_like(lo, float("inf")))
+    tie = (s == (lo.double() + hi.double()) * 0.5) & (err != 0) & torch.isfinite(s)
+    return torch.where(tie, torch.where(err > 0, hi, lo), f)
+
+
+def _modulation_rows(p: Tensor, rows: int, rows_per_batch: int, modulate_index: Optional[Tensor]) -> Tensor:
+    """The [rows, D] fp32 view of a modulation parameter given as [D], [B, D] or [2B, D] + modulate_index."""
+    pf = p.float()
+    if pf.dim() == 1:
+        return pf.unsqueeze(0).expand(rows, -1)
+    batch = torch.arange(rows, device=p.device) // rows_per_batch
+    if modulate_index is not None:
+        num_batches = pf.shape[0] // 2
+        batch = batch + num_batches * (modulate_index.reshape(-1) != 0).long()
+    return pf[batch]
+
+
+def resnorm(
+    residual: Tensor,
+    x: Tensor,
+    bias: Optional[Tensor],
+    gate: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    eps: float,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Contract steps 1-7. Returns (y, residual_out), both bf16 and shaped like ``x``."""
+    d = x.shape[-1]
+    rows = x.numel() // d if d else 0
+    num_batches = 1 if gate.dim() == 1 else (gate.shape[0] // 2 if modulate_index is not None else gate.shape[0])
+    rows_per_batch = max(rows // num_batches, 1)
+    mod = lambda p: _modulation_rows(p, rows, rows_per_batch, modulate_index)  # noqa: E731
+
+    xf = x.reshape(rows, d).float()
+    a = xf if bias is None else bf16_round(xf + bias.float())  # 1
+    r = bf16_round(fma_fp32(a, mod(gate), residual.reshape(rows, d).float()))  # 2
+    inv_d = torch.tensor(1.0, dtype=torch.float32, device=x.device) / d
+    mu = r.sum(-1, keepdim=True) * inv_d  # 3
+    centered = r - mu
+    var = (centered * centered).sum(-1, keepdim=True) * inv_d  # 4
+    rstd = torch.rsqrt(var + torch.tensor(eps, dtype=torch.float32, device=x.device))  # 5
+    n = centered * rstd  # 6
+    if weight is not None or norm_bias is not None:
+        w = weight.float() if weight is not None else torch.ones_like(n)
+        nb = norm_bias.float() if norm_bias is not None else torch.zeros_like(n)
+        n = fma_fp32(n, w.expand_as(n), nb.expand_as(n))
+    n = bf16_round(n)
+    y = bf16_round(fma_fp32(n, 1.0 + mod(scale), mod(shift)))  # 7
+    out_dtype = x.dtype
+    return y.to(out_dtype).reshape(x.shape), r.to(out_dtype).reshape(x.shape)
+
+
+def e4m3_satfinite(v: Tensor) -> Tensor:
+    """fp32 -> E4M3 byte (uint8): round to nearest even, saturating to 448; NaN stays NaN (0x7F)."""
+    v = torch.where(v > E4M3_MAX, torch.full_like(v, E4M3_MAX), v)
+    v = torch.where(v < -E4M3_MAX, torch.full_like(v, -E4M3_MAX), v)
+    return v.to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def e4m3_to_float(b: Tensor) -> Tensor:
+    """E4M3 byte (uint8) -> fp32, exactly."""
+    return b.view(torch.float8_e4m3fn).float()
+
+
+def e2m1_code(v: Tensor) -> Tensor:
+    """fp32 -> E2M1 code (uint8 in 0..15): round to nearest even, |v| > 6 saturates to 6, NaN gives +6
+    (0x7), and a negative value that rounds to zero keeps its sign (0x8)."""
+    av = v.abs()
+    code = torch.zeros(v.shape, dtype=torch.uint8, device=v.device)
+    for boundary, tie_up in _E2M1_BOUNDARIES:  # 7 boundaries, not a loop over elements
+        code += (av >= boundary if tie_up else av > boundary).to(torch.uint8)
+    code = code | (torch.signbit(v).to(torch.uint8) << 3)
+    return torch.where(torch.isnan(v), torch.full_like(code, 0x7), code)
+
+
+def e2m1_value(code: Tensor) -> Tensor:
+    """E2M1 code (uint8) -> fp32 value."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=code.device)
+    mag = table[(code & 0x7).long()]
+    return torch.where((code & 0x8) != 0, -mag, mag)
+
+
+def _ieee_rcp(t: Tensor) -> Tensor:
+    return torch.tensor(1.0, dtype=torch.float32, device=t.device) / t
+
+
+def nvfp4_quantize(
+    y: Tensor,
+    global_scale: Tensor,
+    fast_math: bool,
+    rcp: Optional[Callable[[Tensor], Tensor]] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Contract step 8: NVFP4 of ``y`` ([..., D] bf16) with the production recipe.
+
+    Returns ``packed`` uint8 [M, D/2] (two E2M1 codes a byte, even element in the low nibble) and
+    ``scales`` uint8 [round_up(M, 128), D/16] holding E4M3 block scales in the 128x4 swizzled layout,
+    padding rows zero. ``rcp`` is the reciprocal used in fast mode (default: IEEE 1/x).
+    """
+    d = y.shape[-1]
+    rows = y.numel() // d if d else 0
+    dev = y.device
+    blocks = y.reshape(rows, d // BLOCK, BLOCK).float()
+    g = global_scale.reshape(()).float()
+    nan = torch.isnan(blocks)
+    # amax ignores NaN (fmax semantics) and is NaN only for an all-NaN block, as in the production kernel.
+    amax = torch.where(nan, torch.zeros_like(blocks), blocks.abs()).amax(-1)
+    amax = torch.where(nan.all(-1), torch.full_like(amax, float("nan")), amax)
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=dev)  # noqa: E731
+    if fast_math:
+        rcp = rcp or _ieee_rcp
+        sf = e4m3_satfinite(g * (amax * rcp(f32(6.0))))
+        sf_f = e4m3_to_float(sf)
+        out_scale = torch.where(sf != 0, rcp(sf_f * rcp(g)), torch.zeros_like(sf_f))
+    else:
+        nonzero = amax != 0
+        sf = torch.where(nonzero, e4m3_satfinite(amax * (g * (f32(1.0) / f32(6.0)))), torch.zeros_like(amax, dtype=torch.uint8))
+        sf_f = e4m3_to_float(sf)
+        enc = torch.fmin(f32(1.0) / (sf_f * (f32(1.0) / g)), f32(FLT_MAX))
+        out_scale = torch.where(nonzero, enc, torch.zeros_like(enc))
+    codes = e2m1_code(blocks * out_scale.unsqueeze(-1)).reshape(rows, d)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+    padded_rows = round_up(rows, 128)
+    scales = torch.zeros(padded_rows * (d // BLOCK), dtype=torch.uint8, device=dev)
+    m = torch.arange(rows, device=dev).unsqueeze(1)
+    k = torch.arange(d // BLOCK, device=dev).unsqueeze(0)
+    scales[sf_offset_128x4(m, k, d).reshape(-1)] = sf.reshape(-1)
+    return packed, scales.reshape(padded_rows, d // BLOCK)
+
+
+def resnorm_quant(
+    residual: Tensor,
+    x: Tensor,
+    bias: Optional[Tensor],
+    gate: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    global_scale: Tensor,
+    eps: float,
+    fast_math: bool,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+    rcp: Optional[Callable[[Tensor], Tensor]] = None,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Steps 1-8: (packed, scales, residual_out) == nvfp4_quantize(resnorm(...)) by definition."""
+    y, residual_out = resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
+    packed, scales = nvfp4_quantize(y, global_scale, fast_math, rcp)
+    return packed, scales, residual_out
+
+
+def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: int) -> Tensor:
+    """Back to fp32: value = e2m1 * float(scale) / global_scale, for the first ``rows`` rows."""
+    d = packed.shape[-1] * 2
+    packed = packed.reshape(-1, d // 2)[:rows]
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(rows, d)
+    m = torch.arange(rows, device=packed.device).unsqueeze(1)
+    k = torch.arange(d // BLOCK, device=packed.device).unsqueeze(0)
+    sf = e4m3_to_float(scales.reshape(-1)[sf_offset_128x4(m, k, d)])  # [rows, D/16]
+    vals = e2m1_value(codes).reshape(rows, d // BLOCK, BLOCK) * sf.unsqueeze(-1)
+    return (vals / global_scale.reshape(()).float()).reshape(rows, d)
