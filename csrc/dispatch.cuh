@@ -1,0 +1,24 @@
+// Picks the block shape for a row width and calls f(VPT, kFixedCols, threads) with compile-time VPT and
+// kFixedCols. Fast paths: D = 3072 (Qwen-Image) and 5120 (FLUX-class / video DiTs), exact fits.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+namespace qwen_fp4 {
+
+template <int N>
+using Int = std::integral_constant<int, N>;
+
+template <class F>
+void dispatch_row_shape(int32_t cols, F&& f) {
+  if (cols == 3072) return f(Int<4>{}, Int<3072>{}, 96);
+  if (cols == 5120) return f(Int<4>{}, Int<5120>{}, 160);
+  const int vecs = cols / 8;
+  auto threads_for = [vecs](int vpt) { return ((vecs + vpt - 1) / vpt + 31) / 32 * 32; };
+  if (vecs <= 256) return f(Int<2>{}, Int<0>{}, threads_for(2));  // D <= 2048: <= 128 threads
+  if (vecs <= 1024) return f(Int<4>{}, Int<0>{}, threads_for(4)); // D <= 8192: <= 256 threads
+  return f(Int<8>{}, Int<0>{}, threads_for(8));                    // D <= 16384: <= 256 threads
+}
+
+}  // namespace qwen_fp4

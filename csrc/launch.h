@@ -1,0 +1,66 @@
+// Host-side interface between the op wrappers (ops.cpp, plain C++ against the LibTorch stable ABI) and
+// the kernel translation units (*.cu). Only plain types cross it.
+#pragma once
+
+#include <cstdint>
+
+namespace qwen_fp4 {
+
+// A per-column parameter: bf16 or fp32, or absent (ptr == nullptr).
+struct ParamRef {
+  const void* ptr = nullptr;
+  bool fp32 = false;
+};
+
+enum class ModulationForm : int32_t {
+  kShared = 0,   // [D]
+  kPerBatch = 1, // [B, D]: row m uses row m / rows_per_batch
+  kIndexed = 2,  // [2B, D] + modulate_index [B, S]: row b or B + b by the index
+};
+
+enum class IndexDtype : int32_t { kInt32 = 0, kInt64 = 1, kBool = 2 };
+
+struct ResnormArgs {
+  const void* residual;  // bf16 [rows, cols]
+  const void* x;         // bf16 [rows, cols]
+  ParamRef bias, gate, scale, shift, weight, norm_bias;
+  ModulationForm form;
+  const void* modulate_index;  // [B, S] when form == kIndexed
+  IndexDtype index_dtype;
+  int64_t rows;
+  int32_t cols;
+  int64_t rows_per_batch;
+  int32_t num_batches;
+  float eps;
+  void* residual_out;  // bf16 [rows, cols]
+  void* y;             // bf16 [rows, cols]    (resnorm only)
+  uint8_t* packed;     // [rows, cols / 2]       (resnorm_quant only)
+  uint8_t* scales;     // [round_up(rows, 128), cols / 16], 128x4 swizzled
+  const float* global_scale;
+};
+
+struct QuantizeArgs {
+  const void* y;  // bf16 [rows, cols]
+  int64_t rows;
+  int32_t cols;
+  uint8_t* packed;
+  uint8_t* scales;
+  const float* global_scale;
+};
+
+// Portable path (cuda_fp4.h conversion): sm_90a and the compute_90 PTX. Also used for resnorm everywhere.
+void launch_resnorm(const ResnormArgs& args, void* stream);
+void launch_resnorm_quant_portable(const ResnormArgs& args, bool fast_math, void* stream);
+void launch_nvfp4_quantize_portable(const QuantizeArgs& args, bool fast_math, void* stream);
+void launch_rcp_approx(const float* in, float* out, int64_t n, void* stream);
+
+// Blackwell path (FlashInfer's production conversion): sm_100f / sm_120f cubins.
+// blackwell_kernels_usable() is false when this build has no Blackwell code or the device can't run it.
+bool blackwell_kernels_usable(int device_index);
+void launch_resnorm_quant_blackwell(const ResnormArgs& args, bool fast_math, void* stream);
+void launch_nvfp4_quantize_blackwell(const QuantizeArgs& args, bool fast_math, void* stream);
+
+// Throws std::runtime_error on a CUDA error of the last launch.
+void check_launch(const char* what);
+
+}  // namespace qwen_fp4

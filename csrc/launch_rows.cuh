@@ -1,0 +1,48 @@
+// Launch helpers shared by the portable and Blackwell translation units: one CTA per row, the grid
+// covering round_up(rows, 128) so that the kernel itself zeroes the scale tensor's padding rows.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "dispatch.cuh"
+#include "launch.h"
+#include "resnorm_kernel.cuh"
+
+namespace qwen_fp4 {
+
+template <class Quantizer>
+void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
+  dispatch_row_shape(args.cols, [&](auto vpt, auto fixed, int threads) {
+    resnorm_quant_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value>
+        <<<round_up_128(args.rows), threads, 0, s>>>(args);
+  });
+}
+
+template <class Quantizer>
+void launch_nvfp4_quantize_rows(const QuantizeArgs& args, cudaStream_t s) {
+  dispatch_row_shape(args.cols, [&](auto vpt, auto fixed, int threads) {
+    nvfp4_quantize_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value>
+        <<<round_up_128(args.rows), threads, 0, s>>>(args);
+  });
+}
+
+// Fast and exact mode are template parameters of the quantizer.
+template <template <bool> class Quantizer>
+void launch_resnorm_quant_mode(const ResnormArgs& args, bool fast_math, void* stream, const char* what) {
+  if (args.rows == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (fast_math) launch_resnorm_quant_rows<Quantizer<true>>(args, s);
+  else launch_resnorm_quant_rows<Quantizer<false>>(args, s);
+  check_launch(what);
+}
+
+template <template <bool> class Quantizer>
+void launch_nvfp4_quantize_mode(const QuantizeArgs& args, bool fast_math, void* stream, const char* what) {
+  if (args.rows == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (fast_math) launch_nvfp4_quantize_rows<Quantizer<true>>(args, s);
+  else launch_nvfp4_quantize_rows<Quantizer<false>>(args, s);
+  check_launch(what);
+}
+
+}  // namespace qwen_fp4

@@ -1,0 +1,263 @@
+// Host wrappers of the qwen_fp4 ops for CUDA tensors, against the LibTorch stable ABI: argument checks
+// (they hold on their own, whatever the Python layer did), output allocation through torch (so CUDA-graph
+// capture works), launch on the current stream of the tensors' device under a device guard, no host sync.
+#include "ops.h"
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "launch.h"
+
+namespace qwen_fp4 {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+namespace {
+
+constexpr int64_t kMaxCols = 16384;
+
+const char* dtype_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Float: return "float32";
+    case ScalarType::Half: return "float16";
+    case ScalarType::Byte: return "uint8";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Bool: return "bool";
+    case ScalarType::Double: return "float64";
+    default: return "another dtype";
+  }
+}
+
+std::string shape_str(const Tensor& t) {
+  std::string s = "(";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + ")";
+}
+
+// On the same CUDA device as x, contiguous, 16-byte aligned (the kernels use 16-byte vector accesses).
+void check_cuda_tensor(const char* name, const Tensor& t, const Tensor& x, bool vector_access = true) {
+  STD_TORCH_CHECK(t.is_cuda(), "qwen_fp4: ", name, " must be a CUDA tensor (x is on cuda:", x.get_device_index(), ")");
+  STD_TORCH_CHECK(t.get_device_index() == x.get_device_index(), "qwen_fp4: ", name, " is on cuda:",
+                  t.get_device_index(), " but x is on cuda:", x.get_device_index());
+  STD_TORCH_CHECK(t.is_contiguous(), "qwen_fp4: ", name, " must be contiguous");
+  if (vector_access) {
+    STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "qwen_fp4: ", name,
+                    " must be 16-byte aligned (a view at an odd offset? pass a copy)");
+  }
+}
+
+void check_dtype(const char* name, const Tensor& t, bool allow_fp32) {
+  const ScalarType d = t.scalar_type();
+  const bool ok = d == ScalarType::BFloat16 || (allow_fp32 && d == ScalarType::Float);
+  STD_TORCH_CHECK(ok, "qwen_fp4: ", name, " must be ", allow_fp32 ? "bfloat16 or float32" : "bfloat16", ", got ",
+                  dtype_name(d));
+}
+
+int32_t check_cols(const char* name, const Tensor& t) {
+  STD_TORCH_CHECK(t.dim() >= 1, "qwen_fp4: ", name, " must have at least one dimension ([..., D])");
+  const int64_t cols = t.size(t.dim() - 1);
+  STD_TORCH_CHECK(cols > 0 && cols % 64 == 0, "qwen_fp4: ", name, ".shape[-1] (D) must be a positive multiple of 64, got ",
+                  cols);
+  STD_TORCH_CHECK(cols <= kMaxCols, "qwen_fp4: ", name, ".shape[-1] (D) must be at most ", kMaxCols, ", got ", cols);
+  return static_cast<int32_t>(cols);
+}
+
+void check_global_scale(const Tensor& g, const Tensor& like) {
+  check_cuda_tensor("global_scale", g, like, /*vector_access=*/false);
+  STD_TORCH_CHECK(g.scalar_type() == ScalarType::Float, "qwen_fp4: global_scale must be float32, got ",
+                  dtype_name(g.scalar_type()));
+  STD_TORCH_CHECK(g.numel() == 1, "qwen_fp4: global_scale must have exactly one element, got shape ", shape_str(g));
+}
+
+ParamRef column_param(const char* name, const std::optional<Tensor>& t, const Tensor& x, int32_t cols) {
+  if (!t.has_value()) return {};
+  check_cuda_tensor(name, *t, x);
+  check_dtype(name, *t, /*allow_fp32=*/true);
+  STD_TORCH_CHECK(t->dim() == 1 && t->size(0) == cols, "qwen_fp4: ", name, " must have shape (", cols, "), got ",
+                  shape_str(*t));
+  return {t->data_ptr(), t->scalar_type() == ScalarType::Float};
+}
+
+ParamRef modulation_param(const char* name, const Tensor& t, const Tensor& x, int32_t cols) {
+  check_cuda_tensor(name, t, x);
+  check_dtype(name, t, /*allow_fp32=*/true);
+  STD_TORCH_CHECK((t.dim() == 1 || t.dim() == 2) && t.size(t.dim() - 1) == cols, "qwen_fp4: ", name,
+                  " must be [D] or [B, D] with D=", cols, ", got shape ", shape_str(t));
+  return {t.data_ptr(), t.scalar_type() == ScalarType::Float};
+}
+
+void* current_stream(const Tensor& x) {
+  void* stream = nullptr;
+  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(x.get_device_index(), &stream) == AOTI_TORCH_SUCCESS,
+                  "qwen_fp4: could not get the current CUDA stream");
+  return stream;
+}
+
+// Everything resnorm and resnorm_quant share: checks, and the kernel arguments except the outputs.
+ResnormArgs make_resnorm_args(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
+                              const Tensor& gate, const Tensor& scale, const Tensor& shift, double eps,
+                              const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,
+                              const std::optional<Tensor>& modulate_index) {
+  STD_TORCH_CHECK(x.is_cuda(), "qwen_fp4: x must be a CUDA tensor for the CUDA kernels");
+  check_cuda_tensor("x", x, x);
+  check_cuda_tensor("residual", residual, x);
+  check_dtype("x", x, false);
+  check_dtype("residual", residual, false);
+  const int32_t cols = check_cols("x", x);
+  STD_TORCH_CHECK(residual.dim() == x.dim(), "qwen_fp4: residual shape ", shape_str(residual), " must equal x shape ",
+                  shape_str(x));
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    STD_TORCH_CHECK(residual.size(d) == x.size(d), "qwen_fp4: residual shape ", shape_str(residual),
+                    " must equal x shape ", shape_str(x));
+  }
+  STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, "qwen_fp4: eps must be finite and >= 0, got ", eps);
+
+  ResnormArgs a{};
+  a.residual = residual.data_ptr();
+  a.x = x.data_ptr();
+  a.cols = cols;
+  a.rows = x.numel() / cols;
+  STD_TORCH_CHECK(a.rows <= (int64_t(1) << 31) - 128, "qwen_fp4: x has too many rows (", a.rows, ")");
+  a.eps = static_cast<float>(eps);
+  a.bias = column_param("bias", bias, x, cols);
+  a.weight = column_param("weight", weight, x, cols);
+  a.norm_bias = column_param("norm_bias", norm_bias, x, cols);
+  a.gate = modulation_param("gate", gate, x, cols);
+  a.scale = modulation_param("scale", scale, x, cols);
+  a.shift = modulation_param("shift", shift, x, cols);
+  STD_TORCH_CHECK(gate.dim() == scale.dim() && gate.dim() == shift.dim() && gate.size(0) == scale.size(0) &&
+                      gate.size(0) == shift.size(0),
+                  "qwen_fp4: gate, scale and shift must have one shape, got ", shape_str(gate), ", ", shape_str(scale),
+                  ", ", shape_str(shift));
+
+  if (modulate_index.has_value()) {
+    const Tensor& idx = *modulate_index;
+    check_cuda_tensor("modulate_index", idx, x, /*vector_access=*/false);
+    const ScalarType it = idx.scalar_type();
+    STD_TORCH_CHECK(it == ScalarType::Int || it == ScalarType::Long || it == ScalarType::Bool,
+                    "qwen_fp4: modulate_index must be int32, int64 or bool, got ", dtype_name(it));
+    STD_TORCH_CHECK(idx.dim() == 2, "qwen_fp4: modulate_index must be [B, S], got shape ", shape_str(idx));
+    const int64_t b = idx.size(0), s = idx.size(1);
+    STD_TORCH_CHECK(gate.dim() == 2 && gate.size(0) == 2 * b, "qwen_fp4: with modulate_index of shape ",
+                    shape_str(idx), ", gate/scale/shift must be [2B, D] = [", 2 * b, ", ", cols, "], got ",
+                    shape_str(gate));
+    STD_TORCH_CHECK(b * s == a.rows, "qwen_fp4: modulate_index has ", b * s, " entries but x has ", a.rows, " rows");
+    a.form = ModulationForm::kIndexed;
+    a.modulate_index = idx.data_ptr();
+    a.index_dtype = it == ScalarType::Int ? IndexDtype::kInt32 : it == ScalarType::Long ? IndexDtype::kInt64
+                                                                                           : IndexDtype::kBool;
+    a.num_batches = static_cast<int32_t>(b);
+    a.rows_per_batch = s;
+  } else if (gate.dim() == 2) {
+    const int64_t b = gate.size(0);
+    STD_TORCH_CHECK(b > 0 && a.rows % b == 0, "qwen_fp4: x has ", a.rows,
+                    " rows, which do not split into gate.shape[0] = ", b, " batches");
+    a.form = ModulationForm::kPerBatch;
+    a.num_batches = static_cast<int32_t>(b);
+    a.rows_per_batch = a.rows / b;
+  } else {
+    a.form = ModulationForm::kShared;
+    a.num_batches = 1;
+    a.rows_per_batch = a.rows;
+  }
+  return a;
+}
+
+std::vector<int64_t> sizes_of(const Tensor& t) {
+  std::vector<int64_t> s(t.dim());
+  for (int64_t d = 0; d < t.dim(); ++d) s[d] = t.size(d);
+  return s;
+}
+
+Tensor new_bytes(const Tensor& like, int64_t rows, int64_t cols) {
+  return torch::stable::new_empty(like, {rows, cols}, ScalarType::Byte);
+}
+
+bool use_blackwell(const Tensor& x) { return blackwell_kernels_usable(x.get_device_index()); }
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, const Tensor& x,
+                                                      const std::optional<Tensor>& bias, const Tensor& gate,
+                                                      const Tensor& scale, const Tensor& shift,
+                                                      const Tensor& global_scale, double eps, bool fast_math,
+                                                      const std::optional<Tensor>& weight,
+                                                      const std::optional<Tensor>& norm_bias,
+                                                      const std::optional<Tensor>& modulate_index) {
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
+  check_global_scale(global_scale, x);
+  Tensor packed = new_bytes(x, a.rows, a.cols / 2);
+  Tensor scales = new_bytes(x, (a.rows + 127) / 128 * 128, a.cols / 16);
+  Tensor residual_out = torch::stable::new_empty(x, sizes_of(x));
+  a.residual_out = residual_out.data_ptr();
+  a.packed = static_cast<uint8_t*>(packed.data_ptr());
+  a.scales = static_cast<uint8_t*>(scales.data_ptr());
+  a.global_scale = static_cast<const float*>(global_scale.data_ptr());
+  void* stream = current_stream(x);
+  if (use_blackwell(x)) launch_resnorm_quant_blackwell(a, fast_math, stream);
+  else launch_resnorm_quant_portable(a, fast_math, stream);
+  return {packed, scales, residual_out};
+}
+
+std::tuple<Tensor, Tensor> resnorm_cuda(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
+                                        const Tensor& gate, const Tensor& scale, const Tensor& shift, double eps,
+                                        const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,
+                                        const std::optional<Tensor>& modulate_index) {
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
+  Tensor y = torch::stable::new_empty(x, sizes_of(x));
+  Tensor residual_out = torch::stable::new_empty(x, sizes_of(x));
+  a.y = y.data_ptr();
+  a.residual_out = residual_out.data_ptr();
+  launch_resnorm(a, current_stream(x));
+  return {y, residual_out};
+}
+
+std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math) {
+  STD_TORCH_CHECK(y.is_cuda(), "qwen_fp4: y must be a CUDA tensor for the CUDA kernels");
+  torch::stable::accelerator::DeviceGuard guard(y.get_device_index());
+  check_cuda_tensor("y", y, y);
+  check_dtype("y", y, false);
+  const int32_t cols = check_cols("y", y);
+  check_global_scale(global_scale, y);
+  QuantizeArgs a{};
+  a.y = y.data_ptr();
+  a.cols = cols;
+  a.rows = y.numel() / cols;
+  STD_TORCH_CHECK(a.rows <= (int64_t(1) << 31) - 128, "qwen_fp4: y has too many rows (", a.rows, ")");
+  Tensor packed = new_bytes(y, a.rows, cols / 2);
+  Tensor scales = new_bytes(y, (a.rows + 127) / 128 * 128, cols / 16);
+  a.packed = static_cast<uint8_t*>(packed.data_ptr());
+  a.scales = static_cast<uint8_t*>(scales.data_ptr());
+  a.global_scale = static_cast<const float*>(global_scale.data_ptr());
+  void* stream = current_stream(y);
+  if (use_blackwell(y)) launch_nvfp4_quantize_blackwell(a, fast_math, stream);
+  else launch_nvfp4_quantize_portable(a, fast_math, stream);
+  return {packed, scales};
+}
+
+Tensor rcp_approx_cuda(const Tensor& x) {
+  STD_TORCH_CHECK(x.is_cuda(), "qwen_fp4: _rcp_approx needs a CUDA tensor");
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  check_cuda_tensor("x", x, x, /*vector_access=*/false);
+  STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float, "qwen_fp4: _rcp_approx needs float32, got ",
+                  dtype_name(x.scalar_type()));
+  Tensor out = torch::stable::new_empty(x, sizes_of(x));
+  launch_rcp_approx(static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), x.numel(),
+                    current_stream(x));
+  return out;
+}
+
+}  // namespace qwen_fp4

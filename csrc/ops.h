@@ -1,0 +1,30 @@
+// The CUDA implementations of the qwen_fp4 ops (schemas: qwen_resnorm_fp4/ops.py).
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+
+#include <optional>
+#include <tuple>
+
+namespace qwen_fp4 {
+
+using torch::stable::Tensor;
+
+std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, const Tensor& x,
+                                                      const std::optional<Tensor>& bias, const Tensor& gate,
+                                                      const Tensor& scale, const Tensor& shift,
+                                                      const Tensor& global_scale, double eps, bool fast_math,
+                                                      const std::optional<Tensor>& weight,
+                                                      const std::optional<Tensor>& norm_bias,
+                                                      const std::optional<Tensor>& modulate_index);
+
+std::tuple<Tensor, Tensor> resnorm_cuda(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
+                                        const Tensor& gate, const Tensor& scale, const Tensor& shift, double eps,
+                                        const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,
+                                        const std::optional<Tensor>& modulate_index);
+
+std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math);
+
+Tensor rcp_approx_cuda(const Tensor& x);
+
+}  // namespace qwen_fp4

@@ -1,0 +1,12 @@
+// Registers the CUDA kernels for the qwen_fp4 ops. The schemas are defined once, in
+// qwen_resnorm_fp4/ops.py, which the package imports before it loads this library.
+#include <torch/csrc/stable/library.h>
+
+#include "ops.h"
+
+STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CUDA, m) {
+  m.impl("resnorm_quant", TORCH_BOX(&qwen_fp4::resnorm_quant_cuda));
+  m.impl("resnorm", TORCH_BOX(&qwen_fp4::resnorm_cuda));
+  m.impl("nvfp4_quantize", TORCH_BOX(&qwen_fp4::nvfp4_quantize_cuda));
+  m.impl("_rcp_approx", TORCH_BOX(&qwen_fp4::rcp_approx_cuda));
+}

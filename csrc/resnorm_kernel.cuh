@@ -1,0 +1,227 @@
+// The row kernels. One CTA per row; each thread holds VPT 16-byte vectors of the row in registers, so
+// the row is read from memory once and both LayerNorm passes run on chip. Numerics (docs/numerics.md):
+//   1. a = bf16(x + bias)                   2. r = bf16(fma(a, gate, residual))   -> residual_out
+//   3. mu = sum(r) * (1/D)                   4. var = sum((r - mu)^2) * (1/D)       (two passes, on chip)
+//   5. rstd = rsqrt(var + eps)  (rsqrtf: the GPU's approximate rsqrt)
+//   6. n = bf16((r - mu) * rstd)  or, affine, bf16(fma((r - mu) * rstd, weight, norm_bias))
+//   7. y = bf16(fma(n, 1 + scale, shift))
+//   8. NVFP4 of y (the Quantizer), or y itself.
+// All arithmetic is explicit __f*_rn intrinsics: the compiler may not contract or reorder it, so the
+// fused kernel and resnorm + nvfp4_quantize produce the same bits.
+//
+// Grid: round_up(rows, 128) CTAs; CTAs past the last row zero their row of the scale tensor (padding).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#include "launch.h"
+#include "reduce.cuh"
+#include "sf_layout.cuh"
+#include "vec.cuh"
+
+namespace qwen_fp4 {
+
+// Block shape for a row: VPT vectors per thread. kFixedCols != 0 specialises one width exactly
+// (threads = kFixedCols / 8 / VPT, no bounds checks); 0 handles any multiple of 64 at run time.
+template <int VPT, int kFixedCols>
+struct RowShape {
+  static constexpr int kFixedVecs = kFixedCols / kVecElems;
+  static constexpr int kFixedThreads = kFixedVecs / VPT;
+  static_assert(kFixedCols == 0 || (kFixedVecs % VPT == 0 && kFixedThreads % 32 == 0), "bad fixed shape");
+  static __device__ __forceinline__ int vecs(int32_t cols) { return kFixedCols ? kFixedVecs : cols / kVecElems; }
+  static __device__ __forceinline__ int threads() { return kFixedCols ? kFixedThreads : blockDim.x; }
+  static __device__ __forceinline__ bool valid(int vec, int vecs) { return kFixedCols != 0 || vec < vecs; }
+};
+
+// Writes zero to the scale bytes of padding row `row` (rows .. round_up(rows, 128) - 1).
+__device__ __forceinline__ void zero_scale_row(uint8_t* scales, int64_t row, int32_t cols) {
+  for (int k = threadIdx.x; k < cols / 16; k += blockDim.x) scales[sf_offset_128x4(row, k, cols)] = 0;
+}
+
+// Quantizes the row's vectors and stores packed codes and scales. All lanes take part (shuffles).
+template <class Quantizer, int VPT, class Shape>
+__device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], int64_t row, int32_t cols, int vecs,
+                                                       float global_scale, uint8_t* packed, uint8_t* scales) {
+  uint32_t* packed_row = reinterpret_cast<uint32_t*>(packed + row * (cols / 2));
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = i * Shape::threads() + threadIdx.x;
+    const bool valid = Shape::valid(v, vecs);
+    // The even vector of each pair writes the block's scale.
+    uint8_t* sf = (valid && (v % 2 == 0)) ? scales + sf_offset_128x4(row, v / 2, cols) : nullptr;
+    const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);
+    if (valid) packed_row[v] = codes;
+  }
+}
+
+// Steps 1-7 for one row; returns y (bf16x8 per vector) and writes residual_out.
+template <int VPT, class Shape>
+__device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row, uint4 (&y_out)[VPT]) {
+  const int32_t cols = args.cols;
+  const int vecs = Shape::vecs(cols);
+  __shared__ float scratch[32];
+
+  // Issue the streaming loads first: this is where the time goes.
+  const uint4* x_row = reinterpret_cast<const uint4*>(args.x) + row * vecs;
+  const uint4* res_row = reinterpret_cast<const uint4*>(args.residual) + row * vecs;
+  uint4 xv[VPT], rv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = i * Shape::threads() + threadIdx.x;
+    if (Shape::valid(v, vecs)) {
+      xv[i] = load_stream(x_row + v);
+      rv[i] = load_stream(res_row + v);
+    } else {
+      xv[i] = rv[i] = make_uint4(0, 0, 0, 0);
+    }
+  }
+
+  // Which row of gate/scale/shift this row uses.
+  int64_t mod_row = 0;
+  if (args.form != ModulationForm::kShared) {
+    const int64_t batch = row / args.rows_per_batch;
+    mod_row = batch;
+    if (args.form == ModulationForm::kIndexed) {
+      bool second;
+      switch (args.index_dtype) {
+        case IndexDtype::kInt32: second = reinterpret_cast<const int32_t*>(args.modulate_index)[row] != 0; break;
+        case IndexDtype::kInt64: second = reinterpret_cast<const int64_t*>(args.modulate_index)[row] != 0; break;
+        default: second = reinterpret_cast<const uint8_t*>(args.modulate_index)[row] != 0; break;
+      }
+      mod_row = second ? args.num_batches + batch : batch;
+    }
+  }
+
+  // Steps 1-2 and the row sum.
+  float r[VPT][kVecElems];
+  float sum = 0.0f;
+  uint4* res_out_row = reinterpret_cast<uint4*>(args.residual_out) + row * vecs;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = i * Shape::threads() + threadIdx.x;
+    const bool valid = Shape::valid(v, vecs);
+    float xf[kVecElems], resf[kVecElems], gate[kVecElems];
+    bf16x8_to_float(xv[i], xf);
+    bf16x8_to_float(rv[i], resf);
+    if (valid) {
+      load_param8(args.gate, mod_row, cols, v, gate);
+      if (args.bias.ptr != nullptr) {
+        float bias[kVecElems];
+        load_param8(args.bias, 0, cols, v, bias);
+#pragma unroll
+        for (int j = 0; j < kVecElems; ++j) xf[j] = bf16_round(__fadd_rn(xf[j], bias[j]));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVecElems; ++j) gate[j] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kVecElems; ++j) {
+      r[i][j] = bf16_round(__fmaf_rn(xf[j], gate[j], resf[j]));
+      sum = __fadd_rn(sum, r[i][j]);
+    }
+    if (valid) res_out_row[v] = float_to_bf16x8(r[i]);
+  }
+
+  // Steps 3-5: two passes over the values held in registers.
+  const float inv_cols = __fdiv_rn(1.0f, float(cols));
+  const float mu = __fmul_rn(block_sum(sum, scratch), inv_cols);
+  float sq = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const bool valid = Shape::valid(i * Shape::threads() + threadIdx.x, vecs);
+#pragma unroll
+    for (int j = 0; j < kVecElems; ++j) {
+      const float d = valid ? __fsub_rn(r[i][j], mu) : 0.0f;
+      sq = __fmaf_rn(d, d, sq);
+    }
+  }
+  const float var = __fmul_rn(block_sum(sq, scratch), inv_cols);
+  const float rstd = rsqrtf(__fadd_rn(var, args.eps));
+
+  // Steps 6-7.
+  const bool affine = args.weight.ptr != nullptr || args.norm_bias.ptr != nullptr;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = i * Shape::threads() + threadIdx.x;
+    float y[kVecElems];
+    if (Shape::valid(v, vecs)) {
+      float scale[kVecElems], shift[kVecElems];
+      load_param8(args.scale, mod_row, cols, v, scale);
+      load_param8(args.shift, mod_row, cols, v, shift);
+      float w[kVecElems], nb[kVecElems];
+      if (affine) {
+        if (args.weight.ptr != nullptr) load_param8(args.weight, 0, cols, v, w);
+        if (args.norm_bias.ptr != nullptr) load_param8(args.norm_bias, 0, cols, v, nb);
+      }
+#pragma unroll
+      for (int j = 0; j < kVecElems; ++j) {
+        float n = __fmul_rn(__fsub_rn(r[i][j], mu), rstd);
+        if (affine) {
+          n = __fmaf_rn(n, args.weight.ptr != nullptr ? w[j] : 1.0f, args.norm_bias.ptr != nullptr ? nb[j] : 0.0f);
+        }
+        n = bf16_round(n);
+        y[j] = bf16_round(__fmaf_rn(n, __fadd_rn(1.0f, scale[j]), shift[j]));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVecElems; ++j) y[j] = 0.0f;
+    }
+    y_out[i] = float_to_bf16x8(y);
+  }
+}
+
+// resnorm: writes y. No scales, so no padding rows: grid = rows.
+template <int VPT, int kFixedCols>
+__global__ void __launch_bounds__(256) resnorm_kernel(const ResnormArgs args) {
+  using Shape = RowShape<VPT, kFixedCols>;
+  const int64_t row = blockIdx.x;
+  uint4 y[VPT];
+  resnorm_row<VPT, Shape>(args, row, y);
+  const int vecs = Shape::vecs(args.cols);
+  uint4* y_row = reinterpret_cast<uint4*>(args.y) + row * vecs;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = i * Shape::threads() + threadIdx.x;
+    if (Shape::valid(v, vecs)) y_row[v] = y[i];
+  }
+}
+
+// resnorm_quant: steps 1-8 in one pass; y never leaves registers.
+template <class Quantizer, int VPT, int kFixedCols>
+__global__ void __launch_bounds__(256) resnorm_quant_kernel(const ResnormArgs args) {
+  using Shape = RowShape<VPT, kFixedCols>;
+  const int64_t row = blockIdx.x;
+  if (row >= args.rows) {
+    zero_scale_row(args.scales, row, args.cols);
+    return;
+  }
+  uint4 y[VPT];
+  resnorm_row<VPT, Shape>(args, row, y);
+  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, args.cols, Shape::vecs(args.cols), *args.global_scale,
+                                                args.packed, args.scales);
+}
+
+// nvfp4_quantize: the standalone quantizer over bf16 rows.
+template <class Quantizer, int VPT, int kFixedCols>
+__global__ void __launch_bounds__(256) nvfp4_quantize_kernel(const QuantizeArgs args) {
+  using Shape = RowShape<VPT, kFixedCols>;
+  const int64_t row = blockIdx.x;
+  if (row >= args.rows) {
+    zero_scale_row(args.scales, row, args.cols);
+    return;
+  }
+  const int vecs = Shape::vecs(args.cols);
+  const uint4* y_row = reinterpret_cast<const uint4*>(args.y) + row * vecs;
+  uint4 y[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = i * Shape::threads() + threadIdx.x;
+    y[i] = Shape::valid(v, vecs) ? load_stream(y_row + v) : make_uint4(0, 0, 0, 0);
+  }
+  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, args.cols, vecs, *args.global_scale, args.packed,
+                                                args.scales);
+}
+
+}  // namespace qwen_fp4

@@ -1,0 +1,17 @@
+// The 128x4 swizzled layout of NVFP4 block scales (what the FP4 GEMMs read). Mirrors layout.py.
+#pragma once
+
+#include <cstdint>
+
+namespace qwen_fp4 {
+
+// Byte offset of the scale of row m, 16-element block k, in rows of `cols` elements:
+// 512-byte tiles of 128 rows x 4 blocks; inside a tile row m sits at (m % 32) * 16 + ((m % 128) / 32) * 4.
+__host__ __device__ __forceinline__ int64_t sf_offset_128x4(int64_t m, int64_t k, int32_t cols) {
+  const int64_t k4 = cols / 64;
+  return (m / 128) * (k4 * 512) + (k / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k % 4);
+}
+
+__host__ __device__ __forceinline__ int64_t round_up_128(int64_t n) { return (n + 127) / 128 * 128; }
+
+}  // namespace qwen_fp4

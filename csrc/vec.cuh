@@ -1,0 +1,52 @@
+// 16-byte vectors of 8 bf16 and the fp32 views the kernels compute on.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#include "launch.h"
+
+namespace qwen_fp4 {
+
+constexpr int kVecElems = 8;  // one 16-byte load of bf16
+
+// bf16(v): round to nearest even, back to fp32.
+__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+__device__ __forceinline__ void bf16x8_to_float(const uint4& u, float (&f)[kVecElems]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int j = 0; j < kVecElems / 2; ++j) {
+    const float2 p = __bfloat1622float2(h[j]);
+    f[2 * j] = p.x;
+    f[2 * j + 1] = p.y;
+  }
+}
+
+// Values already rounded to bf16 convert back exactly.
+__device__ __forceinline__ uint4 float_to_bf16x8(const float (&f)[kVecElems]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int j = 0; j < kVecElems / 2; ++j) h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+  return u;
+}
+
+// Activations are read once: stream them past L1.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
+
+// Eight consecutive entries of row `row` of a [*, cols] parameter, starting at column 8 * vec.
+__device__ __forceinline__ void load_param8(const ParamRef& p, int64_t row, int32_t cols, int vec,
+                                            float (&out)[kVecElems]) {
+  const int64_t first = row * cols + int64_t(vec) * kVecElems;
+  if (p.fp32) {
+    const float4* q = reinterpret_cast<const float4*>(p.ptr) + first / 4;
+    const float4 a = __ldg(q), b = __ldg(q + 1);
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+  } else {
+    bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.ptr) + first / kVecElems), out);
+  }
+}
+
+}  // namespace qwen_fp4

@@ -1,0 +1,183 @@
+"""Build of qwen-resnorm-fp4: one CUDA extension against the LibTorch stable ABI and Python's limited API,
+so one cp310-abi3 wheel serves every torch >= 2.10 and Python >= 3.10 of the same CUDA major version.
+
+Environment:
+  QWEN_FP4_CUDA_ARCHS     GPU targets, ';'-separated (default "90a;100f;120f;compute_90": cubins for
+                          sm_90a, sm_100f, sm_120f and compute_90 PTX for GPUs the wheel does not know).
+  QWEN_FP4_FLASHINFER_DIR FlashInfer headers for the Blackwell targets (see third_party/README.md).
+  QWEN_FP4_NO_CUDA=1      Pure-Python install (CPU reference only), even with a CUDA toolkit.
+  MAX_JOBS                Parallel compile jobs (ninja).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent.resolve()
+PACKAGE = ROOT / "qwen_resnorm_fp4"
+VERSION = "0.1.0"
+FLASHINFER_PINNED = "0.7.4"  # the flashinfer-python whose headers the Blackwell path is tested against
+DEFAULT_ARCHS = "90a;100f;120f;compute_90"
+TORCH_TARGET_VERSION = "0x020a000000000000"  # stable ABI of torch 2.10
+
+
+def log(msg: str) -> None:
+    print(f"qwen-resnorm-fp4 setup: {msg}", file=sys.stderr, flush=True)
+
+
+def cuda_archs() -> list[str]:
+    archs = [a.strip() for a in os.environ.get("QWEN_FP4_CUDA_ARCHS", DEFAULT_ARCHS).replace(",", ";").split(";")]
+    return [a for a in archs if a]
+
+
+def gencode_flags(archs: list[str]) -> list[str]:
+    flags = []
+    for a in archs:
+        if a.startswith("compute_"):
+            flags.append(f"-gencode=arch={a},code={a}")
+        else:
+            flags.append(f"-gencode=arch=compute_{a},code=sm_{a}")
+    return flags
+
+
+def is_blackwell(arch: str) -> bool:
+    digits = "".join(c for c in arch.replace("compute_", "") if c.isdigit())
+    return int(digits) >= 100
+
+
+def find_flashinfer() -> tuple[Path, str, Path | None]:
+    """(include root holding tensorrt_llm/ and flashinfer/, a description, the licence file)."""
+
+    def layout(base: Path):
+        nv = base / "csrc" / "nv_internal"
+        if (nv / "tensorrt_llm" / "kernels" / "quantization_utils.cuh").is_file():
+            return nv
+        return None
+
+    tried = []
+    env = os.environ.get("QWEN_FP4_FLASHINFER_DIR")
+    if env:
+        for base in (Path(env), Path(env) / "data"):
+            nv = layout(base)
+            if nv:
+                return nv, f"QWEN_FP4_FLASHINFER_DIR={env}", _licence(base)
+        tried.append(f"QWEN_FP4_FLASHINFER_DIR={env} (no csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh)")
+    else:
+        tried.append("QWEN_FP4_FLASHINFER_DIR (not set)")
+
+    checkout = ROOT / "third_party" / "flashinfer"
+    nv = layout(checkout)
+    if nv:
+        return nv, f"checkout {checkout}", _licence(checkout)
+    tried.append(f"a FlashInfer checkout at {checkout} (absent)")
+
+    spec = importlib.util.find_spec("flashinfer")
+    if spec is not None and spec.submodule_search_locations:
+        pkg = Path(list(spec.submodule_search_locations)[0])
+        nv = layout(pkg / "data")
+        version = importlib.metadata.version("flashinfer-python")
+        if nv:
+            if version != FLASHINFER_PINNED and os.environ.get("QWEN_FP4_FLASHINFER_ANY_VERSION") != "1":
+                raise SystemExit(
+                    f"qwen-resnorm-fp4: flashinfer-python {version} is installed, but the Blackwell path is tested "
+                    f"against {FLASHINFER_PINNED}: pip install --no-deps flashinfer-python=={FLASHINFER_PINNED} "
+                    "(or set QWEN_FP4_FLASHINFER_ANY_VERSION=1 to build against it anyway)")
+            dist = Path(str(importlib.metadata.distribution("flashinfer-python").locate_file(""))) / \
+                f"flashinfer_python-{version}.dist-info" / "licenses" / "LICENSE"
+            return nv, f"flashinfer-python {version} at {pkg}", dist if dist.is_file() else None
+        tried.append(f"the installed flashinfer-python {version} at {pkg} (no data/csrc/nv_internal)")
+    else:
+        tried.append("the installed flashinfer-python package (not installed)")
+    raise SystemExit(
+        "qwen-resnorm-fp4: the Blackwell targets need FlashInfer's headers and none were found. Tried, in order:\n  "
+        + "\n  ".join(tried)
+        + f"\nFix one: pip install --no-deps flashinfer-python=={FLASHINFER_PINNED}; or clone FlashInfer into "
+        "third_party/flashinfer; or point QWEN_FP4_FLASHINFER_DIR at a FlashInfer source tree. "
+        "Or build without Blackwell: QWEN_FP4_CUDA_ARCHS='90a;compute_90'.")
+
+
+def _licence(base: Path) -> Path | None:
+    for cand in (base / "LICENSE", base.parent / "LICENSE"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def write_build_info(archs: list[str], flashinfer: str | None, cuda: str | None) -> None:
+    import torch
+
+    (PACKAGE / "_version.py").write_text(f'__version__ = "{VERSION}"\n')
+    (PACKAGE / "_build_info.py").write_text(
+        "# Written by setup.py at build time.\n"
+        f"CUDA_ARCHS = {archs!r}\n"
+        f"FLASHINFER = {flashinfer!r}\n"
+        f"BUILD_TORCH = {torch.__version__!r}\n"
+        f"BUILD_CUDA = {cuda!r}\n")
+
+
+def extension_modules():
+    if os.environ.get("QWEN_FP4_NO_CUDA") == "1":
+        log("QWEN_FP4_NO_CUDA=1: installing pure Python (CPU reference only).")
+        write_build_info([], None, None)
+        return [], {}
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
+
+    if CUDA_HOME is None:
+        log("no CUDA toolkit found (CUDA_HOME): installing pure Python (CPU reference only).")
+        write_build_info([], None, None)
+        return [], {}
+
+    archs = cuda_archs()
+    sources = ["csrc/registration.cpp", "csrc/ops.cpp", "csrc/launch_portable.cu"]
+    include_dirs = [str(ROOT / "csrc")]
+    # torch adds Py_LIMITED_API itself for py_limited_api; USE_CUDA declares the CUDA parts of the shim.
+    defines = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}", "-DUSE_CUDA"]
+    flashinfer_desc = None
+    licences_dir = PACKAGE / "_licenses"
+    shutil.rmtree(licences_dir, ignore_errors=True)
+    if any(is_blackwell(a) and not a.startswith("compute_") for a in archs):
+        nv, flashinfer_desc, licence = find_flashinfer()
+        log(f"Blackwell targets use FlashInfer's headers from {flashinfer_desc}")
+        sources.append("csrc/launch_blackwell.cu")
+        include_dirs += [str(nv), str(nv / "include"), str(nv.parent.parent / "include")]
+        if licence is not None:
+            licences_dir.mkdir(exist_ok=True)
+            shutil.copy(licence, licences_dir / "LICENSE.flashinfer.txt")
+    else:
+        sources.append("csrc/launch_blackwell_stub.cpp")
+    log(f"GPU targets: {' '.join(archs)}")
+
+    import torch
+
+    write_build_info(archs, flashinfer_desc, torch.version.cuda)
+    # torch's defaults hide the bf16/half operators that FlashInfer's headers use: undo that.
+    undef = ["-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+             "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_OPERATORS__"]
+    nvcc = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DENABLE_BF16", "-DENABLE_FP8", "-DENABLE_FP4",
+            "-lineinfo", *undef, *defines, *gencode_flags(archs)]
+    ext = CUDAExtension(
+        name="qwen_resnorm_fp4._C",
+        sources=sources,
+        include_dirs=include_dirs,
+        extra_compile_args={"cxx": ["-O3", "-std=c++17", *defines], "nvcc": nvcc},
+        py_limited_api=True,
+    )
+    return [ext], {"build_ext": BuildExtension}
+
+
+ext_modules, cmdclass = extension_modules()
+
+setup(
+    packages=find_packages(include=["qwen_resnorm_fp4", "qwen_resnorm_fp4.*"]),
+    package_data={"qwen_resnorm_fp4": ["_licenses/*"]},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    options={"bdist_wheel": {"py_limited_api": "cp310"}} if ext_modules else {},
+)
