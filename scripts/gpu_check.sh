@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The one command for a GPU machine: installs the wheel built elsewhere (dist/*.whl), runs the GPU tests
+# from the installed wheel (not the source tree), and optionally the benchmark, Nsight Compute and
+# compute-sanitizer. Logs go to $OUT (default ./gpu_logs).
+#
+#   bash scripts/gpu_check.sh [tests] [bench] [ncu] [sanitizer]     (default: tests)
+#   PYTEST_ARGS="-k fast" bash scripts/gpu_check.sh tests
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$REPO/gpu_logs}
+mkdir -p "$OUT"
+stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(tests)
+export PYTHONUNBUFFERED=1
+status=0
+
+wheel=$(ls -t "$REPO"/dist/qwen_resnorm_fp4-*.whl 2>/dev/null | head -1)
+[ -n "$wheel" ] || { echo "no wheel in $REPO/dist: build one first (see README)"; exit 2; }
+python3 -m pip install -q --no-deps --no-index --force-reinstall "$wheel" 2>&1 | grep -v "^WARNING: Running pip as" || true
+cd /tmp  # import the installed package, not the source tree
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+  python3 -m qwen_resnorm_fp4 info 2>&1 || python3 -c "import qwen_resnorm_fp4, qwen_resnorm_fp4._library as l; print(qwen_resnorm_fp4.__file__, l.status())"
+} 2>&1 | tee "$OUT/env.txt"
+
+for stage in "${stages[@]}"; do
+  case "$stage" in
+    tests)
+      python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
+    bench)
+      python3 -m qwen_resnorm_fp4 bench --out "$OUT/bench" --check-targets ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    ncu)
+      python3 "$REPO/scripts/ncu_target.py" --warmup-only >/dev/null 2>&1
+      ncu --clock-control none --kernel-name regex:resnorm_quant_kernel --launch-skip 3 --launch-count 1 \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+          python3 "$REPO/scripts/ncu_target.py" 2>&1 | tee "$OUT/ncu.log" || status=1 ;;
+    sanitizer)
+      for tool in memcheck racecheck initcheck synccheck; do
+        compute-sanitizer --tool $tool --error-exitcode 9 python3 "$REPO/scripts/sanitizer_target.py" \
+          2>&1 | tail -5 | tee "$OUT/sanitizer_$tool.log" || status=1
+      done ;;
+    *) echo "unknown stage $stage"; status=2 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,16 @@
+"""What Nsight Compute profiles: the fused op at 4096 rows x 3072 (Qwen-Image image stream), a few calls."""
+import sys
+
+import torch
+
+import qwen_resnorm_fp4 as q
+
+rows, cols = 4096, 3072
+g = torch.Generator(device="cuda").manual_seed(0)
+x = torch.randn(1, rows, cols, device="cuda", generator=g).bfloat16()
+res = torch.randn(1, rows, cols, device="cuda", generator=g).bfloat16()
+p = [torch.randn(1, cols, device="cuda", generator=g).bfloat16() * 0.1 for _ in range(3)]
+G = torch.tensor([100.0], device="cuda")
+for _ in range(1 if "--warmup-only" in sys.argv else 5):
+    q.resnorm_quant(res, x, None, p[0], p[1], p[2], G)
+torch.cuda.synchronize()

@@ -1,0 +1,280 @@
+"""GPU tests of the CUDA kernels against the reference (skipped without a GPU and the compiled library).
+
+What is exact where (docs/numerics.md):
+- residual_out: bit-exact against the reference (steps 1-2 involve no reduction).
+- y: the reference sums in another order and uses a correctly rounded rsqrt where the GPU uses
+  rsqrt.approx (<= 2 ulp). mu and rstd therefore differ by a few fp32 ulps (relative ~1e-6), far below
+  half a bf16 ulp (2^-9), so bf16(n) can differ by at most 1 ulp, and only for the few elements whose
+  exact value lies within ~1e-6 of a bf16 rounding boundary. y = fma(n, 1 + scale, shift) carries that
+  1-ulp change of n scaled by |1 + scale|, i.e. at most 1 ulp of |n * (1 + scale)| = |y - shift| plus
+  y's own rounding: bound 2 ulps of max(|y|, |y - shift|), and a small fraction of differing elements.
+- packed/scales: bit-exact against the reference quantizer applied to the GPU's own y (fast mode with
+  the GPU's approximate reciprocal, exposed as torch.ops.qwen_fp4._rcp_approx).
+- fused == nvfp4_quantize(resnorm(...)) bit-exact always.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import qwen_resnorm_fp4 as q
+from qwen_resnorm_fp4 import _library, reference
+from qwen_resnorm_fp4.ops import gpu_rcp
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not (torch.cuda.is_available() and _library.cuda_available()),
+                       reason="needs a CUDA GPU and the compiled library"),
+]
+
+ROWS = (1, 17, 127, 128, 129, 1024, 4096, 4608, 6889)
+DIMS = (64, 1024, 3072, 5120, 16384)
+RESULTS = []  # (case, differing fraction, max ulps) for the report printed at the end
+
+
+def _seed() -> int:
+    # Fresh seeds each run, reproducible from the log.
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def make_inputs(rows: int, cols: int, *, batches: int = 1, form: str = "batch", param_dtype=torch.bfloat16,
+                bias: bool = False, affine: bool = False, index_dtype=torch.int32, seed: int = 0):
+    """Random block inputs on the GPU. form: "shared" ([D]), "batch" ([B, D]) or "indexed" ([2B, D] + index)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    rnd = lambda *shape, s=1.0, dt=torch.bfloat16: (torch.randn(*shape, generator=g, device=dev) * s).to(dt)  # noqa: E731
+    assert rows % batches == 0
+    shape = (batches, rows // batches, cols)
+    kw = dict(residual=rnd(*shape, s=4.0), x=rnd(*shape))
+    prow = {"shared": (), "batch": (batches,), "indexed": (2 * batches,)}[form]
+    kw["gate"] = rnd(*prow, cols, dt=param_dtype)
+    kw["scale"] = rnd(*prow, cols, s=0.5, dt=param_dtype)
+    kw["shift"] = rnd(*prow, cols, s=0.5, dt=param_dtype)
+    kw["bias"] = rnd(cols, s=0.1, dt=param_dtype) if bias else None
+    kw["weight"] = (1.0 + rnd(cols, s=0.1, dt=torch.float32)).to(param_dtype) if affine else None
+    kw["norm_bias"] = rnd(cols, s=0.1, dt=param_dtype) if affine else None
+    if form == "indexed":
+        idx = torch.randint(0, 2, (batches, rows // batches), generator=g, device=dev)
+        kw["modulate_index"] = idx.bool() if index_dtype == torch.bool else idx.to(index_dtype)
+    else:
+        kw["modulate_index"] = None
+    return kw
+
+
+def _global_scale(y: torch.Tensor) -> torch.Tensor:
+    amax = y.float().abs().amax().clamp(min=1e-6)
+    return (448.0 * 6.0 / amax).reshape(1).float()
+
+
+def _ulp_bf16(m: torch.Tensor) -> torch.Tensor:
+    m = m.float().abs().clamp(min=torch.finfo(torch.float32).tiny)
+    return torch.exp2(torch.floor(torch.log2(m)) - 7)
+
+
+def _y_bound_check(name: str, y_gpu: torch.Tensor, y_ref: torch.Tensor, shift_rows: torch.Tensor):
+    d = (y_gpu.float() - y_ref.float()).abs().reshape(-1, y_ref.shape[-1])
+    yr = y_ref.float().reshape(-1, y_ref.shape[-1])
+    mag = torch.maximum(yr.abs(), (yr - shift_rows).abs())
+    ulps = d / _ulp_bf16(mag)
+    frac = (d != 0).float().mean().item() if d.numel() else 0.0
+    max_ulps = ulps.max().item() if d.numel() else 0.0
+    RESULTS.append((name, frac, max_ulps))
+    assert max_ulps <= 2.0, f"{name}: y differs by {max_ulps} ulps (> 2)"
+    assert frac <= 0.01, f"{name}: {frac:.4%} of y differs from the reference (> 1%)"
+
+
+def _shift_rows(kw, rows):
+    cols = kw["x"].shape[-1]
+    sh = kw["shift"]
+    num_batches = 1 if sh.dim() == 1 else (sh.shape[0] // 2 if kw["modulate_index"] is not None else sh.shape[0])
+    return reference._modulation_rows(sh, rows, max(rows // num_batches, 1), kw["modulate_index"]).reshape(rows, cols)
+
+
+def run_case(rows, cols, fast, **opts):
+    seed = opts.pop("seed", _seed())
+    kw = make_inputs(rows, cols, seed=seed, **opts)
+    name = f"rows={rows} D={cols} fast={fast} {opts} seed={seed}"
+    args = (kw["residual"], kw["x"], kw["bias"], kw["gate"], kw["scale"], kw["shift"])
+    extra = dict(weight=kw["weight"], norm_bias=kw["norm_bias"], modulate_index=kw["modulate_index"])
+
+    y, r_out = q.resnorm(*args, 1e-6, **extra)
+    G = _global_scale(y) if rows else torch.ones(1, device="cuda")
+    packed, scales, r_out_fused = q.resnorm_quant(*args, G, 1e-6, fast, **extra)
+    packed_u, scales_u = q.nvfp4_quantize(y, G, fast)
+
+    # fused == unfused, byte for byte
+    assert torch.equal(packed, packed_u), name
+    assert torch.equal(scales, scales_u), name
+    assert torch.equal(r_out_fused, r_out), name
+
+    y_ref, r_ref = reference.resnorm(*args, 1e-6, **extra)
+    assert torch.equal(r_out, r_ref), f"{name}: residual_out differs from the reference"
+    _y_bound_check(name, y, y_ref, _shift_rows(kw, rows))
+
+    # quantization of the GPU's own y: bit-exact against the reference quantizer
+    p_ref, s_ref = reference.nvfp4_quantize(y, G, fast, rcp=gpu_rcp if fast else None)
+    assert torch.equal(packed, p_ref), f"{name}: packed differs from the reference quantizer"
+    assert torch.equal(scales, s_ref), f"{name}: scales differ from the reference quantizer"
+    return kw
+
+
+@pytest.mark.parametrize("cols", DIMS)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+def test_rows_and_widths(rows, cols, fast):
+    if cols == 16384 and rows not in (1, 129, 4096):
+        pytest.skip("D=16384: a subset of the row counts keeps the suite short")
+    run_case(rows, cols, fast)
+
+
+@pytest.mark.parametrize("form", ("shared", "batch", "indexed"))
+@pytest.mark.parametrize("param_dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
+@pytest.mark.parametrize("bias,affine", ((False, False), (True, False), (False, True), (True, True)))
+@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+def test_modulation_forms_and_options(form, param_dtype, bias, affine, fast):
+    run_case(4 * 513, 3072, fast, batches=4, form=form, param_dtype=param_dtype, bias=bias, affine=affine)
+
+
+@pytest.mark.parametrize("index_dtype", (torch.int32, torch.int64, torch.bool))
+def test_modulate_index_dtypes(index_dtype):
+    run_case(2 * 4113, 3072, True, batches=2, form="indexed", index_dtype=index_dtype)
+
+
+@pytest.mark.parametrize("cols", (128, 192, 2048, 4096, 8192, 8256, 12288))
+def test_other_widths(cols):
+    run_case(257, cols, True)
+
+
+def test_zero_rows():
+    x = torch.empty(0, 3072, dtype=torch.bfloat16, device="cuda")
+    p = torch.zeros(3072, dtype=torch.bfloat16, device="cuda")
+    G = torch.ones(1, device="cuda")
+    packed, scales, r = q.resnorm_quant(x, x, None, p, p, p, G)
+    assert packed.shape == (0, 1536) and scales.shape == (0, 192) and r.shape == (0, 3072)
+
+
+def test_quantizer_special_values():
+    """The standalone quantizer on hard values (zeros, signed zeros, subnormals, huge, inf, NaN, ties)."""
+    g = torch.Generator(device="cuda").manual_seed(_seed())
+    rows, cols = 1000, 1024
+    base = torch.randn(rows, cols, generator=g, device="cuda")
+    scale = torch.exp2(torch.randint(-130, 120, (rows, 1), generator=g, device="cuda").float())
+    y = (base * scale).to(torch.bfloat16)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-40, 3.0e38],
+                           device="cuda").to(torch.bfloat16)
+    pick = torch.randint(0, special.numel(), (rows, cols), generator=g, device="cuda")
+    mask = torch.rand(rows, cols, generator=g, device="cuda") < 0.05
+    y = torch.where(mask, special[pick], y)
+    y[0] = 0  # an all-zero row
+    y[1, :16] = float("nan")  # an all-NaN block
+    for fast in (True, False):
+        for gs in (1.0, 448 * 6 / 3.0, 1e-20, 1e20):
+            G = torch.tensor([gs], device="cuda")
+            packed, scales = q.nvfp4_quantize(y, G, fast)
+            p_ref, s_ref = reference.nvfp4_quantize(y, G, fast, rcp=gpu_rcp if fast else None)
+            assert torch.equal(scales, s_ref), f"fast={fast} G={gs}: scales"
+            assert torch.equal(packed, p_ref), f"fast={fast} G={gs}: packed"
+
+
+def test_one_launch_per_fused_call():
+    kw = make_inputs(4096, 3072, seed=1)
+    G = torch.ones(1, device="cuda")
+    args = (kw["residual"], kw["x"], None, kw["gate"], kw["scale"], kw["shift"], G)
+    q.resnorm_quant(*args)
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        q.resnorm_quant(*args)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    names = [e.name for e in kernels]
+    assert len(kernels) == 1, names
+    assert "resnorm_quant_kernel" in names[0]
+
+
+def _fused(residual, x, gate, scale, shift, G):
+    return q.resnorm_quant(residual, x, None, gate, scale, shift, G, 1e-6, True)
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    kw = make_inputs(2 * 1000, 3072, batches=2, seed=2)
+    G = torch.tensor([100.0], device="cuda")
+    args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"], G)
+    eager = _fused(*args)
+    compiled = torch.compile(_fused, fullgraph=True)(*args)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+
+
+def test_cuda_graph_replay_matches_eager():
+    kw = make_inputs(4608, 3072, seed=3)
+    G = torch.tensor([100.0], device="cuda")
+    static = [kw["residual"].clone(), kw["x"].clone(), kw["gate"].clone(), kw["scale"].clone(),
+              kw["shift"].clone(), G.clone()]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        _fused(*static)  # warm-up off the default stream
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _fused(*static)
+    fresh = make_inputs(4608, 3072, seed=4)
+    for dst, src in zip(static, (fresh["residual"], fresh["x"], fresh["gate"], fresh["scale"], fresh["shift"],
+                                 torch.tensor([50.0], device="cuda"))):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = _fused(*static)
+    for a, b in zip(out, eager):
+        assert torch.equal(a, b)
+
+
+def test_opcheck_cuda():
+    kw = make_inputs(2 * 130, 256, batches=2, form="indexed", bias=True, affine=True, seed=5)
+    G = torch.tensor([10.0], device="cuda")
+    common = (kw["residual"], kw["x"], kw["bias"], kw["gate"], kw["scale"], kw["shift"])
+    extra = (kw["weight"], kw["norm_bias"], kw["modulate_index"])
+    torch.library.opcheck(torch.ops.qwen_fp4.resnorm_quant.default, (*common, G, 1e-6, True, *extra))
+    torch.library.opcheck(torch.ops.qwen_fp4.resnorm.default, (*common, 1e-6, *extra))
+    y, _ = q.resnorm(*common, 1e-6)
+    torch.library.opcheck(torch.ops.qwen_fp4.nvfp4_quantize.default, (y, G, False))
+
+
+def test_rcp_approx_is_close_to_ieee():
+    x = torch.rand(1 << 16, device="cuda") * 100 + 1e-3
+    r = gpu_rcp(x)
+    assert torch.allclose(r, 1.0 / x, rtol=2e-7, atol=0)
+
+
+@pytest.mark.blackwell
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 10,
+                    reason="Blackwell only")
+@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+def test_matches_flashinfer_fp4_quantize(fast, monkeypatch):
+    flashinfer = pytest.importorskip("flashinfer")
+    if not fast:
+        monkeypatch.setenv("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "1")
+    kw = make_inputs(4113, 3072, seed=_seed())
+    args = (kw["residual"], kw["x"], None, kw["gate"], kw["scale"], kw["shift"])
+    y, _ = q.resnorm(*args)
+    G = _global_scale(y)
+    packed, scales, _ = q.resnorm_quant(*args, G, 1e-6, fast)
+    fi_packed, fi_scales = flashinfer.fp4_quantize(y.reshape(-1, 3072), G, 16, False, True)
+    assert torch.equal(packed, fi_packed.view(torch.uint8).reshape(packed.shape))
+    assert torch.equal(scales.reshape(-1), fi_scales.view(torch.uint8).reshape(-1)[: scales.numel()])
+
+
+def test_zz_report_y_differences():
+    """Prints the measured y differences (fraction of elements, max ulps) of the cases above."""
+    if not RESULTS:
+        pytest.skip("no cases ran")
+    worst = max(r[2] for r in RESULTS)
+    mean_frac = sum(r[1] for r in RESULTS) / len(RESULTS)
+    print(f"\n[y vs reference] {len(RESULTS)} cases: mean differing fraction {mean_frac:.5%}, "
+          f"max differing fraction {max(r[1] for r in RESULTS):.5%}, max {worst:.0f} ulps")
+    assert worst <= 2.0
