@@ -12,10 +12,15 @@ _library.load()  # then the CUDA kernels register for the CUDA key, if built
 
 from .api import dequantize_nvfp4, nvfp4_quantize, resnorm, resnorm_quant  # noqa: E402
 from .layout import sf_offset_128x4  # noqa: E402
+from .gemm import apply_nvfp4_gemm_prequantized  # noqa: E402
+from .linear import NVFP4Linear  # noqa: E402
+from .gate import DeclineReason, last_decline_detail, last_decline_reason, try_fused_resnorm_quant  # noqa: E402
 
 try:
     from ._version import __version__  # written by setup.py
 except ImportError:  # a source tree that was never built
     __version__ = "0.1.0"
 
-__all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "sf_offset_128x4", "__version__"]
+__all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "sf_offset_128x4", "__version__",
+           "try_fused_resnorm_quant", "last_decline_reason", "last_decline_detail", "DeclineReason",
+           "NVFP4Linear", "apply_nvfp4_gemm_prequantized"]

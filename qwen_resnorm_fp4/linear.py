@@ -1,0 +1,166 @@
+"""``NVFP4Linear``: a linear layer with NVFP4 weights that takes BF16 activations or already-quantized ones.
+
+``layer(x)`` for a BF16 tensor ``x`` [..., K] quantizes it (:func:`~qwen_resnorm_fp4.nvfp4_quantize` with the
+layer's ``input_global_scale``, the production recipe) and runs
+:func:`~qwen_resnorm_fp4.gemm.apply_nvfp4_gemm_prequantized`; ``layer((packed, scales))`` skips the
+quantization: that is how the output of :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant` is consumed.
+Given the same activations, the two forms return the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import reference
+from .api import MAX_COLS, nvfp4_quantize
+from .env import resolve_fast_math
+from .gemm import BACKENDS, apply_nvfp4_gemm_prequantized
+from .layout import round_up
+
+Tensor = torch.Tensor
+
+#: 448 (E4M3 max) * 6 (E2M1 max): global scale = FP4_AMAX_SCALE / amax, as FlashInfer / TensorRT-LLM define it.
+FP4_AMAX_SCALE = 448.0 * 6.0
+
+
+@torch.compiler.assume_constant_result
+def _has_kernel(device_type: str) -> bool:
+    """Whether ``torch.ops.qwen_fp4.nvfp4_quantize`` has an implementation for this device type."""
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+    return key is not None and bool(torch._C._dispatch_has_kernel_for_dispatch_key("qwen_fp4::nvfp4_quantize", key))
+
+
+def _quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool]) -> Tuple[Tensor, Tensor]:
+    """nvfp4_quantize, or the reference where no kernel is registered for the device (e.g. a CUDA tensor in a
+    source tree without the compiled library)."""
+    if _has_kernel(y.device.type):
+        return nvfp4_quantize(y, global_scale, fast_math)
+    return reference.nvfp4_quantize(y, global_scale, resolve_fast_math(fast_math))
+
+
+def _global_scale_from_amax(amax: Tensor) -> Tensor:
+    """fp32 [1]: 448 * 6 / amax, with amax = 0 (an all-zero tensor) read as 1."""
+    amax = amax.reshape(1).to(torch.float32)
+    amax = torch.where(amax > 0, amax, torch.ones_like(amax))
+    return torch.tensor([FP4_AMAX_SCALE], dtype=torch.float32, device=amax.device) / amax
+
+
+class NVFP4Linear(torch.nn.Module):
+    """``y = x @ W.T + bias`` with W stored in NVFP4 (E2M1 values, E4M3 scales per 16 inputs, one fp32 global
+    scale) and the activations quantized to NVFP4 with a calibrated global scale.
+
+    Buffers:
+        weight_packed: uint8 [N, K/2], two E2M1 codes a byte (even input index in the low nibble).
+        weight_scales: uint8 [round_up(N, 128), K/16], E4M3 block scales, 128x4 swizzled.
+        weight_global_scale: fp32 [1], 448 * 6 / amax(|W|).
+        input_global_scale: fp32 [1], 448 * 6 / input_amax (the calibrated activation range).
+        alpha: fp32 [1], 1 / (input_global_scale * weight_global_scale): the GEMM's output scale.
+        bias: optional [N] (bf16 or fp32), added in fp32 after the GEMM.
+
+    Attributes:
+        in_features (K, a multiple of 64, at most 16384), out_features (N);
+        fast_math: the activation quantizer's mode (None follows the environment at call time, like the
+            production quantizer; the gate uses it too, so that fused and unfused bytes agree);
+        gemm_backend: the ``backend`` passed to :func:`apply_nvfp4_gemm_prequantized` ("auto" by default).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 device: Optional[Union[str, torch.device]] = None, bias_dtype: torch.dtype = torch.bfloat16,
+                 fast_math: Optional[bool] = None, gemm_backend: str = "auto") -> None:
+        super().__init__()
+        if in_features <= 0 or in_features % 64 != 0 or in_features > MAX_COLS:
+            raise ValueError(f"in_features must be a positive multiple of 64, at most {MAX_COLS}, got {in_features}")
+        if out_features <= 0:
+            raise ValueError(f"out_features must be positive, got {out_features}")
+        if gemm_backend not in BACKENDS:
+            raise ValueError(f"gemm_backend must be one of {BACKENDS}, got {gemm_backend!r}")
+        if fast_math is not None:
+            resolve_fast_math(fast_math)  # type check
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.fast_math = fast_math
+        self.gemm_backend = gemm_backend
+        k, n = self.in_features, self.out_features
+        u8 = dict(dtype=torch.uint8, device=device)
+        f32 = dict(dtype=torch.float32, device=device)
+        self.register_buffer("weight_packed", torch.zeros((n, k // 2), **u8))
+        self.register_buffer("weight_scales", torch.zeros((round_up(n, 128), k // 16), **u8))
+        self.register_buffer("weight_global_scale", torch.ones((1,), **f32))
+        self.register_buffer("input_global_scale", torch.ones((1,), **f32))
+        self.register_buffer("alpha", torch.ones((1,), **f32))
+        self.register_buffer("bias", torch.zeros((n,), dtype=bias_dtype, device=device) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, input_amax: Union[float, Tensor], fast_math: Optional[bool] = None,
+                    *, gemm_backend: str = "auto") -> "NVFP4Linear":
+        """Quantize a ``torch.nn.Linear`` (on its device): weight global scale 448*6/amax(|W|), the weight
+        quantized with :func:`~qwen_resnorm_fp4.nvfp4_quantize` (the production recipe; the CPU reference on
+        the CPU, the kernel on a GPU), input global scale 448*6/``input_amax``.
+
+        A weight that is not bf16 is rounded to bf16 first (the quantizer reads bf16). ``input_amax`` is the
+        calibrated max |activation| (a positive float or one-element tensor). ``fast_math`` is used for the
+        weights now and stored for the activations (None: the environment, at each call).
+        """
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+        w = linear.weight.detach()
+        n, k = w.shape
+        dev = w.device
+        amax_in = torch.as_tensor(input_amax, dtype=torch.float32).detach().to(dev).reshape(-1)
+        if amax_in.numel() != 1:
+            raise ValueError(f"input_amax must be one number, got {amax_in.numel()} elements")
+        amax_in_value = float(amax_in.item())  # an offline conversion: a host sync is fine here
+        if not (math.isfinite(amax_in_value) and amax_in_value > 0):
+            raise ValueError(f"input_amax must be finite and positive, got {amax_in_value}")
+        bias = linear.bias
+        layer = cls(k, n, bias is not None, device=dev,
+                    bias_dtype=bias.dtype if bias is not None else torch.bfloat16,
+                    fast_math=fast_math, gemm_backend=gemm_backend)
+        wb = w.to(torch.bfloat16).contiguous()
+        w_amax = wb.float().abs().nan_to_num().amax()
+        wgs = _global_scale_from_amax(w_amax)
+        packed, scales = _quantize(wb, wgs, fast_math)
+        igs = _global_scale_from_amax(amax_in)
+        with torch.no_grad():
+            layer.weight_packed.copy_(packed)
+            layer.weight_scales.copy_(scales.reshape(layer.weight_scales.shape))
+            layer.weight_global_scale.copy_(wgs)
+            layer.input_global_scale.copy_(igs)
+            layer.alpha.copy_(torch.ones_like(igs) / (igs * wgs))
+            if bias is not None:
+                layer.bias.copy_(bias.detach())
+        return layer
+
+    def quantize_input(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """NVFP4 of bf16 ``x`` [..., K] with this layer's input global scale: (packed [M, K/2], scales)."""
+        return _quantize(x, self.input_global_scale, self.fast_math)
+
+    def forward(self, x: Union[Tensor, Tuple[Tensor, Tensor]], out_shape: Optional[Sequence[int]] = None) -> Tensor:
+        """``x``: bf16 [..., K] (quantized here) -> bf16 [..., N]; or ``(packed, scales)`` (already quantized
+        with ``input_global_scale``, e.g. by :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant`) -> bf16 [M, N],
+        or [*out_shape, N] when ``out_shape`` (the leading dims, e.g. ``x.shape[:-1]``) is given."""
+        if isinstance(x, (tuple, list)):
+            if len(x) != 2:
+                raise TypeError("a pre-quantized input must be a pair (packed, scales)")
+            packed, scales = x
+            out = apply_nvfp4_gemm_prequantized(self, packed, scales, torch.bfloat16, backend=self.gemm_backend)
+            return out if out_shape is None else out.reshape(*out_shape, self.out_features)
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
+            raise TypeError(f"x must be a bfloat16 tensor or a (packed, scales) pair, got "
+                            f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x must be [..., {self.in_features}], got shape {tuple(x.shape)}")
+        lead = x.shape[:-1] if out_shape is None else tuple(out_shape)
+        packed, scales = self.quantize_input(x)
+        out = apply_nvfp4_gemm_prequantized(self, packed, scales, torch.bfloat16, backend=self.gemm_backend)
+        return out.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"fast_math={self.fast_math}, gemm_backend={self.gemm_backend!r}")
+
+
+__all__ = ["NVFP4Linear", "FP4_AMAX_SCALE"]

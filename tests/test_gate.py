@@ -1,0 +1,509 @@
+"""The gate (try_fused_resnorm_quant): every decline reason, the switches, log-once, the success path
+(same bytes as resnorm_quant), torch.compile(fullgraph=True), and on a GPU CUDA-graph capture."""
+
+from __future__ import annotations
+
+import logging
+import re
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import qwen_resnorm_fp4 as q
+from qwen_resnorm_fp4 import _library, gate as gate_mod
+from qwen_resnorm_fp4.env import ALL_VARS
+from qwen_resnorm_fp4.gate import DeclineReason as R
+
+CUDA_OK = torch.cuda.is_available() and _library.cuda_available()
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    for v in ALL_VARS:
+        monkeypatch.delenv(v, raising=False)
+    q.gate.reset_decline_log()
+    yield
+    q.gate.reset_decline_log()
+
+
+def block(B=2, S=8, D=128, N=96, *, device="cpu", form="batch", param_dtype=torch.float32, bias=False, seed=0):
+    """A DiT block's tensors for the gate, plus an FC1 NVFP4Linear of width D -> N."""
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s, std=1.0: torch.randn(*s, generator=g) * std  # noqa: E731
+    prow = {"shared": (), "batch": (B,), "batch1": (B, 1), "indexed": (2 * B,)}[form]
+    kw = dict(
+        residual=rnd(B, S, D, std=2.0).bfloat16(),
+        x=rnd(B, S, D).bfloat16(),
+        gate=(rnd(*prow, D, std=0.5) + 0.5).to(param_dtype),
+        scale=rnd(*prow, D, std=0.3).to(param_dtype),
+        shift=rnd(*prow, D, std=0.3).to(param_dtype),
+    )
+    extra = {}
+    if bias:
+        extra["bias"] = rnd(D, std=0.2).to(param_dtype)
+    if form == "indexed":
+        extra["modulate_index"] = torch.randint(0, 2, (B, S), generator=g).to(torch.int32)
+    lin = torch.nn.Linear(D, N)
+    with torch.no_grad():
+        lin.weight.copy_(rnd(N, D, std=D ** -0.5))
+        lin.bias.copy_(rnd(N, std=0.1))
+    fc1 = q.NVFP4Linear.from_linear(lin.bfloat16(), 8.0)
+    kw = {k: v.to(device) for k, v in kw.items()}
+    extra = {k: v.to(device) for k, v in extra.items()}
+    return kw, extra, fc1.to(device)
+
+
+def direct(kw, extra, fc1, *, eps=1e-6, weight=None, norm_bias=None, fast_math=None):
+    """resnorm_quant called directly, the way the gate should call it."""
+    gate, scale, shift = kw["gate"], kw["scale"], kw["shift"]
+    if gate.dim() == 3:
+        gate, scale, shift = gate.squeeze(1), scale.squeeze(1), shift.squeeze(1)
+    return q.resnorm_quant(kw["residual"], kw["x"], extra.get("bias"), gate, scale, shift, fc1.input_global_scale,
+                           eps, fast_math, weight=weight, norm_bias=norm_bias,
+                           modulate_index=extra.get("modulate_index"))
+
+
+def call(kw, extra, fc1, **more):
+    return q.try_fused_resnorm_quant(kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"], fc1,
+                                     **extra, **more)
+
+
+def assert_same(out, ref):
+    (packed, scales), residual_out, _ = out
+    assert torch.equal(packed, ref[0])
+    assert torch.equal(scales, ref[1])
+    assert torch.equal(residual_out, ref[2])
+
+
+# --------------------------------------------------------------------------------------------------
+# Success on CPU (allow_cpu=True): the same bytes as resnorm_quant called directly
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["shared", "batch", "batch1", "indexed"])
+@pytest.mark.parametrize("param_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bias", [False, True])
+def test_success_matches_resnorm_quant(form, param_dtype, bias):
+    kw, extra, fc1 = block(form=form, param_dtype=param_dtype, bias=bias)
+    marker = torch.ones(3)
+    out = call(kw, extra, fc1, allow_cpu=True, gate_out=marker)
+    assert out is not None, q.last_decline_detail()
+    assert out[2] is marker  # gate_out passes through untouched
+    assert q.last_decline_reason() is None and q.last_decline_detail() is None
+    assert_same(out, direct(kw, extra, fc1))
+    (packed, scales), residual_out, _ = out
+    M = kw["x"].numel() // 128
+    assert packed.shape == (M, 64) and scales.shape == (128, 8) and residual_out.shape == kw["x"].shape
+
+
+def test_norm_forms():
+    kw, extra, fc1 = block()
+    D = kw["x"].shape[-1]
+    g = torch.Generator().manual_seed(5)
+    w = (1 + 0.1 * torch.randn(D, generator=g)).bfloat16()
+    b = (0.1 * torch.randn(D, generator=g)).bfloat16()
+    ref_plain = direct(kw, extra, fc1, eps=1e-5)
+    ref_affine = direct(kw, extra, fc1, eps=1e-5, weight=w, norm_bias=b)
+
+    ln = torch.nn.LayerNorm(D, eps=1e-5, elementwise_affine=False)
+    assert_same(call(kw, extra, fc1, allow_cpu=True, norm=ln), ref_plain)
+    ln = torch.nn.LayerNorm(D, eps=1e-5).bfloat16().requires_grad_(False)
+    with torch.no_grad():
+        ln.weight.copy_(w)
+        ln.bias.copy_(b)
+    assert_same(call(kw, extra, fc1, allow_cpu=True, norm=ln), ref_affine)
+    # the module's eps wins over the keyword
+    assert_same(call(kw, extra, fc1, allow_cpu=True, norm=ln, eps=0.5), ref_affine)
+    # a mapping and a namespace
+    d = dict(type="layernorm", elementwise_affine=True, weight=w, bias=b, eps=1e-5)
+    assert_same(call(kw, extra, fc1, allow_cpu=True, norm=d), ref_affine)
+    assert_same(call(kw, extra, fc1, allow_cpu=True, norm=types.SimpleNamespace(**d)), ref_affine)
+    assert_same(call(kw, extra, fc1, allow_cpu=True, norm=dict(d, type="LayerNorm")), ref_affine)
+    # elementwise_affine=False ignores weight/bias; a missing eps falls back to the keyword
+    assert_same(call(kw, extra, fc1, allow_cpu=True, norm=dict(d, elementwise_affine=False)), ref_plain)
+    assert_same(call(kw, extra, fc1, allow_cpu=True, norm={"type": "layer_norm"}, eps=1e-5), ref_plain)
+    # norm=None: non-affine LayerNorm with eps
+    assert_same(call(kw, extra, fc1, allow_cpu=True, eps=1e-5), ref_plain)
+
+
+def test_success_after_decline_clears_reason():
+    kw, extra, fc1 = block()
+    assert call(kw, extra, fc1) is None
+    assert q.last_decline_reason() == R.CPU_TENSORS
+    assert call(kw, extra, fc1, allow_cpu=True) is not None
+    assert q.last_decline_reason() is None
+
+
+def test_fused_output_feeds_fc1():
+    """fc1((packed, scales)) of the fused output == fc1(y) of the unfused chain, bit for bit."""
+    kw, extra, fc1 = block(bias=True)
+    (packed, scales), residual_out, _ = call(kw, extra, fc1, allow_cpu=True)
+    y, r = q.resnorm(kw["residual"], kw["x"], extra["bias"], kw["gate"], kw["scale"], kw["shift"], 1e-6)
+    assert torch.equal(residual_out, r)
+    h_fused = fc1((packed, scales), out_shape=kw["x"].shape[:-1])
+    assert torch.equal(h_fused, fc1(y))
+
+
+# --------------------------------------------------------------------------------------------------
+# fast_math: the keyword, the layer's pin, and the environment
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    seen = {}
+    real = gate_mod.resnorm_quant
+
+    def fake(*args, **kwargs):
+        seen["fast_math"] = args[8]
+        seen["eps"] = args[7]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gate_mod, "resnorm_quant", fake)
+    return seen
+
+
+@pytest.mark.parametrize("var", ["FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "TRTLLM_DISABLE_FP4_QUANT_FAST_MATH"])
+def test_fast_math_follows_env(monkeypatch, spy, var):
+    kw, extra, fc1 = block()
+    call(kw, extra, fc1, allow_cpu=True)
+    assert spy["fast_math"] is True
+    monkeypatch.setenv(var, "1")
+    out = call(kw, extra, fc1, allow_cpu=True)
+    assert spy["fast_math"] is False
+    assert_same(out, direct(kw, extra, fc1, fast_math=False))
+    call(kw, extra, fc1, allow_cpu=True, fast_math=True)  # an explicit bool wins
+    assert spy["fast_math"] is True
+    monkeypatch.setenv(var, "0")  # only "1" counts, as in the production quantizer
+    call(kw, extra, fc1, allow_cpu=True)
+    assert spy["fast_math"] is True
+
+
+def test_fast_math_from_layer(spy):
+    kw, extra, fc1 = block()
+    fc1.fast_math = False
+    call(kw, extra, fc1, allow_cpu=True)
+    assert spy["fast_math"] is False
+    call(kw, extra, fc1, allow_cpu=True, fast_math=True)
+    assert spy["fast_math"] is True
+
+
+def test_fast_math_type_error():
+    kw, extra, fc1 = block()
+    with pytest.raises(TypeError):
+        call(kw, extra, fc1, allow_cpu=True, fast_math="yes")
+
+
+# --------------------------------------------------------------------------------------------------
+# Every decline reason
+# --------------------------------------------------------------------------------------------------
+
+
+class _NotNVFP4:
+    in_features = 128
+
+
+def _fake_cuda_block():
+    with FakeTensorMode():
+        x = torch.empty(2, 8, 128, dtype=torch.bfloat16, device="cuda")
+        p = torch.empty(128, dtype=torch.bfloat16, device="cuda")
+    return x, p
+
+
+def _case(name):
+    """(reason, callable returning the gate's result) for a named decline case."""
+    def run(mutate_kw=None, mutate_extra=None, fc1_fn=None, **more):
+        kw, extra, fc1 = block()
+        if mutate_kw:
+            kw = mutate_kw(kw)
+        if mutate_extra:
+            extra = mutate_extra(extra)
+        if fc1_fn:
+            fc1 = fc1_fn(fc1)
+        more.setdefault("allow_cpu", True)
+        return call(kw, extra, fc1, **more)
+
+    D = 128
+    cases = {
+        "cpu_tensors": (R.CPU_TENSORS, lambda: run(allow_cpu=False)),
+        "meta_device": (R.UNSUPPORTED_DEVICE, lambda: run(lambda k: {n: t.to("meta") for n, t in k.items()})),
+        "gate_on_meta": (R.DEVICE_MISMATCH, lambda: run(lambda k: dict(k, gate=k["gate"].to("meta")))),
+        "bias_on_meta": (R.DEVICE_MISMATCH, lambda: run(mutate_extra=lambda e: dict(bias=torch.zeros(D, device="meta")))),
+        "norm_weight_on_meta": (R.DEVICE_MISMATCH, lambda: run(norm=dict(weight=torch.ones(D, device="meta")))),
+        "fc1_scale_on_meta": (R.DEVICE_MISMATCH, lambda: run(fc1_fn=lambda f: f.to("meta"))),
+        "x_fp16": (R.UNSUPPORTED_DTYPE, lambda: run(lambda k: dict(k, x=k["x"].half()))),
+        "residual_fp32": (R.UNSUPPORTED_DTYPE, lambda: run(lambda k: dict(k, residual=k["residual"].float()))),
+        "x_not_tensor": (R.UNSUPPORTED_DTYPE, lambda: run(lambda k: dict(k, x=k["x"].tolist()))),
+        "gate_fp16": (R.UNSUPPORTED_DTYPE, lambda: run(lambda k: dict(k, gate=k["gate"].half()))),
+        "shift_fp64": (R.UNSUPPORTED_DTYPE, lambda: run(lambda k: dict(k, shift=k["shift"].double()))),
+        "bias_int": (R.UNSUPPORTED_DTYPE, lambda: run(mutate_extra=lambda e: dict(bias=torch.zeros(D, dtype=torch.int32)))),
+        "index_float": (R.UNSUPPORTED_DTYPE, lambda: run(
+            lambda k: {n: torch.cat([t, t]) if n in ("gate", "scale", "shift") else t for n, t in k.items()},
+            lambda e: dict(modulate_index=torch.zeros(2, 8)))),
+        "norm_weight_fp16": (R.UNSUPPORTED_DTYPE, lambda: run(norm=dict(weight=torch.ones(D, dtype=torch.float16)))),
+        "shape_mismatch": (R.UNSUPPORTED_SHAPE, lambda: run(lambda k: dict(k, residual=k["residual"][:, :4].contiguous()))),
+        "zero_rows": (R.UNSUPPORTED_SHAPE, lambda: run(lambda k: dict(k, x=k["x"][:, :0], residual=k["residual"][:, :0]))),
+        "scalar_x": (R.UNSUPPORTED_SHAPE, lambda: run(lambda k: dict(k, x=k["x"][0, 0, 0], residual=k["residual"][0, 0, 0]))),
+        "bias_wrong_shape": (R.UNSUPPORTED_SHAPE, lambda: run(mutate_extra=lambda e: dict(bias=torch.zeros(64)))),
+        "width_96": (R.UNSUPPORTED_WIDTH, lambda: run(lambda k: dict(k, x=k["x"][..., :96].contiguous(),
+                                                                     residual=k["residual"][..., :96].contiguous()))),
+        "width_too_large": (R.UNSUPPORTED_WIDTH, lambda: q.try_fused_resnorm_quant(
+            torch.zeros(1, 16448, dtype=torch.bfloat16), torch.zeros(1, 16448, dtype=torch.bfloat16),
+            torch.zeros(16448), torch.zeros(16448), torch.zeros(16448), q.NVFP4Linear(64, 32), allow_cpu=True)),
+        "x_transposed": (R.NON_CONTIGUOUS, lambda: run(lambda k: dict(k, x=k["x"].transpose(0, 1).contiguous().transpose(0, 1)))),
+        "residual_strided": (R.NON_CONTIGUOUS, lambda: run(lambda k: dict(k, residual=torch.cat([k["residual"]] * 2, -1)[..., :128]))),
+        "per_token_gate": (R.UNSUPPORTED_MODULATION, lambda: run(lambda k: dict(
+            k, gate=torch.zeros(2, 8, D), scale=torch.zeros(2, 8, D), shift=torch.zeros(2, 8, D)))),
+        "gate_scale_shapes_differ": (R.UNSUPPORTED_MODULATION, lambda: run(lambda k: dict(k, gate=k["gate"][0]))),
+        "gate_wrong_width": (R.UNSUPPORTED_MODULATION, lambda: run(lambda k: dict(
+            k, gate=k["gate"][:, :64], scale=k["scale"][:, :64], shift=k["shift"][:, :64]))),
+        "rows_not_split": (R.UNSUPPORTED_MODULATION, lambda: run(lambda k: dict(
+            k, gate=torch.zeros(3, D), scale=torch.zeros(3, D), shift=torch.zeros(3, D)))),
+        "gate_none": (R.UNSUPPORTED_MODULATION, lambda: run(lambda k: dict(k, gate=None))),
+        "index_without_2B": (R.UNSUPPORTED_MODULATION, lambda: run(
+            mutate_extra=lambda e: dict(modulate_index=torch.zeros(2, 8, dtype=torch.int32)))),
+        "rmsnorm_module": (R.UNSUPPORTED_NORM, lambda: run(norm=torch.nn.RMSNorm(D))),
+        "identity_module": (R.UNSUPPORTED_NORM, lambda: run(norm=torch.nn.Identity())),
+        "rmsnorm_dict": (R.UNSUPPORTED_NORM, lambda: run(norm=dict(type="rmsnorm", eps=1e-6))),
+        "rmsnorm_namespace": (R.UNSUPPORTED_NORM, lambda: run(norm=types.SimpleNamespace(type="RMSNorm"))),
+        "layernorm_wrong_shape": (R.UNSUPPORTED_NORM, lambda: run(norm=torch.nn.LayerNorm((8, D)))),
+        "norm_weight_wrong_shape": (R.UNSUPPORTED_NORM, lambda: run(norm=dict(weight=torch.ones(64)))),
+        "eps_nan": (R.UNSUPPORTED_NORM, lambda: run(eps=float("nan"))),
+        "eps_negative": (R.UNSUPPORTED_NORM, lambda: run(norm=dict(eps=-1.0))),
+        "fc1_nn_linear": (R.FC1_NOT_NVFP4, lambda: run(fc1_fn=lambda f: torch.nn.Linear(D, 32))),
+        "fc1_none": (R.FC1_NOT_NVFP4, lambda: run(fc1_fn=lambda f: None)),
+        "fc1_no_scale": (R.FC1_NOT_NVFP4, lambda: run(fc1_fn=lambda f: _NotNVFP4())),
+        "fc1_scale_fp16": (R.FC1_NOT_NVFP4, lambda: run(fc1_fn=lambda f: types.SimpleNamespace(
+            in_features=D, input_global_scale=torch.ones(1, dtype=torch.float16)))),
+        "fc1_width": (R.FC1_WIDTH_MISMATCH, lambda: run(fc1_fn=lambda f: q.NVFP4Linear(2 * D, 32))),
+        "fake_cuda_no_library": (R.NO_KERNEL_FOR_DEVICE, lambda: q.try_fused_resnorm_quant(
+            *(lambda x, p: (x, x, p, p, p))(*_fake_cuda_block()), q.NVFP4Linear(128, 32))),
+    }
+    return cases[name]
+
+
+CASES = ["cpu_tensors", "meta_device", "gate_on_meta", "bias_on_meta", "norm_weight_on_meta", "fc1_scale_on_meta",
+         "x_fp16", "residual_fp32", "x_not_tensor", "gate_fp16", "shift_fp64", "bias_int", "index_float",
+         "norm_weight_fp16", "shape_mismatch", "zero_rows", "scalar_x", "bias_wrong_shape", "width_96",
+         "width_too_large", "x_transposed", "residual_strided", "per_token_gate", "gate_scale_shapes_differ",
+         "gate_wrong_width", "rows_not_split", "gate_none", "index_without_2B", "rmsnorm_module",
+         "identity_module", "rmsnorm_dict", "rmsnorm_namespace", "layernorm_wrong_shape",
+         "norm_weight_wrong_shape", "eps_nan", "eps_negative", "fc1_nn_linear", "fc1_none", "fc1_no_scale",
+         "fc1_scale_fp16", "fc1_width", "fake_cuda_no_library"]
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.skipif(
+        CUDA_OK, reason="the library is loaded here: fake CUDA tensors pass the kernel check"))
+    if n == "fake_cuda_no_library" else n for n in CASES])
+def test_decline(name):
+    reason, run = _case(name)
+    assert run() is None
+    assert q.last_decline_reason() is reason
+    assert q.last_decline_reason() == reason.value  # a str enum: compares with its identifier
+    detail = q.last_decline_detail()
+    assert isinstance(detail, str) and detail and "{" not in detail
+
+
+def test_env_switches(monkeypatch):
+    kw, extra, fc1 = block()
+    monkeypatch.setenv("QWEN_FP4_DISABLE", "1")
+    assert call(kw, extra, fc1, allow_cpu=True) is None
+    assert q.last_decline_reason() is R.DISABLED_BY_ENV
+    for value in ("0", "true", ""):  # only "1" disables
+        monkeypatch.setenv("QWEN_FP4_DISABLE", value)
+        assert call(kw, extra, fc1, allow_cpu=True) is not None
+    monkeypatch.delenv("QWEN_FP4_DISABLE")
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "1")
+    assert call(kw, extra, fc1, allow_cpu=True) is None
+    assert q.last_decline_reason() is R.FOUR_OVER_SIX_RECIPE
+    assert "FLASHINFER_NVFP4_4OVER6" in q.last_decline_detail()
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "0")
+    assert call(kw, extra, fc1, allow_cpu=True) is not None
+    # the switches come first: even an unservable call reports them
+    monkeypatch.setenv("QWEN_FP4_DISABLE", "1")
+    assert call(kw, extra, None) is None and q.last_decline_reason() is R.DISABLED_BY_ENV
+
+
+def test_every_reason_is_covered_and_described(monkeypatch):
+    covered = {_case(n)[0] for n in CASES} | {R.DISABLED_BY_ENV, R.FOUR_OVER_SIX_RECIPE}
+    assert covered == set(R)
+    for r in R:
+        assert r.description and str(r) == r.value
+    assert {r.value for r in R} >= {"disabled_by_env", "4over6_recipe", "no_kernel_for_device", "cpu_tensors",
+                                     "unsupported_dtype", "unsupported_width", "non_contiguous",
+                                     "unsupported_norm", "fc1_not_nvfp4", "fc1_width_mismatch"}
+
+
+def test_no_kernel_for_old_gpu(monkeypatch):
+    """The capability rule (>= 9.0 with the library loaded), checked without a GPU by patching."""
+    monkeypatch.setattr(gate_mod._library, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", lambda *a: True)
+    for cap, ok in (((8, 9), False), ((9, 0), True), ((10, 0), True), ((12, 1), True)):
+        gate_mod._kernel_cache.clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None, cap=cap: cap)
+        assert gate_mod._kernel_serves_cuda_device(0) is ok
+    gate_mod._kernel_cache.clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (8, 6))
+    x, p = _fake_cuda_block()
+    assert q.try_fused_resnorm_quant(x, x, p, p, p, q.NVFP4Linear(128, 32)) is None
+    assert q.last_decline_reason() is R.NO_KERNEL_FOR_DEVICE
+    gate_mod._kernel_cache.clear()
+
+
+# --------------------------------------------------------------------------------------------------
+# Logging: each distinct reason once, at DEBUG, on the "qwen_resnorm_fp4" logger
+# --------------------------------------------------------------------------------------------------
+
+
+def test_log_once(caplog, monkeypatch):
+    kw, extra, fc1 = block()
+    caplog.set_level(logging.DEBUG, logger="qwen_resnorm_fp4")
+
+    def records():
+        return [r for r in caplog.records if r.name == "qwen_resnorm_fp4"]
+
+    call(kw, extra, fc1)
+    call(kw, extra, fc1)
+    assert len(records()) == 1
+    assert records()[0].levelno == logging.DEBUG and "cpu_tensors" in records()[0].getMessage()
+    call(kw, extra, fc1, allow_cpu=True, norm=dict(type="rmsnorm"))
+    call(kw, extra, fc1, allow_cpu=True, norm=dict(type="rmsnorm"))
+    call(kw, extra, fc1)
+    assert len(records()) == 2 and "unsupported_norm" in records()[1].getMessage()
+    call(kw, extra, fc1, allow_cpu=True)  # success logs nothing
+    assert len(records()) == 2
+    q.gate.reset_decline_log()
+    call(kw, extra, fc1)
+    assert len(records()) == 3
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.compile(fullgraph=True)
+# --------------------------------------------------------------------------------------------------
+
+
+def _block_fn(fc1, norm, **more):
+    def f(residual, x, gate, scale, shift):
+        out = q.try_fused_resnorm_quant(residual, x, gate, scale, shift, fc1, norm=norm, gate_out=gate, **more)
+        if out is None:
+            return None
+        (packed, scales), residual_out, _ = out
+        return packed, scales, residual_out, fc1((packed, scales), out_shape=x.shape[:-1])
+    return f
+
+
+def test_compile_fullgraph_cpu():
+    torch._dynamo.reset()
+    kw, extra, fc1 = block()
+    D = kw["x"].shape[-1]
+    ln = torch.nn.LayerNorm(D, eps=1e-6).requires_grad_(False)
+    with torch.no_grad():
+        ln.weight.normal_(1.0, 0.1)
+        ln.bias.normal_(0.0, 0.1)
+    f = _block_fn(fc1, ln, allow_cpu=True)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"])
+    eager = f(*args)
+    got = compiled(*args)
+    assert q.last_decline_reason() is None
+    for a, b in zip(eager, got):
+        assert torch.equal(a, b)
+    # a decline inside compiled code returns None and is recorded
+    assert compiled(kw["residual"], kw["x"].half(), kw["gate"], kw["scale"], kw["shift"]) is None
+    assert q.last_decline_reason() is R.UNSUPPORTED_DTYPE
+    assert compiled(*args) is not None and q.last_decline_reason() is None
+    torch._dynamo.reset()
+
+
+def test_compile_reads_env_at_trace_time(monkeypatch):
+    torch._dynamo.reset()
+    kw, extra, fc1 = block()
+    args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"])
+    monkeypatch.setenv("QWEN_FP4_DISABLE", "1")
+    compiled = torch.compile(_block_fn(fc1, None, allow_cpu=True), fullgraph=True, backend="aot_eager")
+    assert compiled(*args) is None and q.last_decline_reason() is R.DISABLED_BY_ENV
+    monkeypatch.delenv("QWEN_FP4_DISABLE")
+    torch._dynamo.reset()  # the switch is read when tracing: recompile to pick up the change
+    assert compiled(*args) is not None
+    torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU: the kernel under the gate, torch.compile and CUDA-graph capture
+# --------------------------------------------------------------------------------------------------
+
+gpu = pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and the compiled library")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["batch", "indexed"])
+def test_gpu_success_matches_resnorm_quant(form):
+    kw, extra, fc1 = block(B=2, S=300, D=3072, N=320, device="cuda", form=form, bias=True)
+    out = call(kw, extra, fc1)
+    assert out is not None, q.last_decline_detail()
+    assert_same(out, direct(kw, extra, fc1))
+    # and on CPU tensors without allow_cpu it declines
+    assert call({k: v.cpu() for k, v in kw.items()}, {k: v.cpu() for k, v in extra.items()}, fc1.cpu()) is None
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_equals_eager():
+    kw, extra, fc1 = block(B=2, S=256, D=3072, N=320, device="cuda", bias=True)
+    f = _block_fn(fc1, torch.nn.LayerNorm(3072, eps=1e-6, elementwise_affine=False))
+    args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"])
+    eager = f(*args)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm up (lazy init, GEMM autotuning) outside the capture
+            f(*args)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = f(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert q.last_decline_reason() is None
+    for a, b in zip(eager, captured):
+        assert torch.equal(a, b)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_compile_fullgraph_equals_eager():
+    torch._dynamo.reset()
+    kw, extra, fc1 = block(B=2, S=128, D=3072, N=320, device="cuda")
+    fc1.gemm_backend = "portable"  # FlashInfer's GEMM is not part of what this checks
+    f = _block_fn(fc1, None)
+    args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"])
+    eager = f(*args)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(*args)
+    for a, b in zip(eager, got):
+        assert torch.equal(a, b)
+    torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/integration.md: the worked example runs as written
+# --------------------------------------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "integration.md"
+
+
+@pytest.mark.skipif(not DOC.exists(), reason="docs/ not in this checkout")
+def test_integration_doc_example_runs(capsys):
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    example = [b for b in blocks if "class MLPHalf" in b]
+    assert len(example) == 1
+    exec(compile(example[0], str(DOC), "exec"), {"__name__": "integration_example"})
+    printed = capsys.readouterr().out
+    assert "disabled_by_env" in printed
+    if CUDA_OK or not torch.cuda.is_available():  # a CUDA machine without the library declines, rightly
+        assert "fused path: served" in printed
