@@ -1,0 +1,196 @@
+"""CPU tests of the command line (info, demo, bench) and of the benchmark's pure helpers.
+
+The subprocesses run from the repository root with CUDA hidden, so they import this source tree and take
+the CPU paths on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from qwen_resnorm_fp4 import bench, cli
+from qwen_resnorm_fp4.layout import round_up
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "qwen_resnorm_fp4", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_info_text():
+    p = run_cli("info")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    for key in ("qwen_resnorm_fp4", "torch:", "compiled library:", "GPU targets:", "FlashInfer:", "path:",
+                "switches:"):
+        assert key in out, (key, out)
+    assert torch.__version__ in out
+    assert cli.PATH_CPU in out
+
+
+def test_info_json():
+    p = run_cli("info", "--json")
+    assert p.returncode == 0, p.stderr
+    info = json.loads(p.stdout)
+    for key in ("version", "torch", "torch_cuda", "library_loaded", "library", "cuda_archs", "flashinfer",
+                "gpus", "path", "switches"):
+        assert key in info
+    assert info["torch"] == torch.__version__
+    assert info["gpus"] == []
+    assert info["path"].startswith(cli.PATH_CPU)
+
+
+def test_info_shows_switches(monkeypatch):
+    monkeypatch.setenv("QWEN_FP4_DISABLE", "1")
+    monkeypatch.setenv("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "1")
+    info = cli.collect_info()
+    assert info["switches"].get("QWEN_FP4_DISABLE") == "1"
+    assert info["fast_math_default"] is False
+
+
+def test_demo_cpu():
+    p = run_cli("demo", "--device", "cpu", "--rows-image", "64", "--rows-text", "17", "--dim", "256", "--reps", "1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "image stream" in p.stdout and "text  stream" in p.stdout
+    assert p.stdout.count("byte-exact: yes") == 2, p.stdout
+
+
+def test_demo_cpu_json():
+    p = run_cli("demo", "--device", "cpu", "--rows-image", "32", "--rows-text", "5", "--dim", "128", "--reps", "1",
+                "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    assert [s["stream"] for s in doc["streams"]] == ["image", "text"]
+    for s in doc["streams"]:
+        assert s["byte_exact"]
+        assert 0 < s["dequant_rel_rms"] < 0.2  # NVFP4 of Gaussian-like data: ~0.1
+
+
+def test_demo_cuda_unavailable(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["demo", "--device", "cuda", "--dim", "128"]) == 2
+    assert "cuda" in capsys.readouterr().err.lower()
+
+
+def test_bench_on_cpu_exits_2():
+    p = run_cli("bench", "--quick")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "GPU only" in p.stderr
+
+
+def test_bench_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--check-targets" in out and "--quick" in out
+
+
+def test_bench_in_process_without_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["bench", "--quick", "--out", "/nonexistent/never-written"]) == 2
+    assert "GPU only" in capsys.readouterr().err
+
+
+def test_bench_script_on_cpu_exits_2():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_resnorm_quant.py")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "GPU only" in p.stderr
+
+
+def test_bytes_moved_formula():
+    d = 3072
+    # Per row: residual + x read (2 * D * 2) + residual_out (D * 2) + packed (D / 2) + scales (D / 16).
+    per_row = 2 * d * 2 + d * 2 + d // 2 + d // 16
+    assert per_row == 20_160
+    for m in (128, 4096, 32768):
+        assert bench.bytes_moved(m, d) == per_row * m
+    # Scale rows are padded to a multiple of 128.
+    for m in (1, 17, 4097, 6889):
+        assert bench.bytes_moved(m, d) == (2 * d * 2 + d * 2 + d // 2) * m + d // 16 * round_up(m, 128)
+    assert bench.bytes_moved(256, 5120) == 256 * (4 * 5120 + 2 * 5120 + 2560 + 320)
+
+
+@pytest.mark.parametrize("cap,archs,expected", [
+    ((10, 0), ["90a", "100f", "120f", "compute_90"], cli.PATH_BLACKWELL),
+    ((10, 3), ["90a", "100f", "120f", "compute_90"], cli.PATH_BLACKWELL),
+    ((12, 0), ["90a", "100f", "120f", "compute_90"], cli.PATH_BLACKWELL),
+    ((12, 1), ["90a", "100f", "120f", "compute_90"], cli.PATH_BLACKWELL),
+    ((9, 0), ["90a", "100f", "120f", "compute_90"], cli.PATH_PORTABLE),
+    ((11, 0), ["90a", "100f", "120f", "compute_90"], cli.PATH_PORTABLE_JIT),  # no sm_110 cubin: PTX
+    ((10, 3), ["90a", "100a", "compute_90"], cli.PATH_PORTABLE_JIT),  # an 'a' cubin does not run on a sibling
+    ((12, 0), ["90a", "compute_90"], cli.PATH_PORTABLE_JIT),
+])
+def test_kernel_path(cap, archs, expected):
+    assert cli.kernel_path(cap, archs, library_loaded=True) == expected
+
+
+def test_kernel_path_no_kernel_or_no_library():
+    assert cli.kernel_path((8, 9), ["90a", "compute_90"], library_loaded=True).startswith("none")
+    assert cli.kernel_path(None, ["90a"], library_loaded=False) == cli.PATH_CPU
+    assert cli.kernel_path((9, 0), ["90a"], library_loaded=False).startswith(cli.PATH_CPU)
+
+
+def test_eager_chain_peer_on_cpu():
+    """The benchmark's eager chain is a speed peer: right shapes, residual exact, quantization close."""
+    from qwen_resnorm_fp4 import reference
+
+    g = torch.Generator().manual_seed(0)
+    rows, d = 130, 256
+    res = torch.randn(1, rows, d, generator=g).bfloat16()
+    x = torch.randn(1, rows, d, generator=g).bfloat16()
+    gate, scale, shift = ((torch.randn(1, d, generator=g) * 0.3).bfloat16() for _ in range(3))
+    y, r = reference.resnorm(res, x, None, gate, scale, shift, bench.EPS)
+    gs = (448.0 * 6.0 / y.float().abs().amax()).reshape(1)
+    p0, s0 = reference.nvfp4_quantize(y, gs, False)
+    bounds = torch.tensor(bench._E2M1_BOUNDS)
+    p1, s1, r1 = bench.eager_chain(res, x, gate, scale, shift, gs, bench.sf_index(rows, d, "cpu"), bounds)
+    assert p1.shape == p0.shape and s1.shape == s0.shape and p1.dtype == s1.dtype == torch.uint8
+    assert torch.equal(r1, r)
+    assert (p1 == p0).float().mean() > 0.95
+    assert (s1 == s0).float().mean() > 0.95
+    used = torch.zeros(s1.numel(), dtype=torch.bool)
+    used[bench.sf_index(rows, d, "cpu")] = True
+    assert not s1.reshape(-1)[~used].any()  # the padding rows' scales (swizzled) stay zero
+
+
+def test_check_targets_logic():
+    def row(m, frac, su, sc, exact=True):
+        return {"dim": 3072, "rows": m, "fused_frac_copy": frac, "speedup_vs_unfused": su,
+                "speedup_vs_compiled": sc, "compiled_us": 1.0, "byte_exact": exact}
+
+    rows = [row(17, 0.1, 1.6, 2.0), row(1024, 0.8, 1.3, 3.0), row(4096, 0.92, 1.25, 6.0)]
+    res = {n: v for n, v, _ in bench.check_targets(rows, {3072: {"fused": 3.5, "unfused": 6.0}})}
+    assert set(res.values()) == {"PASS"}, res
+    rows[2] = row(4096, 0.85, 1.1, 4.0, exact=False)
+    res = {n: v for n, v, _ in bench.check_targets(rows, {3072: {"fused": 4.5, "unfused": 6.0}})}
+    assert list(res.values()).count("FAIL") == 5, res
+
+
+def test_write_reports_without_gpu(tmp_path):
+    """CSV, markdown table and (when matplotlib exists) the plot, from synthetic rows."""
+    nan = float("nan")
+    rows = [{"dim": 3072, "rows": m, "bytes": bench.bytes_moved(m, 3072), "n_sets": 1, "fused_us": 10.0,
+             "fused_gbps": 4000.0, "fused_frac_copy": 0.9, "unfused_us": 15.0, "unfused_gbps": 2600.0,
+             "eager_us": 200.0, "eager_gbps": 200.0, "compiled_us": nan, "compiled_gbps": nan,
+             "speedup_vs_unfused": 1.5, "speedup_vs_eager": 20.0, "speedup_vs_compiled": nan, "byte_exact": True}
+            for m in (17, 4096)]
+    bench.write_csv(tmp_path / "results.csv", rows)
+    assert (tmp_path / "results.csv").read_text().splitlines()[0].startswith("dim,rows,bytes")
+    lines = bench.table_lines(rows)
+    assert len(lines) == 4 and "n/a" in lines[2]
+    msg = bench.write_png(tmp_path / "results.png", rows, 4400.0, "test")
+    assert (msg is None) == (tmp_path / "results.png").exists()
