@@ -55,7 +55,11 @@ def fma_fp32(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     f = s.float()
     lo = torch.where(f.double() <= s, f, torch.nextafter(f, torch.full_like(f, -float("inf"))))
     hi = torch.nextafter(lo, torch.full_like(lo, float("inf")))
-    tie = (s == (lo.double() + hi.double()) * 0.5) & (err != 0) & torch.isfinite(s)
+    # Past +-FLT_MAX the neighbour for the midpoint is +-2^128 (not inf): the overflow threshold is a tie too.
+    big = torch.full_like(s, 2.0 ** 128)
+    lo_d = torch.where(torch.isinf(lo) & torch.isfinite(hi), -big, lo.double())
+    hi_d = torch.where(torch.isinf(hi) & torch.isfinite(lo), big, hi.double())
+    tie = (s == (lo_d + hi_d) * 0.5) & (err != 0) & torch.isfinite(s)
     return torch.where(tie, torch.where(err > 0, hi, lo), f)
 
 
