@@ -178,8 +178,9 @@ class FatbinEntry:
     variant: str  # "", "a" or "f"
     flags: int
     name: str  # the translation unit, as nvcc recorded it ("" if none)
-    payload: bytes
+    payload: bytes  # as stored: padded to 8 bytes
     uncompressed_size: int
+    compressed_size: int = 0  # the real length of a compressed payload
 
     @property
     def target(self) -> str:
@@ -226,7 +227,7 @@ def parse_fatbin(data: bytes) -> list[FatbinContainer]:
         cont = FatbinContainer(pos)
         e = pos + hsize
         while e + 64 <= end:
-            (kind, _u1, ehsize, psize, _csize, _u2, _minor, _major, arch, name_off, name_len, flags, _z,
+            (kind, _u1, ehsize, psize, csize, _u2, _minor, _major, arch, name_off, name_len, flags, _z,
              usize) = struct.unpack_from("<HHIQIIHHIIIQQQ", data, e)
             if ehsize < 64 or e + ehsize + psize > end:
                 raise ValueError(f"malformed fatbin entry at {e:#x}")
@@ -235,7 +236,7 @@ def parse_fatbin(data: bytes) -> list[FatbinContainer]:
                 name = data[e + name_off:e + name_off + name_len].split(b"\0")[0].decode("utf-8", "replace")
             variant = "a" if flags & FLAG_ARCH_SPECIFIC else "f" if flags & FLAG_FAMILY else ""
             cont.entries.append(FatbinEntry(kind, arch, variant, flags, name,
-                                            data[e + ehsize:e + ehsize + psize], usize))
+                                            data[e + ehsize:e + ehsize + psize], usize, csize))
             e += ehsize + psize
         containers.append(cont)
         pos = end
@@ -256,10 +257,18 @@ def target_name(t: tuple[int, int, str]) -> str:
 
 def decompress(entry: FatbinEntry) -> bytes | None:
     """The payload, uncompressed; None where it cannot be (LZ4, or zstd without a decoder)."""
+    out = _decompress(entry)
+    if out is not None and entry.compression and entry.uncompressed_size and len(out) != entry.uncompressed_size:
+        return None
+    return out
+
+
+def _decompress(entry: FatbinEntry) -> bytes | None:
     if entry.compression is None:
         return entry.payload
     if entry.compression == "zstd":
-        frame = entry.payload
+        n = entry.compressed_size
+        frame = entry.payload[:n] if 0 < n <= len(entry.payload) else entry.payload.rstrip(b"\0")
         try:
             import zstandard  # type: ignore
 

@@ -24,12 +24,13 @@ sys.modules["check_wheel"] = cw
 _spec.loader.exec_module(cw)
 
 
-def entry(kind: int, arch: int, flags: int, payload: bytes, name: bytes = b"", usize: int = 0, ext: bytes = b"") -> bytes:
+def entry(kind: int, arch: int, flags: int, payload: bytes, name: bytes = b"", usize: int = 0, ext: bytes = b"",
+          csize: int = 0) -> bytes:
     name_off = 64 if name else 0
     name_field = name + b"\0" * (-len(name) % 8) if name else b""
     hsize = 64 + len(name_field) + len(ext)
     ver = (0, 9) if kind == 1 else (8, 1)
-    head = struct.pack("<HHIQIIHHIIIQQQ", kind, 0x101, hsize, len(payload), len(payload), 0, ver[0], ver[1], arch,
+    head = struct.pack("<HHIQIIHHIIIQQQ", kind, 0x101, hsize, len(payload), csize, 0, ver[0], ver[1], arch,
                        name_off, len(name), flags, 0, usize)
     return head + name_field + ext + payload
 
@@ -57,6 +58,30 @@ def test_parse_synthetic_fatbin():
     assert conts[0].entries[3].compression == "zstd" and conts[0].entries[3].uncompressed_size == 4096
     assert [e.target for e in conts[1].entries] == ["sm_90", "compute_100a"]
     assert conts[1].name.startswith("container@")
+
+
+def _zstd_compress(data: bytes) -> bytes | None:
+    try:
+        import zstandard  # type: ignore
+
+        return zstandard.ZstdCompressor().compress(data)
+    except ImportError:
+        pass
+    if shutil.which("zstd"):
+        return subprocess.run(["zstd", "-c", "-q"], input=data, capture_output=True, check=True).stdout
+    return None
+
+
+def test_decompress_padded_zstd_payload():
+    """Compressed payloads are stored padded to 8 bytes; the entry header has the real length."""
+    plain = b"\x7fELF" + bytes(range(256)) * 8
+    frame = _zstd_compress(plain)
+    if frame is None:
+        pytest.skip("no zstd compressor (zstandard module or zstd command)")
+    blob = container(entry(2, 100, 0x1208011, frame + bytes(-len(frame) % 8), usize=len(plain), csize=len(frame)))
+    (e,) = cw.parse_fatbin(blob)[0].entries
+    assert e.compression == "zstd" and e.compressed_size == len(frame)
+    assert cw.decompress(e) == plain
 
 
 def test_parse_target():
