@@ -53,6 +53,8 @@ void launch_resnorm(const ResnormArgs& args, void* stream);
 void launch_resnorm_quant_portable(const ResnormArgs& args, bool fast_math, void* stream);
 void launch_nvfp4_quantize_portable(const QuantizeArgs& args, bool fast_math, void* stream);
 void launch_rcp_approx(const float* in, float* out, int64_t n, void* stream);
+// E2M1 codes of fp32 values, by e2m1_code or (toolkit) by cuda_fp4.h: for the exhaustive equality test.
+void launch_e2m1_codes(const float* in, uint8_t* out, int64_t n, bool toolkit, void* stream);
 
 // Blackwell path (FlashInfer's production conversion): sm_100f / sm_120f cubins.
 // blackwell_kernels_usable() is false when this build has no Blackwell code or the device can't run it.

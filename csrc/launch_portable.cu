@@ -21,8 +21,8 @@ void check_launch(const char* what) {
 void launch_resnorm(const ResnormArgs& args, void* stream) {
   if (args.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  dispatch_row_shape(args.cols, [&](auto vpt, auto fixed, int threads) {
-    resnorm_kernel<decltype(vpt)::value, decltype(fixed)::value><<<args.rows, threads, 0, s>>>(args);
+  dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
+    resnorm_kernel<decltype(vpt)::value, decltype(fixed)::value, decltype(min_blocks)::value><<<args.rows, threads, 0, s>>>(args);
   });
   check_launch("resnorm");
 }
@@ -33,6 +33,19 @@ void launch_resnorm_quant_portable(const ResnormArgs& args, bool fast_math, void
 
 void launch_nvfp4_quantize_portable(const QuantizeArgs& args, bool fast_math, void* stream) {
   launch_nvfp4_quantize_mode<PortableNvfp4>(args, fast_math, stream, "nvfp4_quantize");
+}
+
+__global__ void e2m1_codes_kernel(const float* in, uint8_t* out, int64_t n, bool toolkit) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = toolkit ? e2m1_code_toolkit(in[i]) : e2m1_code(in[i]);
+  }
+}
+
+void launch_e2m1_codes(const float* in, uint8_t* out, int64_t n, bool toolkit, void* stream) {
+  if (n == 0) return;
+  const int64_t blocks = (n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536;
+  e2m1_codes_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(in, out, n, toolkit);
+  check_launch("_e2m1_codes");
 }
 
 __global__ void rcp_approx_kernel(const float* in, float* out, int64_t n) {

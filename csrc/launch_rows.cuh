@@ -12,16 +12,16 @@ namespace qwen_fp4 {
 
 template <class Quantizer>
 void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
-  dispatch_row_shape(args.cols, [&](auto vpt, auto fixed, int threads) {
-    resnorm_quant_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value>
+  dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
+    resnorm_quant_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value, decltype(min_blocks)::value>
         <<<round_up_128(args.rows), threads, 0, s>>>(args);
   });
 }
 
 template <class Quantizer>
 void launch_nvfp4_quantize_rows(const QuantizeArgs& args, cudaStream_t s) {
-  dispatch_row_shape(args.cols, [&](auto vpt, auto fixed, int threads) {
-    nvfp4_quantize_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value>
+  dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
+    nvfp4_quantize_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value, decltype(min_blocks)::value>
         <<<round_up_128(args.rows), threads, 0, s>>>(args);
   });
 }

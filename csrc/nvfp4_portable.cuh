@@ -1,5 +1,7 @@
-// NVFP4 conversion of 16-element blocks with the CUDA toolkit's cuda_fp4.h / cuda_fp8.h conversions:
-// the portable path (sm_90a and the compute_90 PTX). The recipe is the production quantizer's
+// NVFP4 conversion of 16-element blocks for GPUs without the hardware E2M1 conversion: the portable path
+// (sm_90a and the compute_90 PTX). Scales use cuda_fp8.h's E4M3 conversion; codes use e2m1_code below,
+// which gives the same bits as cuda_fp4.h's __nv_cvt_float_to_fp4 for every one of the 2^32 fp32 inputs
+// (checked exhaustively on the GPU by the tests) at a fraction of its cost. The recipe is the production quantizer's
 // (FlashInfer / TensorRT-LLM fp4_quantize, 0.7.4), both modes; docs/numerics.md step 8:
 //   amax  = max |y| over the block, NaN ignored (fmax), so NaN only for an all-NaN block
 //   fast:  SF = e4m3_satfinite(G * (amax * rcp(6)));  o = SF != 0 ? rcp(float(SF) * rcp(G)) : 0
@@ -23,6 +25,25 @@ __device__ __forceinline__ float rcp_approx_ftz(float a) {
   float b;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(b) : "f"(a));
   return b;
+}
+
+// E2M1 code of one fp32 value: round to nearest, ties to the even code; |x| > 6 saturates to 6;
+// NaN gives +6 (0x7); the sign bit is kept, also when x rounds to zero (0x8).
+// The E2M1 grid has step 0.5 on [0, 2), 1 on [2, 4) and 2 on [4, 6]. Scaling |x| by 2, 1 or 0.5 (picked
+// by its exponent) makes the step 1; one fma with 2^23 + (code of the region's first value - its scaled
+// value) then rounds to the nearest integer, ties to even, and leaves the code in the low bits.
+__device__ __forceinline__ uint32_t e2m1_code(float x) {
+  const float a = fminf(fabsf(x), 6.0f);  // saturate; NaN becomes 6, whose code 0x7 is NaN's
+  const uint32_t e = min(max(__float_as_uint(a) >> 23, 127u), 129u);  // [0,2) -> 127, [2,4) -> 128, [4,6] -> 129
+  const float inv_step = __uint_as_float((255u - e) << 23);            // 2, 1, 0.5
+  const float t = __fmaf_rn(a, inv_step, __uint_as_float(0x4B000000u + 2u * (e - 127u)));  // 2^23 + 0, 2, 4
+  const uint32_t sign = x != x ? 0u : (__float_as_uint(x) >> 28) & 0x8u;
+  return (__float_as_uint(t) & 0x7u) | sign;
+}
+
+// The toolkit's software conversion, kept for the exhaustive equality check (csrc/ops.cpp _e2m1_codes).
+__device__ __forceinline__ uint32_t e2m1_code_toolkit(float x) {
+  return __nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest);
 }
 
 // Scale byte and encode scale of one block from its amax.
@@ -63,10 +84,7 @@ struct PortableNvfp4 {
 
     uint32_t codes = 0;
 #pragma unroll
-    for (int j = 0; j < kVecElems / 2; ++j) {
-      const float2 pair = make_float2(__fmul_rn(y[2 * j], out_scale), __fmul_rn(y[2 * j + 1], out_scale));
-      codes |= uint32_t(__nv_cvt_float2_to_fp4x2(pair, __NV_E2M1, cudaRoundNearest)) << (8 * j);
-    }
+    for (int j = 0; j < kVecElems; ++j) codes |= e2m1_code(__fmul_rn(y[j], out_scale)) << (4 * j);
     return codes;
   }
 };

@@ -180,9 +180,28 @@ std::vector<int64_t> sizes_of(const Tensor& t) {
   return s;
 }
 
-Tensor new_bytes(const Tensor& like, int64_t rows, int64_t cols) {
-  return torch::stable::new_empty(like, {rows, cols}, ScalarType::Byte);
+// Contiguous CUDA tensor on like's device. aoti_torch_empty_strided goes straight to the allocator,
+// much cheaper per call than a boxed aten::new_empty through the dispatcher.
+Tensor empty_cuda(const Tensor& like, const std::vector<int64_t>& sizes, int32_t dtype) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = stride;
+    stride *= sizes[d] > 0 ? sizes[d] : 1;
+  }
+  AtenTensorHandle handle = nullptr;
+  STD_TORCH_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), dtype,
+                                           aoti_torch_device_type_cuda(), like.get_device_index(),
+                                           &handle) == AOTI_TORCH_SUCCESS,
+                  "qwen_fp4: allocating an output failed");
+  return Tensor(handle);
 }
+
+Tensor new_bytes(const Tensor& like, int64_t rows, int64_t cols) {
+  return empty_cuda(like, {rows, cols}, aoti_torch_dtype_uint8());
+}
+
+Tensor empty_like_bf16(const Tensor& x) { return empty_cuda(x, sizes_of(x), aoti_torch_dtype_bfloat16()); }
 
 bool use_blackwell(const Tensor& x) { return blackwell_kernels_usable(x.get_device_index()); }
 
@@ -200,7 +219,7 @@ std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, co
   check_global_scale(global_scale, x);
   Tensor packed = new_bytes(x, a.rows, a.cols / 2);
   Tensor scales = new_bytes(x, (a.rows + 127) / 128 * 128, a.cols / 16);
-  Tensor residual_out = torch::stable::new_empty(x, sizes_of(x));
+  Tensor residual_out = empty_like_bf16(x);
   a.residual_out = residual_out.data_ptr();
   a.packed = static_cast<uint8_t*>(packed.data_ptr());
   a.scales = static_cast<uint8_t*>(scales.data_ptr());
@@ -217,8 +236,8 @@ std::tuple<Tensor, Tensor> resnorm_cuda(const Tensor& residual, const Tensor& x,
                                         const std::optional<Tensor>& modulate_index) {
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
   ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
-  Tensor y = torch::stable::new_empty(x, sizes_of(x));
-  Tensor residual_out = torch::stable::new_empty(x, sizes_of(x));
+  Tensor y = empty_like_bf16(x);
+  Tensor residual_out = empty_like_bf16(x);
   a.y = y.data_ptr();
   a.residual_out = residual_out.data_ptr();
   launch_resnorm(a, current_stream(x));
@@ -254,9 +273,21 @@ Tensor rcp_approx_cuda(const Tensor& x) {
   check_cuda_tensor("x", x, x, /*vector_access=*/false);
   STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float, "qwen_fp4: _rcp_approx needs float32, got ",
                   dtype_name(x.scalar_type()));
-  Tensor out = torch::stable::new_empty(x, sizes_of(x));
+  Tensor out = empty_cuda(x, sizes_of(x), aoti_torch_dtype_float32());
   launch_rcp_approx(static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), x.numel(),
                     current_stream(x));
+  return out;
+}
+
+Tensor e2m1_codes_cuda(const Tensor& x, bool toolkit) {
+  STD_TORCH_CHECK(x.is_cuda(), "qwen_fp4: _e2m1_codes needs a CUDA tensor");
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  check_cuda_tensor("x", x, x, /*vector_access=*/false);
+  STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float, "qwen_fp4: _e2m1_codes needs float32, got ",
+                  dtype_name(x.scalar_type()));
+  Tensor out = empty_cuda(x, sizes_of(x), aoti_torch_dtype_uint8());
+  launch_e2m1_codes(static_cast<const float*>(x.data_ptr()), static_cast<uint8_t*>(out.data_ptr()), x.numel(),
+                    toolkit, current_stream(x));
   return out;
 }
 

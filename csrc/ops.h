@@ -27,4 +27,6 @@ std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& gl
 
 Tensor rcp_approx_cuda(const Tensor& x);
 
+Tensor e2m1_codes_cuda(const Tensor& x, bool toolkit);
+
 }  // namespace qwen_fp4

@@ -9,4 +9,5 @@ STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CUDA, m) {
   m.impl("resnorm", TORCH_BOX(&qwen_fp4::resnorm_cuda));
   m.impl("nvfp4_quantize", TORCH_BOX(&qwen_fp4::nvfp4_quantize_cuda));
   m.impl("_rcp_approx", TORCH_BOX(&qwen_fp4::rcp_approx_cuda));
+  m.impl("_e2m1_codes", TORCH_BOX(&qwen_fp4::e2m1_codes_cuda));
 }

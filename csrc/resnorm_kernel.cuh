@@ -28,6 +28,7 @@ template <int VPT, int kFixedCols>
 struct RowShape {
   static constexpr int kFixedVecs = kFixedCols / kVecElems;
   static constexpr int kFixedThreads = kFixedVecs / VPT;
+  static constexpr int kMaxThreads = kFixedCols ? kFixedThreads : 256;
   static_assert(kFixedCols == 0 || (kFixedVecs % VPT == 0 && kFixedThreads % 32 == 0), "bad fixed shape");
   static __device__ __forceinline__ int vecs(int32_t cols) { return kFixedCols ? kFixedVecs : cols / kVecElems; }
   static __device__ __forceinline__ int threads() { return kFixedCols ? kFixedThreads : blockDim.x; }
@@ -93,8 +94,8 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
     }
   }
 
-  // Steps 1-2 and the row sum.
-  float r[VPT][kVecElems];
+  // Steps 1-2 and the row sum. d holds r now and r - mu after the mean.
+  float d[VPT][kVecElems];
   float sum = 0.0f;
   uint4* res_out_row = reinterpret_cast<uint4*>(args.residual_out) + row * vecs;
 #pragma unroll
@@ -110,18 +111,19 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
         float bias[kVecElems];
         load_param8(args.bias, 0, cols, v, bias);
 #pragma unroll
-        for (int j = 0; j < kVecElems; ++j) xf[j] = bf16_round(__fadd_rn(xf[j], bias[j]));
+        for (int j = 0; j < kVecElems; ++j) xf[j] = __fadd_rn(xf[j], bias[j]);
+        bf16_round8(xf);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < kVecElems; ++j) gate[j] = 0.0f;
     }
 #pragma unroll
-    for (int j = 0; j < kVecElems; ++j) {
-      r[i][j] = bf16_round(__fmaf_rn(xf[j], gate[j], resf[j]));
-      sum = __fadd_rn(sum, r[i][j]);
-    }
-    if (valid) res_out_row[v] = float_to_bf16x8(r[i]);
+    for (int j = 0; j < kVecElems; ++j) d[i][j] = __fmaf_rn(xf[j], gate[j], resf[j]);
+    const uint4 r_bf16 = bf16_round8(d[i]);
+#pragma unroll
+    for (int j = 0; j < kVecElems; ++j) sum = __fadd_rn(sum, d[i][j]);
+    if (valid) res_out_row[v] = r_bf16;
   }
 
   // Steps 3-5: two passes over the values held in registers.
@@ -133,48 +135,49 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
     const bool valid = Shape::valid(i * Shape::threads() + threadIdx.x, vecs);
 #pragma unroll
     for (int j = 0; j < kVecElems; ++j) {
-      const float d = valid ? __fsub_rn(r[i][j], mu) : 0.0f;
-      sq = __fmaf_rn(d, d, sq);
+      d[i][j] = valid ? __fsub_rn(d[i][j], mu) : 0.0f;
+      sq = __fmaf_rn(d[i][j], d[i][j], sq);
     }
   }
   const float var = __fmul_rn(block_sum(sq, scratch), inv_cols);
   const float rstd = rsqrtf(__fadd_rn(var, args.eps));
 
-  // Steps 6-7.
+  // Steps 6-7. Wide shapes (large row counts) load the parameters only now, to save registers.
+  constexpr bool kHoistParams = VPT <= 2;
   const bool affine = args.weight.ptr != nullptr || args.norm_bias.ptr != nullptr;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = i * Shape::threads() + threadIdx.x;
-    float y[kVecElems];
     if (Shape::valid(v, vecs)) {
       float scale[kVecElems], shift[kVecElems];
-      load_param8(args.scale, mod_row, cols, v, scale);
-      load_param8(args.shift, mod_row, cols, v, shift);
-      float w[kVecElems], nb[kVecElems];
+      load_param8<kHoistParams>(args.scale, mod_row, cols, v, scale);
+      load_param8<kHoistParams>(args.shift, mod_row, cols, v, shift);
+      float n[kVecElems];
+#pragma unroll
+      for (int j = 0; j < kVecElems; ++j) n[j] = __fmul_rn(d[i][j], rstd);
       if (affine) {
-        if (args.weight.ptr != nullptr) load_param8(args.weight, 0, cols, v, w);
-        if (args.norm_bias.ptr != nullptr) load_param8(args.norm_bias, 0, cols, v, nb);
-      }
+        float w[kVecElems], nb[kVecElems];
+        if (args.weight.ptr != nullptr) load_param8<kHoistParams>(args.weight, 0, cols, v, w);
+        if (args.norm_bias.ptr != nullptr) load_param8<kHoistParams>(args.norm_bias, 0, cols, v, nb);
 #pragma unroll
-      for (int j = 0; j < kVecElems; ++j) {
-        float n = __fmul_rn(__fsub_rn(r[i][j], mu), rstd);
-        if (affine) {
-          n = __fmaf_rn(n, args.weight.ptr != nullptr ? w[j] : 1.0f, args.norm_bias.ptr != nullptr ? nb[j] : 0.0f);
+        for (int j = 0; j < kVecElems; ++j) {
+          n[j] = __fmaf_rn(n[j], args.weight.ptr != nullptr ? w[j] : 1.0f, args.norm_bias.ptr != nullptr ? nb[j] : 0.0f);
         }
-        n = bf16_round(n);
-        y[j] = bf16_round(__fmaf_rn(n, __fadd_rn(1.0f, scale[j]), shift[j]));
       }
-    } else {
+      bf16_round8(n);
+      float y[kVecElems];
 #pragma unroll
-      for (int j = 0; j < kVecElems; ++j) y[j] = 0.0f;
+      for (int j = 0; j < kVecElems; ++j) y[j] = __fmaf_rn(n[j], __fadd_rn(1.0f, scale[j]), shift[j]);
+      y_out[i] = bf16_round8(y);
+    } else {
+      y_out[i] = make_uint4(0, 0, 0, 0);
     }
-    y_out[i] = float_to_bf16x8(y);
   }
 }
 
 // resnorm: writes y. No scales, so no padding rows: grid = rows.
-template <int VPT, int kFixedCols>
-__global__ void __launch_bounds__(256) resnorm_kernel(const ResnormArgs args) {
+template <int VPT, int kFixedCols, int kMinBlocks>
+__global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) resnorm_kernel(const ResnormArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
   const int64_t row = blockIdx.x;
   uint4 y[VPT];
@@ -189,8 +192,8 @@ __global__ void __launch_bounds__(256) resnorm_kernel(const ResnormArgs args) {
 }
 
 // resnorm_quant: steps 1-8 in one pass; y never leaves registers.
-template <class Quantizer, int VPT, int kFixedCols>
-__global__ void __launch_bounds__(256) resnorm_quant_kernel(const ResnormArgs args) {
+template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks>
+__global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) resnorm_quant_kernel(const ResnormArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
   const int64_t row = blockIdx.x;
   if (row >= args.rows) {
@@ -204,8 +207,8 @@ __global__ void __launch_bounds__(256) resnorm_quant_kernel(const ResnormArgs ar
 }
 
 // nvfp4_quantize: the standalone quantizer over bf16 rows.
-template <class Quantizer, int VPT, int kFixedCols>
-__global__ void __launch_bounds__(256) nvfp4_quantize_kernel(const QuantizeArgs args) {
+template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks>
+__global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) nvfp4_quantize_kernel(const QuantizeArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
   const int64_t row = blockIdx.x;
   if (row >= args.rows) {

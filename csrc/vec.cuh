@@ -32,20 +32,38 @@ __device__ __forceinline__ uint4 float_to_bf16x8(const float (&f)[kVecElems]) {
   return u;
 }
 
+// bf16(v) on eight values in place, two per conversion instruction; returns them packed.
+__device__ __forceinline__ uint4 bf16_round8(float (&f)[kVecElems]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int j = 0; j < kVecElems / 2; ++j) {
+    h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+    const float2 p = __bfloat1622float2(h[j]);
+    f[2 * j] = p.x;
+    f[2 * j + 1] = p.y;
+  }
+  return u;
+}
+
 // Activations are read once: stream them past L1.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
 
 // Eight consecutive entries of row `row` of a [*, cols] parameter, starting at column 8 * vec.
+// kReadOnly uses the non-coherent path (__ldg), which the compiler may hoist across __syncthreads;
+// plain loads stay where they are, which keeps registers free while the row is still being reduced.
+template <bool kReadOnly = true>
 __device__ __forceinline__ void load_param8(const ParamRef& p, int64_t row, int32_t cols, int vec,
                                             float (&out)[kVecElems]) {
   const int64_t first = row * cols + int64_t(vec) * kVecElems;
   if (p.fp32) {
     const float4* q = reinterpret_cast<const float4*>(p.ptr) + first / 4;
-    const float4 a = __ldg(q), b = __ldg(q + 1);
+    const float4 a = kReadOnly ? __ldg(q) : q[0], b = kReadOnly ? __ldg(q + 1) : q[1];
     out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
     out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
   } else {
-    bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.ptr) + first / kVecElems), out);
+    const uint4* q = reinterpret_cast<const uint4*>(p.ptr) + first / kVecElems;
+    bf16x8_to_float(kReadOnly ? __ldg(q) : *q, out);
   }
 }
 

@@ -29,6 +29,8 @@ SCHEMAS = {
     "nvfp4_quantize": "nvfp4_quantize(Tensor y, Tensor global_scale, bool fast_math) -> (Tensor packed, Tensor scales)",
     # The GPU's rcp.approx.ftz.f32, element-wise on fp32: lets the reference reproduce fast mode exactly.
     "_rcp_approx": "_rcp_approx(Tensor x) -> Tensor",
+    # E2M1 codes of fp32 values by the kernels' conversion, or (toolkit=True) by cuda_fp4.h: for tests.
+    "_e2m1_codes": "_e2m1_codes(Tensor x, bool toolkit) -> Tensor",
 }
 
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -65,6 +67,11 @@ def _nvfp4_quantize_fake(y, global_scale, fast_math):
 @torch.library.register_fake(f"{NAMESPACE}::_rcp_approx")
 def _rcp_approx_fake(x):
     return torch.empty_like(x)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::_e2m1_codes")
+def _e2m1_codes_fake(x, toolkit):
+    return torch.empty_like(x, dtype=torch.uint8)
 
 
 # CPU: the reference is the implementation.

@@ -245,6 +245,24 @@ def test_opcheck_cuda():
     torch.library.opcheck(torch.ops.qwen_fp4.nvfp4_quantize.default, (y, G, False))
 
 
+def test_e2m1_matches_cuda_fp4_exhaustively():
+    """The kernels' E2M1 conversion equals cuda_fp4.h's __nv_cvt_float_to_fp4 for all 2^32 fp32 inputs,
+    and the reference's e2m1_code agrees on a random sample of bit patterns."""
+    chunk = 1 << 28
+    for start in range(0, 1 << 32, chunk):
+        bits = torch.arange(start, start + chunk, device="cuda", dtype=torch.int64)
+        x = (bits - (1 << 32) * (bits >= (1 << 31))).to(torch.int32).view(torch.float32)
+        ours = torch.ops.qwen_fp4._e2m1_codes(x, False)
+        toolkit = torch.ops.qwen_fp4._e2m1_codes(x, True)
+        bad = (ours != toolkit).nonzero()
+        assert bad.numel() == 0, f"{bad.numel()} mismatches from bits {start:#x}, first {x[bad[0]].item()!r}"
+        del bits, ours
+    g = torch.Generator(device="cuda").manual_seed(_seed())
+    x = torch.randint(-(1 << 31), 1 << 31, (1 << 24,), generator=g, device="cuda", dtype=torch.int64)
+    x = x.to(torch.int32).view(torch.float32)
+    assert torch.equal(reference.e2m1_code(x), torch.ops.qwen_fp4._e2m1_codes(x, True))
+
+
 def test_rcp_approx_is_close_to_ieee():
     x = torch.rand(1 << 16, device="cuda") * 100 + 1e-3
     r = gpu_rcp(x)
