@@ -1,0 +1,423 @@
+"""diffusers' Qwen-Image transformer converted to NVFP4 FC1 + the fused path: byte-identical end to end.
+
+CPU tests (skipped when diffusers is not importable): a small QwenImageTransformer2DModel (2 blocks, width 64)
+with random bf16 weights; batch 1 and 2 (classifier-free guidance), with and without zero_cond_t
+(modulate_index), text lengths 7 and 13 (with a padding mask at batch 2). The converted model in "fused" mode
+(allow_cpu: the reference implements the fused op on CPU) and in "unfused" mode give the same bytes, and
+restore gives back the original outputs exactly.
+
+GPU test (marked gpu; skipped without CUDA and the compiled library): the real width (24 heads x 128 = 3072),
+2 blocks, 4096 image tokens, 17 and 77 text tokens, batch 1 and 2, with and without zero_cond_t: fused and
+unfused outputs are byte-identical, the fused forward launches exactly 2 kernels fewer per block (one per
+stream), and the relative error of both against the original BF16 model is printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+import torch
+
+import qwen_resnorm_fp4.integrations.diffusers as qd
+from qwen_resnorm_fp4 import NVFP4Linear, _library
+
+
+def _import() -> Tuple[Any, Optional[str]]:
+    if importlib.util.find_spec("diffusers") is None:
+        return None, "diffusers is not installed (pip install 'qwen-resnorm-fp4[diffusers]')"
+    # The integration (imported at the top) first: where flashinfer is installed without its dependencies
+    # (this project's build installs it for its headers), it tells diffusers so that diffusers' models import.
+    try:
+        from diffusers import QwenImageTransformer2DModel
+        import diffusers.utils.logging as dlog
+
+        dlog.set_verbosity_error()  # "modules that should be kept in float32: []" on .to(bfloat16)
+    except Exception as e:  # noqa: BLE001 - any import failure: skip with the reason
+        return None, f"diffusers does not import: {type(e).__name__}: {e}"
+    try:
+        qd.check_diffusers_version()
+    except ValueError as e:
+        return None, str(e)
+    return QwenImageTransformer2DModel, None
+
+
+QwenImageTransformer2DModel, SKIP_REASON = _import()
+needs_diffusers = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+GPU_OK = torch.cuda.is_available() and _library.cuda_available()
+
+
+def sha256(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Models and inputs
+# ------------------------------------------------------------------------------------------------------------
+
+SMALL = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=32,
+             num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(8, 12, 12))
+SMALL_LAYERS = SMALL["num_layers"]
+
+
+def image_shapes(zero_cond_t: bool, small: bool) -> List[Tuple[int, int, int]]:
+    """One sample's img_shapes: the target latent, plus a condition image with zero_cond_t (its tokens get
+    modulate_index 1)."""
+    if small:
+        return [(1, 4, 4), (1, 4, 2)] if zero_cond_t else [(1, 6, 4)]  # 24 image tokens
+    return [(1, 64, 32), (1, 64, 32)] if zero_cond_t else [(1, 64, 64)]  # 4096 image tokens
+
+
+def make_inputs(batch: int, text_len: int, zero_cond_t: bool, *, small: bool, seed: int,
+                device: str = "cpu") -> Dict[str, Any]:
+    cfg_in = SMALL["in_channels"] if small else 64
+    cfg_txt = SMALL["joint_attention_dim"] if small else 3584
+    g = torch.Generator().manual_seed(seed)
+    shapes = image_shapes(zero_cond_t, small)
+    s = sum(f * h * w for f, h, w in shapes)
+    mask = torch.ones(batch, text_len, dtype=torch.bool)
+    if batch > 1:
+        mask[1, text_len - 3:] = False  # the negative prompt is shorter: padding tokens
+    return dict(
+        hidden_states=torch.randn(batch, s, cfg_in, generator=g).to(torch.bfloat16).to(device),
+        encoder_hidden_states=torch.randn(batch, text_len, cfg_txt, generator=g).to(torch.bfloat16).to(device),
+        encoder_hidden_states_mask=mask.to(device),
+        timestep=torch.rand(batch, generator=g).to(device),
+        img_shapes=[shapes] * batch,
+        return_dict=False,
+    )
+
+
+def build_small(zero_cond_t: bool, seed: int = 0):
+    torch.manual_seed(seed)
+    return QwenImageTransformer2DModel(**SMALL, zero_cond_t=zero_cond_t).to(torch.bfloat16).eval()
+
+
+@pytest.fixture(scope="module")
+def small_models():
+    if SKIP_REASON is not None:
+        pytest.skip(SKIP_REASON)
+    return {zc: build_small(zc) for zc in (False, True)}
+
+
+def run(model, inp) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inp)[0]
+
+
+def calibration(zero_cond_t: bool, small: bool = True, device: str = "cpu") -> List[Dict[str, Any]]:
+    return [make_inputs(2, 11, zero_cond_t, small=small, seed=100, device=device)]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# CPU
+# ------------------------------------------------------------------------------------------------------------
+
+
+@needs_diffusers
+@pytest.mark.parametrize("text_len", [7, 13])
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
+def test_fused_equals_unfused_and_restore_cpu(small_models, zero_cond_t, batch, text_len):
+    model = small_models[zero_cond_t]
+    inp = make_inputs(batch, text_len, zero_cond_t, small=True, seed=batch * 100 + text_len)
+    original = run(model, inp)
+    original_fc1 = model.transformer_blocks[0].img_mlp.net[0].proj
+    qd.convert_qwen_image_transformer(model, mode="fused", calibration_inputs=calibration(zero_cond_t),
+                                      allow_cpu=True)
+    try:
+        assert isinstance(model.transformer_blocks[0].img_mlp.net[0].proj, NVFP4Linear)
+        fused = run(model, inp)
+        stats = qd.fused_path_stats(model, reset=True)
+        assert stats == {"fused": 2 * SMALL_LAYERS, "unfused": 0, "fallback": 0, "decline_reasons": {}}, stats
+
+        qd.set_qwen_image_mode(model, "unfused")
+        unfused = run(model, inp)
+        stats = qd.fused_path_stats(model, reset=True)
+        assert stats["unfused"] == 2 * SMALL_LAYERS and stats["fused"] == 0, stats
+    finally:
+        qd.restore_qwen_image_transformer(model)
+
+    assert fused.dtype == torch.bfloat16 and fused.shape == original.shape
+    assert torch.equal(fused, unfused)
+    assert sha256(fused) == sha256(unfused)
+    assert torch.isfinite(fused.float()).all()
+    # The NVFP4 FC1 (and the contract's norm numerics) change the output, but not by much.
+    assert not torch.equal(fused, original)
+    assert rel_err(fused, original) < 0.5
+
+    assert model.transformer_blocks[0].img_mlp.net[0].proj is original_fc1
+    assert "forward" not in vars(model.transformer_blocks[0])
+    assert not hasattr(model, "_qwen_fp4_conversion")
+    restored = run(model, inp)
+    assert torch.equal(restored, original)
+    assert sha256(restored) == sha256(original)
+
+
+@needs_diffusers
+@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
+def test_convert_unfused_equals_fused_fresh_conversions(small_models, zero_cond_t):
+    """Two independent conversions (mode="unfused" and mode="fused") from the same amax give the same bytes."""
+    model = small_models[zero_cond_t]
+    inp = make_inputs(2, 13, zero_cond_t, small=True, seed=7)
+    outs = {}
+    amax = None
+    for mode in ("unfused", "fused"):
+        kw = dict(input_amax=amax) if amax is not None else dict(calibration_inputs=calibration(zero_cond_t))
+        qd.convert_qwen_image_transformer(model, mode=mode, allow_cpu=True, **kw)
+        try:
+            amax = qd.conversion_info(model).input_amax
+            assert qd.conversion_info(model).mode == mode
+            outs[mode] = run(model, inp)
+        finally:
+            qd.restore_qwen_image_transformer(model)
+    assert torch.equal(outs["fused"], outs["unfused"])
+
+
+@needs_diffusers
+def test_fused_declines_on_cpu_without_allow_cpu_and_falls_back(small_models):
+    model = small_models[True]
+    inp = make_inputs(2, 7, True, small=True, seed=3)
+    qd.convert_qwen_image_transformer(model, mode="fused", calibration_inputs=calibration(True))
+    try:
+        fallback = run(model, inp)
+        stats = qd.fused_path_stats(model, per_block=True)
+        assert stats["fused"] == 0 and stats["fallback"] == 2 * SMALL_LAYERS
+        assert stats["decline_reasons"] == {"cpu_tensors": 2 * SMALL_LAYERS}
+        assert stats["blocks"]["transformer_blocks.0"]["img"].fallback == 1
+        qd.set_qwen_image_mode(model, "unfused")
+        unfused = run(model, inp)
+    finally:
+        qd.restore_qwen_image_transformer(model)
+    assert torch.equal(fallback, unfused)
+
+
+@needs_diffusers
+def test_input_amax_forms(small_models):
+    model = small_models[False]
+    inp = make_inputs(1, 7, False, small=True, seed=4)
+    names = qd.fc1_names(model)
+    assert names == [f"transformer_blocks.{i}.{s}_mlp.net.0.proj" for i in range(SMALL_LAYERS) for s in ("img", "txt")]
+
+    # calibration == the amax of diffusers' own FC1 inputs
+    amax = qd.calibrate_fc1_input_amax(model, calibration(False))
+    seen: Dict[str, float] = {}
+    mods = dict(model.named_modules())
+    hooks = [mods[n].register_forward_pre_hook(
+        lambda m, a, n=n: seen.__setitem__(n, max(seen.get(n, 0.0), a[0].abs().amax().float().item())))
+        for n in names]
+    try:
+        run(model, calibration(False)[0])
+    finally:
+        for h in hooks:
+            h.remove()
+    assert amax == seen
+
+    # a dict of amax values reproduces the calibrated conversion byte for byte; a callable calibrates too
+    outs = []
+    for kw in (dict(calibration_inputs=calibration(False)), dict(input_amax=amax),
+               dict(calibration_inputs=lambda m: m(**calibration(False)[0]))):
+        qd.convert_qwen_image_transformer(model, mode="fused", allow_cpu=True, **kw)
+        try:
+            assert qd.conversion_info(model).input_amax == amax
+            outs.append(run(model, inp))
+        finally:
+            qd.restore_qwen_image_transformer(model)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+    # one number for every FC1
+    qd.convert_qwen_image_transformer(model, mode="fused", allow_cpu=True, input_amax=4.0)
+    try:
+        assert set(qd.conversion_info(model).input_amax.values()) == {4.0}
+        gs = model.transformer_blocks[1].txt_mlp.net[0].proj.input_global_scale
+        assert torch.equal(gs, torch.tensor([448.0 * 6.0 / 4.0]))
+    finally:
+        qd.restore_qwen_image_transformer(model)
+
+    bad = [
+        (dict(), ValueError, "calibration_inputs"),
+        (dict(input_amax=1.0, calibration_inputs=calibration(False)), ValueError, "not both"),
+        (dict(input_amax={names[0]: 1.0}), ValueError, "no value"),
+        (dict(input_amax={**{n: 1.0 for n in names}, "x.proj": 1.0}), ValueError, "not FC1"),
+        (dict(input_amax=0.0), ValueError, "positive"),
+        (dict(input_amax=float("nan")), ValueError, "positive"),
+        (dict(calibration_inputs=[]), ValueError, "empty"),
+        (dict(calibration_inputs=[1]), TypeError, "dict"),
+    ]
+    for kw, exc, text in bad:
+        with pytest.raises(exc, match=text):
+            qd.convert_qwen_image_transformer(model, **kw)
+        assert qd.conversion_info(model) is None  # nothing half-converted
+        assert isinstance(model.transformer_blocks[0].img_mlp.net[0].proj, torch.nn.Linear)
+
+
+@needs_diffusers
+def test_version_check(small_models, monkeypatch):
+    assert qd.check_diffusers_version("0.42.1") == "0.42.1"
+    for v in ("0.41.0", "0.42.0", "0.43.0", "1.0.0", "garbage"):
+        with pytest.raises(ValueError, match=r">=0\.42\.1,<0\.43"):
+            qd.check_diffusers_version(v)
+    with pytest.warns(RuntimeWarning, match="not supported"):
+        qd.check_diffusers_version("0.43.0", allow_untested_version=True)
+
+    model = small_models[False]
+    monkeypatch.setattr(qd, "diffusers_version", lambda: "0.99.0")
+    with pytest.raises(ValueError, match="allow_untested_version"):
+        qd.convert_qwen_image_transformer(model, input_amax=1.0)
+    with pytest.warns(RuntimeWarning):
+        qd.convert_qwen_image_transformer(model, input_amax=1.0, allow_untested_version=True)
+    assert qd.conversion_info(model).diffusers_version == "0.99.0"
+    qd.restore_qwen_image_transformer(model)
+
+
+@needs_diffusers
+def test_conversion_errors(small_models):
+    model = small_models[False]
+    with pytest.raises(TypeError, match="QwenImageTransformer2DModel"):
+        qd.convert_qwen_image_transformer(torch.nn.Linear(64, 64), input_amax=1.0)
+    with pytest.raises(ValueError, match="mode"):
+        qd.convert_qwen_image_transformer(model, mode="fast", input_amax=1.0)
+    with pytest.raises(ValueError, match="not converted"):
+        qd.restore_qwen_image_transformer(model)
+    with pytest.raises(ValueError, match="not converted"):
+        qd.set_qwen_image_mode(model, "fused")
+
+    qd.convert_qwen_image_transformer(model, input_amax=1.0)
+    try:
+        with pytest.raises(ValueError, match="already converted"):
+            qd.convert_qwen_image_transformer(model, input_amax=1.0)
+        with pytest.raises(ValueError, match="mode"):
+            qd.set_qwen_image_mode(model, "other")
+    finally:
+        qd.restore_qwen_image_transformer(model)
+
+    # keep_original=False frees the BF16 FC1s: restore refuses (on a copy, so the shared model survives)
+    other = build_small(False)
+    qd.convert_qwen_image_transformer(other, input_amax=1.0, keep_original=False)
+    with pytest.raises(ValueError, match="keep_original=False"):
+        qd.restore_qwen_image_transformer(other)
+
+    # a block whose forward is already overridden (a hook) is refused, and nothing is converted
+    block = model.transformer_blocks[1]
+    block.forward = block.forward
+    try:
+        with pytest.raises(ValueError, match="own forward"):
+            qd.convert_qwen_image_transformer(model, input_amax=1.0)
+        assert qd.conversion_info(model) is None
+        assert isinstance(model.transformer_blocks[0].img_mlp.net[0].proj, torch.nn.Linear)
+        assert "forward" not in vars(model.transformer_blocks[0])
+    finally:
+        del block.forward
+
+    # fp32 activations: a clear error (the converted path is bf16)
+    fp32 = build_small(False).float()
+    qd.convert_qwen_image_transformer(fp32, input_amax=1.0)
+    inp = make_inputs(1, 7, False, small=True, seed=0)
+    inp["hidden_states"] = inp["hidden_states"].float()
+    inp["encoder_hidden_states"] = inp["encoder_hidden_states"].float()
+    with pytest.raises(TypeError, match="bfloat16"):
+        run(fp32, inp)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GPU: the real width
+# ------------------------------------------------------------------------------------------------------------
+
+GPU_LAYERS = 2
+
+
+def _kernel_names(fn) -> List[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # warm-up (allocator, cuBLAS handles, lazy caches)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
+
+
+def end_to_end(model, layers: int, zero_cond_t: bool, *, small: bool, device: str, text_lens=(17, 77),
+               allow_cpu: bool = False) -> List[str]:
+    """Originals for batch 1 and 2 x text_lens, convert (calibrated), then for each: fused == unfused (bytes and
+    SHA-256), the fused path ran in every stream; on CUDA the launch counts; restore. Returns report lines."""
+    configs = [(b, t) for b in (1, 2) for t in text_lens]
+    inputs = {c: make_inputs(c[0], c[1], zero_cond_t, small=small, seed=10 * c[0] + c[1], device=device)
+              for c in configs}
+    originals = {c: run(model, inputs[c]) for c in configs}
+
+    qd.convert_qwen_image_transformer(model, mode="fused", allow_cpu=allow_cpu,
+                                      calibration_inputs=calibration(zero_cond_t, small=small, device=device))
+    lines = []
+    try:
+        for c in configs:
+            qd.set_qwen_image_mode(model, "fused")
+            fused = run(model, inputs[c])
+            stats = qd.fused_path_stats(model, reset=True)
+            assert stats["fused"] == 2 * layers and stats["fallback"] == 0, stats
+            qd.set_qwen_image_mode(model, "unfused")
+            unfused = run(model, inputs[c])
+            if c == configs[-1]:  # control: the unfused model is deterministic run to run
+                assert torch.equal(unfused, run(model, inputs[c])), "run-to-run nondeterminism (unfused twice)"
+            assert torch.equal(fused, unfused), f"batch {c[0]}, text {c[1]}: fused != unfused"
+            assert sha256(fused) == sha256(unfused)
+            assert torch.isfinite(fused.float()).all()
+            e_f, e_u = rel_err(fused, originals[c]), rel_err(unfused, originals[c])
+            assert e_f < 0.5, e_f
+            lines.append(f"zero_cond_t={zero_cond_t} batch={c[0]} text={c[1]}: rel. Frobenius error vs BF16 "
+                         f"fused {e_f:.4f} unfused {e_u:.4f}, sha256 {sha256(fused)[:16]} (both)")
+
+        if device == "cuda":
+            # Launches: the fused forward has exactly one launch fewer per stream, i.e. 2 per block.
+            inp = inputs[configs[-1]]
+            qd.set_qwen_image_mode(model, "fused")
+            fused_k = _kernel_names(lambda: run(model, inp))
+            qd.set_qwen_image_mode(model, "unfused")
+            unfused_k = _kernel_names(lambda: run(model, inp))
+            count = lambda names, s: sum(s in n for n in names)  # noqa: E731
+            assert count(fused_k, "resnorm_quant") == 2 * layers, fused_k
+            assert count(fused_k, "nvfp4_quantize_kernel") == 0 and count(fused_k, "resnorm_kernel") == 0
+            assert count(unfused_k, "resnorm_quant") == 0
+            assert count(unfused_k, "resnorm_kernel") == 2 * layers, unfused_k
+            assert count(unfused_k, "nvfp4_quantize_kernel") == 2 * layers, unfused_k
+            assert len(unfused_k) - len(fused_k) == 2 * layers, (len(unfused_k), len(fused_k))
+            lines.append(f"zero_cond_t={zero_cond_t}: kernel launches in one forward ({layers} blocks, batch "
+                         f"{configs[-1][0]}, text {configs[-1][1]}): fused {len(fused_k)}, unfused {len(unfused_k)}")
+    finally:
+        qd.restore_qwen_image_transformer(model)
+    for c in configs:
+        assert torch.equal(run(model, inputs[c]), originals[c]), f"restore: batch {c[0]}, text {c[1]}"
+    return lines
+
+
+@needs_diffusers
+@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
+def test_end_to_end_small_cpu(small_models, zero_cond_t):
+    """The GPU test's procedure on the small model on CPU (allow_cpu), text lengths 7 and 13."""
+    end_to_end(small_models[zero_cond_t], SMALL_LAYERS, zero_cond_t, small=True, device="cpu", text_lens=(7, 13),
+               allow_cpu=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+@pytest.mark.skipif(not GPU_OK, reason="needs a CUDA GPU and the compiled library")
+@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
+def test_gpu_real_width_fused_equals_unfused(zero_cond_t, capsys):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = QwenImageTransformer2DModel(
+            patch_size=2, in_channels=64, out_channels=16, num_layers=GPU_LAYERS, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), zero_cond_t=zero_cond_t)
+    model = model.to(torch.bfloat16).eval()
+    lines = end_to_end(model, GPU_LAYERS, zero_cond_t, small=False, device="cuda")
+    with capsys.disabled():
+        print()
+        for line in lines:
+            print("  " + line)
