@@ -30,6 +30,7 @@ struct RowShape {
   static constexpr int kFixedThreads = kFixedVecs / VPT;
   static constexpr int kMaxThreads = kFixedCols ? kFixedThreads : 256;
   static_assert(kFixedCols == 0 || (kFixedVecs % VPT == 0 && kFixedThreads % 32 == 0), "bad fixed shape");
+  static __device__ __forceinline__ int32_t cols(int32_t runtime_cols) { return kFixedCols ? kFixedCols : runtime_cols; }
   static __device__ __forceinline__ int vecs(int32_t cols) { return kFixedCols ? kFixedVecs : cols / kVecElems; }
   static __device__ __forceinline__ int threads() { return kFixedCols ? kFixedThreads : blockDim.x; }
   static __device__ __forceinline__ bool valid(int vec, int vecs) { return kFixedCols != 0 || vec < vecs; }
@@ -45,28 +46,24 @@ template <class Quantizer, int VPT, class Shape>
 __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], int64_t row, int32_t cols, int vecs,
                                                        float global_scale, uint8_t* packed, uint8_t* scales) {
   uint32_t* packed_row = reinterpret_cast<uint32_t*>(packed + row * (cols / 2));
+  uint8_t* sf_row = scales + sf_row_offset_128x4(row, cols);
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = i * Shape::threads() + threadIdx.x;
     const bool valid = Shape::valid(v, vecs);
     // The even vector of each pair writes the block's scale.
-    uint8_t* sf = (valid && (v % 2 == 0)) ? scales + sf_offset_128x4(row, v / 2, cols) : nullptr;
+    uint8_t* sf = (valid && (v % 2 == 0)) ? sf_row + sf_block_offset_128x4(v / 2) : nullptr;
     const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);
     if (valid) packed_row[v] = codes;
   }
 }
 
-// Steps 1-7 for one row; returns y (bf16x8 per vector) and writes residual_out.
+// Loads this thread's vectors of x and residual for one row (zeros past the row's end).
 template <int VPT, class Shape>
-__device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row, uint4 (&y_out)[VPT]) {
-  const int32_t cols = args.cols;
-  const int vecs = Shape::vecs(cols);
-  __shared__ float scratch[32];
-
-  // Issue the streaming loads first: this is where the time goes.
+__device__ __forceinline__ void load_row(const ResnormArgs& args, int64_t row, uint4 (&xv)[VPT], uint4 (&rv)[VPT]) {
+  const int vecs = Shape::vecs(Shape::cols(args.cols));
   const uint4* x_row = reinterpret_cast<const uint4*>(args.x) + row * vecs;
   const uint4* res_row = reinterpret_cast<const uint4*>(args.residual) + row * vecs;
-  uint4 xv[VPT], rv[VPT];
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = i * Shape::threads() + threadIdx.x;
@@ -77,6 +74,16 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
       xv[i] = rv[i] = make_uint4(0, 0, 0, 0);
     }
   }
+}
+
+// Steps 1-7 for one row from its x and residual vectors; returns y (bf16x8 per vector) and writes
+// residual_out.
+template <int VPT, class Shape>
+__device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_t row, const uint4 (&xv)[VPT],
+                                                 const uint4 (&rv)[VPT], uint4 (&y_out)[VPT]) {
+  const int32_t cols = Shape::cols(args.cols);
+  const int vecs = Shape::vecs(cols);
+  __shared__ float scratch[32];
 
   // Which row of gate/scale/shift this row uses.
   int64_t mod_row = 0;
@@ -94,6 +101,8 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
     }
   }
 
+  const ParamRow gate_row(args.gate, mod_row, cols), bias_row(args.bias, 0, cols);
+
   // Steps 1-2 and the row sum. d holds r now and r - mu after the mean.
   float d[VPT][kVecElems];
   float sum = 0.0f;
@@ -106,10 +115,10 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
     bf16x8_to_float(xv[i], xf);
     bf16x8_to_float(rv[i], resf);
     if (valid) {
-      load_param8(args.gate, mod_row, cols, v, gate);
-      if (args.bias.ptr != nullptr) {
+      gate_row.load8(v, gate);
+      if (bias_row.present()) {
         float bias[kVecElems];
-        load_param8(args.bias, 0, cols, v, bias);
+        bias_row.load8(v, bias);
 #pragma unroll
         for (int j = 0; j < kVecElems; ++j) xf[j] = __fadd_rn(xf[j], bias[j]);
         bf16_round8(xf);
@@ -144,24 +153,26 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
 
   // Steps 6-7. Wide shapes (large row counts) load the parameters only now, to save registers.
   constexpr bool kHoistParams = VPT <= 2;
-  const bool affine = args.weight.ptr != nullptr || args.norm_bias.ptr != nullptr;
+  const ParamRow scale_row(args.scale, mod_row, cols), shift_row(args.shift, mod_row, cols);
+  const ParamRow weight_row(args.weight, 0, cols), norm_bias_row(args.norm_bias, 0, cols);
+  const bool affine = weight_row.present() || norm_bias_row.present();
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = i * Shape::threads() + threadIdx.x;
     if (Shape::valid(v, vecs)) {
       float scale[kVecElems], shift[kVecElems];
-      load_param8<kHoistParams>(args.scale, mod_row, cols, v, scale);
-      load_param8<kHoistParams>(args.shift, mod_row, cols, v, shift);
+      scale_row.load8<kHoistParams>(v, scale);
+      shift_row.load8<kHoistParams>(v, shift);
       float n[kVecElems];
 #pragma unroll
       for (int j = 0; j < kVecElems; ++j) n[j] = __fmul_rn(d[i][j], rstd);
       if (affine) {
         float w[kVecElems], nb[kVecElems];
-        if (args.weight.ptr != nullptr) load_param8<kHoistParams>(args.weight, 0, cols, v, w);
-        if (args.norm_bias.ptr != nullptr) load_param8<kHoistParams>(args.norm_bias, 0, cols, v, nb);
+        if (weight_row.present()) weight_row.load8<kHoistParams>(v, w);
+        if (norm_bias_row.present()) norm_bias_row.load8<kHoistParams>(v, nb);
 #pragma unroll
         for (int j = 0; j < kVecElems; ++j) {
-          n[j] = __fmaf_rn(n[j], args.weight.ptr != nullptr ? w[j] : 1.0f, args.norm_bias.ptr != nullptr ? nb[j] : 0.0f);
+          n[j] = __fmaf_rn(n[j], weight_row.present() ? w[j] : 1.0f, norm_bias_row.present() ? nb[j] : 0.0f);
         }
       }
       bf16_round8(n);
@@ -173,6 +184,14 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
       y_out[i] = make_uint4(0, 0, 0, 0);
     }
   }
+}
+
+// Steps 1-7 for one row, loading it first.
+template <int VPT, class Shape>
+__device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row, uint4 (&y_out)[VPT]) {
+  uint4 xv[VPT], rv[VPT];
+  load_row<VPT, Shape>(args, row, xv, rv);
+  resnorm_row_from<VPT, Shape>(args, row, xv, rv, y_out);
 }
 
 // resnorm: writes y. No scales, so no padding rows: grid = rows.
@@ -202,8 +221,9 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
   }
   uint4 y[VPT];
   resnorm_row<VPT, Shape>(args, row, y);
-  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, args.cols, Shape::vecs(args.cols), *args.global_scale,
-                                                args.packed, args.scales);
+  const int32_t cols = Shape::cols(args.cols);
+  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, Shape::vecs(cols), *args.global_scale, args.packed,
+                                                args.scales);
 }
 
 // nvfp4_quantize: the standalone quantizer over bf16 rows.
@@ -215,7 +235,8 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
     zero_scale_row(args.scales, row, args.cols);
     return;
   }
-  const int vecs = Shape::vecs(args.cols);
+  const int32_t cols = Shape::cols(args.cols);
+  const int vecs = Shape::vecs(cols);
   const uint4* y_row = reinterpret_cast<const uint4*>(args.y) + row * vecs;
   uint4 y[VPT];
 #pragma unroll
@@ -223,8 +244,7 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
     const int v = i * Shape::threads() + threadIdx.x;
     y[i] = Shape::valid(v, vecs) ? load_stream(y_row + v) : make_uint4(0, 0, 0, 0);
   }
-  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, args.cols, vecs, *args.global_scale, args.packed,
-                                                args.scales);
+  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, vecs, *args.global_scale, args.packed, args.scales);
 }
 
 }  // namespace qwen_fp4

@@ -12,6 +12,12 @@ __host__ __device__ __forceinline__ int64_t sf_offset_128x4(int64_t m, int64_t k
   return (m / 128) * (k4 * 512) + (k / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k % 4);
 }
 
+// The same, split into the part that depends on the row only and the part that depends on the block only.
+__host__ __device__ __forceinline__ int64_t sf_row_offset_128x4(int64_t m, int32_t cols) {
+  return (m / 128) * (int64_t(cols / 64) * 512) + (m % 32) * 16 + ((m % 128) / 32) * 4;
+}
+__host__ __device__ __forceinline__ int32_t sf_block_offset_128x4(int32_t k) { return (k / 4) * 512 + (k % 4); }
+
 __host__ __device__ __forceinline__ int64_t round_up_128(int64_t n) { return (n + 127) / 128 * 128; }
 
 }  // namespace qwen_fp4

@@ -49,22 +49,32 @@ __device__ __forceinline__ uint4 bf16_round8(float (&f)[kVecElems]) {
 // Activations are read once: stream them past L1.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
 
-// Eight consecutive entries of row `row` of a [*, cols] parameter, starting at column 8 * vec.
-// kReadOnly uses the non-coherent path (__ldg), which the compiler may hoist across __syncthreads;
-// plain loads stay where they are, which keeps registers free while the row is still being reduced.
-template <bool kReadOnly = true>
-__device__ __forceinline__ void load_param8(const ParamRef& p, int64_t row, int32_t cols, int vec,
-                                            float (&out)[kVecElems]) {
-  const int64_t first = row * cols + int64_t(vec) * kVecElems;
-  if (p.fp32) {
-    const float4* q = reinterpret_cast<const float4*>(p.ptr) + first / 4;
-    const float4 a = kReadOnly ? __ldg(q) : q[0], b = kReadOnly ? __ldg(q + 1) : q[1];
-    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
-  } else {
-    const uint4* q = reinterpret_cast<const uint4*>(p.ptr) + first / kVecElems;
-    bf16x8_to_float(kReadOnly ? __ldg(q) : *q, out);
+// One row of a per-column parameter (bf16 or fp32), located once per row so that the per-vector loads
+// need only 32-bit offsets.
+struct ParamRow {
+  const char* base;  // nullptr: absent
+  bool fp32;
+  __device__ __forceinline__ ParamRow(const ParamRef& p, int64_t row, int32_t cols)
+      : base(p.ptr == nullptr ? nullptr
+                              : static_cast<const char*>(p.ptr) + row * cols * (p.fp32 ? 4 : 2)),
+        fp32(p.fp32) {}
+  __device__ __forceinline__ bool present() const { return base != nullptr; }
+
+  // Eight consecutive entries starting at column 8 * vec. kReadOnly uses the non-coherent path (__ldg),
+  // which the compiler may hoist across __syncthreads; plain loads stay where they are (fewer registers
+  // live during the reductions).
+  template <bool kReadOnly = true>
+  __device__ __forceinline__ void load8(int vec, float (&out)[kVecElems]) const {
+    if (fp32) {
+      const float4* q = reinterpret_cast<const float4*>(base) + 2 * vec;
+      const float4 a = kReadOnly ? __ldg(q) : q[0], b = kReadOnly ? __ldg(q + 1) : q[1];
+      out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+      out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+    } else {
+      const uint4* q = reinterpret_cast<const uint4*>(base) + vec;
+      bf16x8_to_float(kReadOnly ? __ldg(q) : *q, out);
+    }
   }
-}
+};
 
 }  // namespace qwen_fp4
