@@ -16,6 +16,11 @@ status=0
 wheel=$(ls -t "$REPO"/dist/qwen_resnorm_fp4-*.whl 2>/dev/null | head -1)
 [ -n "$wheel" ] || { echo "no wheel in $REPO/dist: build one first (see README)"; exit 2; }
 python3 -m pip install -q --no-deps --no-index --force-reinstall "$wheel" 2>&1 | grep -v "^WARNING: Running pip as" || true
+# Optional extras carried as wheels (no network there), e.g. .whl/diffusers-*.whl, into a private target.
+if ls "$REPO"/.whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$REPO"/.whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 cd /tmp  # import the installed package, not the source tree
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -26,7 +31,7 @@ cd /tmp  # import the installed package, not the source tree
 for stage in "${stages[@]}"; do
   case "$stage" in
     tests)
-      python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
+      python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs --durations=15 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
     bench)
       python3 -m qwen_resnorm_fp4 bench --out "$OUT/bench" --check-targets ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     ncu)
@@ -36,8 +41,11 @@ for stage in "${stages[@]}"; do
           python3 "$REPO/scripts/ncu_target.py" 2>&1 | tee "$OUT/ncu.log" || status=1 ;;
     sanitizer)
       for tool in memcheck racecheck initcheck synccheck; do
+        echo "== compute-sanitizer --tool $tool" >> "$OUT/sanitizer.log"
         compute-sanitizer --tool $tool --error-exitcode 9 python3 "$REPO/scripts/sanitizer_target.py" \
-          2>&1 | tail -5 | tee "$OUT/sanitizer_$tool.log" || status=1
+          > /tmp/sanitizer_$tool.log 2>&1 || status=1
+        tail -25 /tmp/sanitizer_$tool.log >> "$OUT/sanitizer.log"
+        echo "== $tool: $(tail -2 /tmp/sanitizer_$tool.log | tr '\n' ' ')"
       done ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
