@@ -20,8 +20,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 PATH_BLACKWELL = "Blackwell (FlashInfer conversion)"
-PATH_PORTABLE = "portable (cuda_fp4.h)"
-PATH_PORTABLE_JIT = "portable (cuda_fp4.h, compute_90 PTX JIT)"
+PATH_PORTABLE = "portable (software E2M1, = cuda_fp4.h)"
+PATH_PORTABLE_JIT = "portable (software E2M1, = cuda_fp4.h; compute_90 PTX JIT)"
 PATH_CPU = "CPU reference"
 
 
