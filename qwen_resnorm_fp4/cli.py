@@ -229,6 +229,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 f"the compiled library is not loaded ({_library.status()})"
             print(f"qwen_resnorm_fp4 demo: --device cuda asked for, but {why}", file=sys.stderr)
             return 2
+    say = (lambda *a, **k: None) if args.json else print  # --json: only the JSON document on stdout
     image_rows = args.rows_image
     if image_rows is None:
         image_rows = 4096 if device.type == "cuda" else CPU_DEFAULT_IMAGE_ROWS
@@ -240,7 +241,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"qwen_resnorm_fp4 demo: --dim must be a multiple of 64, got {dim}", file=sys.stderr)
         return 2
     reps = args.reps if args.reps is not None else (50 if device.type == "cuda" else 3)
-    say = (lambda *a, **k: None) if args.json else print  # --json: only the JSON document on stdout
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     say(f"device: {where}, path: {kernel_path(cap) if device.type == 'cuda' else PATH_CPU}")

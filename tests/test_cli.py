@@ -66,6 +66,13 @@ def test_demo_cpu():
     assert p.stdout.count("byte-exact: yes") == 2, p.stdout
 
 
+def test_demo_default_runs_as_the_readme_says():
+    """`python -m qwen_resnorm_fp4 demo` with no arguments (the README's quickstart line)."""
+    p = run_cli("demo")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("byte-exact: yes") == 2, p.stdout
+
+
 def test_demo_cpu_json():
     p = run_cli("demo", "--device", "cpu", "--rows-image", "32", "--rows-text", "5", "--dim", "128", "--reps", "1",
                 "--json")
