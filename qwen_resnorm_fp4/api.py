@@ -27,13 +27,14 @@ def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
     return " or ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
-def _check_tensor(name: str, t: object, dtypes: Sequence[torch.dtype], device: Optional[torch.device]) -> Tensor:
+def _check_tensor(name: str, t: object, dtypes: Sequence[torch.dtype], device: Optional[torch.device],
+                  like: str = "x") -> Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         raise TypeError(f"{name} must be {_dtype_names(dtypes)}, got {t.dtype}")
     if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device} but x is on {device}: all tensors must be on one device")
+        raise ValueError(f"{name} is on {t.device} but {like} is on {device}: all tensors must be on one device")
     return t
 
 
@@ -44,16 +45,30 @@ def _check_cols(name: str, cols: int) -> None:
         raise ValueError(f"{name}.shape[-1] (D) must be at most {MAX_COLS}, got {cols}")
 
 
+def _has_data(t: Tensor) -> bool:
+    """False for tensors without real memory (meta, FakeTensor, FunctionalTensor over a fake one), whose
+    data_ptr() must not be read (torch warns, or raises under make_fx / FakeTensorMode)."""
+    if t.device.type == "meta":
+        return False
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:  # pragma: no cover - torch without fake tensors
+        return True
+    return not is_fake(t)
+
+
 def _aligned(t: Tensor) -> Tensor:
-    """Contiguous and 16-byte aligned (a copy only when needed)."""
+    """Contiguous and 16-byte aligned (a copy only when needed). While tracing (torch.compile, make_fx,
+    FakeTensorMode) alignment is unknowable and not checked: the CUDA op itself refuses a misaligned
+    tensor at run time with a clear error."""
     t = t.contiguous()
-    if not torch.compiler.is_compiling() and t.device.type != "meta" and t.data_ptr() % 16 != 0:
+    if not torch.compiler.is_compiling() and _has_data(t) and t.data_ptr() % 16 != 0:
         t = t.clone()
     return t
 
 
-def _check_global_scale(global_scale: object, device: torch.device) -> Tensor:
-    _check_tensor("global_scale", global_scale, (torch.float32,), device)
+def _check_global_scale(global_scale: object, device: torch.device, like: str = "x") -> Tensor:
+    _check_tensor("global_scale", global_scale, (torch.float32,), device, like)
     if global_scale.numel() != 1:
         raise ValueError(f"global_scale must have exactly one element, got shape {tuple(global_scale.shape)}")
     return global_scale
@@ -107,6 +122,22 @@ def _check_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
 
 
+def _check_resnorm_quant_args(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
+                              modulate_index) -> None:
+    """All checks of resnorm_quant (also run by the op's CPU implementation, see ops.py)."""
+    _check_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
+    _check_global_scale(global_scale, x.device)
+
+
+def _check_quantize_args(y, global_scale) -> None:
+    """All checks of nvfp4_quantize (also run by the op's CPU implementation, see ops.py)."""
+    _check_tensor("y", y, ACTIVATION_DTYPES, None)
+    if y.dim() < 1:
+        raise ValueError("y must have at least one dimension ([..., D])")
+    _check_cols("y", y.shape[-1])
+    _check_global_scale(global_scale, y.device, like="y")
+
+
 def resnorm_quant(
     residual: Tensor,
     x: Tensor,
@@ -143,8 +174,8 @@ def resnorm_quant(
 
     Bytes are identical to ``nvfp4_quantize(*resnorm(...))``.
     """
-    _check_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
-    _check_global_scale(global_scale, x.device)
+    _check_resnorm_quant_args(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
+                              modulate_index)
     fm = resolve_fast_math(fast_math)
     opt = lambda t: None if t is None else _aligned(t)  # noqa: E731
     return torch.ops.qwen_fp4.resnorm_quant(
@@ -179,19 +210,15 @@ def resnorm(
 def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
     """NVFP4-quantize bf16 ``y`` [..., D] with the production recipe (FlashInfer / TensorRT-LLM fp4_quantize,
     128x4 swizzled E4M3 scales). Returns (packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16])."""
-    _check_tensor("y", y, ACTIVATION_DTYPES, None)
-    if y.dim() < 1:
-        raise ValueError("y must have at least one dimension ([..., D])")
-    _check_cols("y", y.shape[-1])
-    _check_global_scale(global_scale, y.device)
+    _check_quantize_args(y, global_scale)
     return torch.ops.qwen_fp4.nvfp4_quantize(_aligned(y), global_scale, resolve_fast_math(fast_math))
 
 
 def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: Optional[int] = None) -> Tensor:
     """Back to fp32 [rows, D]: e2m1 * float(e4m3 scale) / global_scale. ``rows`` defaults to packed's rows."""
     _check_tensor("packed", packed, (torch.uint8,), None)
-    _check_tensor("scales", scales, (torch.uint8,), packed.device)
-    _check_global_scale(global_scale, packed.device)
+    _check_tensor("scales", scales, (torch.uint8,), packed.device, like="packed")
+    _check_global_scale(global_scale, packed.device, like="packed")
     if packed.dim() != 2:
         raise ValueError(f"packed must be [M, D/2], got shape {tuple(packed.shape)}")
     m, half = packed.shape

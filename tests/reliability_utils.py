@@ -1,0 +1,114 @@
+"""Helpers shared by the reliability tests (test_special_values.py, test_properties.py,
+test_gpu_reliability.py): device-independent inputs, NaN-aware bitwise comparison, the logical
+(de-swizzled) view of the 128x4 scale layout.
+
+Written from the contract (docs/numerics.md) and the layout module; they do not call the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+from qwen_resnorm_fp4 import _library
+from qwen_resnorm_fp4.layout import round_up, sf_offset_128x4
+
+CUDA_OK = torch.cuda.is_available() and _library.cuda_available()
+
+
+def as_bits(t: torch.Tensor) -> torch.Tensor:
+    """Integer view of the same bytes (bf16 -> int16, fp32 -> int32, uint8 stays)."""
+    view = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
+            torch.float64: torch.int64}.get(t.dtype)
+    return t.contiguous().view(view) if view is not None else t
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality, except that any NaN equals any NaN (payload and sign are not part of the contract:
+    the GPU writes the canonical bf16 NaN 0x7FFF, the CPU reference may write 0x7FC0 or 0xFFFF)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    a, b = a.detach().cpu(), b.detach().cpu()
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    na, nb = torch.isnan(a), torch.isnan(b)
+    if not torch.equal(na, nb):
+        return False
+    zero_nan = lambda t, n: torch.where(n, torch.zeros_like(t), t)  # noqa: E731
+    return torch.equal(as_bits(zero_nan(a, na)), as_bits(zero_nan(b, nb)))
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
+    """A short description of where two tensors of one shape differ (for assertion messages)."""
+    a, b = a.detach().cpu(), b.detach().cpu()
+    if a.shape != b.shape:
+        return f"shapes {tuple(a.shape)} vs {tuple(b.shape)}"
+    if a.is_floating_point():
+        diff = ~((a == b) | (torch.isnan(a) & torch.isnan(b)))
+    else:
+        diff = a != b
+    idx = diff.nonzero()
+    if idx.numel() == 0:
+        return "bitwise difference only (signed zero)"
+    i = tuple(idx[0].tolist())
+    return f"{idx.shape[0]} elements differ, first at {i}: {a[i].item()!r} vs {b[i].item()!r}"
+
+
+def logical_scales(scales: torch.Tensor, rows: int, cols: int, first_row: int = 0) -> torch.Tensor:
+    """[rows, cols/16] scale bytes of rows first_row .. first_row + rows - 1, read from the 128x4 layout."""
+    m = torch.arange(first_row, first_row + rows, device=scales.device).unsqueeze(1)
+    k = torch.arange(cols // 16, device=scales.device).unsqueeze(0)
+    return scales.reshape(-1)[sf_offset_128x4(m, k, cols)]
+
+
+def padding_scale_bytes(scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The bytes of the padding rows rows .. round_up(rows, 128) - 1 of the scale tensor."""
+    m = torch.arange(rows, round_up(rows, 128), device=scales.device).unsqueeze(1)
+    k = torch.arange(cols // 16, device=scales.device).unsqueeze(0)
+    return scales.reshape(-1)[sf_offset_128x4(m, k, cols)]
+
+
+def block_inputs(rows: int, cols: int, *, batches: int = 1, form: str = "batch", param_dtype=torch.bfloat16,
+                 bias: bool = True, affine: bool = False, index_dtype=torch.int32, seed: int = 0,
+                 device="cpu", x_std: float = 1.0, residual_std: float = 4.0) -> Dict[str, object]:
+    """Op arguments, generated on CPU (same values on every device) and moved to ``device``.
+    x/residual: bf16 [batches, rows / batches, cols]; form "shared" ([D]), "batch" ([B, D]) or "indexed"
+    ([2B, D] + modulate_index [B, S]). Keys: residual, x, bias, gate, scale, shift, weight, norm_bias,
+    modulate_index."""
+    assert rows % batches == 0
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, s=1.0, mean=0.0, dt=torch.bfloat16):
+        return (torch.randn(*shape, generator=g) * s + mean).to(dt)
+
+    shape = (batches, rows // batches, cols)
+    kw = dict(residual=rnd(*shape, s=residual_std), x=rnd(*shape, s=x_std))
+    prow = {"shared": (), "batch": (batches,), "indexed": (2 * batches,)}[form]
+    kw["gate"] = rnd(*prow, cols, s=0.5, mean=0.5, dt=param_dtype)
+    kw["scale"] = rnd(*prow, cols, s=0.3, dt=param_dtype)
+    kw["shift"] = rnd(*prow, cols, s=0.3, dt=param_dtype)
+    kw["bias"] = rnd(cols, s=0.1, dt=param_dtype) if bias else None
+    kw["weight"] = rnd(cols, s=0.1, mean=1.0, dt=param_dtype) if affine else None
+    kw["norm_bias"] = rnd(cols, s=0.1, dt=param_dtype) if affine else None
+    if form == "indexed":
+        idx = torch.randint(0, 2, (batches, rows // batches), generator=g)
+        kw["modulate_index"] = idx.bool() if index_dtype == torch.bool else idx.to(index_dtype)
+    else:
+        kw["modulate_index"] = None
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+
+
+def resnorm_args(kw: Dict[str, object]):
+    return (kw["residual"], kw["x"], kw["bias"], kw["gate"], kw["scale"], kw["shift"])
+
+
+def extra_kwargs(kw: Dict[str, object]):
+    return dict(weight=kw["weight"], norm_bias=kw["norm_bias"], modulate_index=kw["modulate_index"])
+
+
+def reference_rcp(device) -> Optional[object]:
+    """The reciprocal that makes the reference's fast mode byte-exact on ``device``."""
+    from qwen_resnorm_fp4.ops import reference_rcp_for
+
+    return reference_rcp_for(torch.device(device))
