@@ -24,6 +24,7 @@ variance are far from fp32 overflow (docs/numerics.md explains why y is not bit-
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -36,9 +37,12 @@ from qwen_resnorm_fp4.layout import round_up
 from reliability_utils import (CUDA_OK, as_bits, first_difference, logical_scales, padding_scale_bytes,
                                same_bits)
 
-CPU_SETTINGS = settings(max_examples=100, deadline=None, database=None, print_blob=True,
+# More examples for a deeper run: QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES / QWEN_FP4_HYPOTHESIS_GPU_EXAMPLES.
+CPU_SETTINGS = settings(max_examples=int(os.environ.get("QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES", "100")), deadline=None,
+                        database=None, print_blob=True,
                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-GPU_SETTINGS = settings(max_examples=40, deadline=None, database=None, print_blob=True,
+GPU_SETTINGS = settings(max_examples=int(os.environ.get("QWEN_FP4_HYPOTHESIS_GPU_EXAMPLES", "40")), deadline=None,
+                        database=None, print_blob=True,
                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 FLT_MAX = torch.finfo(torch.float32).max
