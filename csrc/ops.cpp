@@ -46,10 +46,12 @@ std::string shape_str(const Tensor& t) {
 }
 
 // On the same CUDA device as x, contiguous, 16-byte aligned (the kernels use 16-byte vector accesses).
-void check_cuda_tensor(const char* name, const Tensor& t, const Tensor& x, bool vector_access = true) {
-  STD_TORCH_CHECK(t.is_cuda(), "qwen_fp4: ", name, " must be a CUDA tensor (x is on cuda:", x.get_device_index(), ")");
+void check_cuda_tensor(const char* name, const Tensor& t, const Tensor& x, bool vector_access = true,
+                       const char* x_name = "x") {
+  STD_TORCH_CHECK(t.is_cuda(), "qwen_fp4: ", name, " must be a CUDA tensor (", x_name, " is on cuda:",
+                  x.get_device_index(), ")");
   STD_TORCH_CHECK(t.get_device_index() == x.get_device_index(), "qwen_fp4: ", name, " is on cuda:",
-                  t.get_device_index(), " but x is on cuda:", x.get_device_index());
+                  t.get_device_index(), " but ", x_name, " is on cuda:", x.get_device_index());
   STD_TORCH_CHECK(t.is_contiguous(), "qwen_fp4: ", name, " must be contiguous");
   if (vector_access) {
     STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "qwen_fp4: ", name,
@@ -73,8 +75,8 @@ int32_t check_cols(const char* name, const Tensor& t) {
   return static_cast<int32_t>(cols);
 }
 
-void check_global_scale(const Tensor& g, const Tensor& like) {
-  check_cuda_tensor("global_scale", g, like, /*vector_access=*/false);
+void check_global_scale(const Tensor& g, const Tensor& like, const char* like_name = "x") {
+  check_cuda_tensor("global_scale", g, like, /*vector_access=*/false, like_name);
   STD_TORCH_CHECK(g.scalar_type() == ScalarType::Float, "qwen_fp4: global_scale must be float32, got ",
                   dtype_name(g.scalar_type()));
   STD_TORCH_CHECK(g.numel() == 1, "qwen_fp4: global_scale must have exactly one element, got shape ", shape_str(g));
@@ -247,10 +249,10 @@ std::tuple<Tensor, Tensor> resnorm_cuda(const Tensor& residual, const Tensor& x,
 std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math) {
   STD_TORCH_CHECK(y.is_cuda(), "qwen_fp4: y must be a CUDA tensor for the CUDA kernels");
   torch::stable::accelerator::DeviceGuard guard(y.get_device_index());
-  check_cuda_tensor("y", y, y);
+  check_cuda_tensor("y", y, y, /*vector_access=*/true, "y");
   check_dtype("y", y, false);
   const int32_t cols = check_cols("y", y);
-  check_global_scale(global_scale, y);
+  check_global_scale(global_scale, y, "y");
   QuantizeArgs a{};
   a.y = y.data_ptr();
   a.cols = cols;

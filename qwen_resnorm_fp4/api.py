@@ -61,8 +61,14 @@ def _aligned(t: Tensor) -> Tensor:
     """Contiguous and 16-byte aligned (a copy only when needed). While tracing (torch.compile, make_fx,
     FakeTensorMode) alignment is unknowable and not checked: the CUDA op itself refuses a misaligned
     tensor at run time with a clear error."""
+    if torch.compiler.is_compiling():
+        return t.contiguous()
+    if type(t) is torch.Tensor:  # the common case, kept cheap: fakes and functional tensors are subclasses
+        if not t.is_contiguous():
+            t = t.contiguous()
+        return t.clone() if t.data_ptr() & 15 else t
     t = t.contiguous()
-    if not torch.compiler.is_compiling() and _has_data(t) and t.data_ptr() % 16 != 0:
+    if _has_data(t) and t.data_ptr() % 16 != 0:
         t = t.clone()
     return t
 

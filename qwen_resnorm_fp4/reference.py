@@ -114,10 +114,12 @@ def resnorm(
 
 
 def e4m3_satfinite(v: Tensor) -> Tensor:
-    """fp32 -> E4M3 byte (uint8): round to nearest even, saturating to 448; NaN stays NaN (0x7F)."""
+    """fp32 -> E4M3 byte (uint8): round to nearest even, saturating to 448; NaN gives 0x7F."""
     v = torch.where(v > E4M3_MAX, torch.full_like(v, E4M3_MAX), v)
     v = torch.where(v < -E4M3_MAX, torch.full_like(v, -E4M3_MAX), v)
-    return v.to(torch.float8_e4m3fn).view(torch.uint8)
+    b = v.to(torch.float8_e4m3fn).view(torch.uint8)
+    # NaN is the canonical positive 0x7F, whatever the NaN's sign (x86 makes inf * 0 a negative NaN).
+    return torch.where(torch.isnan(v), torch.full_like(b, 0x7F), b)
 
 
 def e4m3_to_float(b: Tensor) -> Tensor:

@@ -284,10 +284,6 @@ def test_extreme_global_scales(gs_name, fast, dev):
         want_sf, want_codes = exp
         codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(rows, COLS).cpu()
         got_sf = logical_scales(scales, rows, COLS).cpu()
-        if dev == "cpu" and bool(((got_sf == 0xFF) & (want_sf == 0x7F)).any()):
-            # x86 makes inf * 0 a negative NaN and reference.e4m3_satfinite keeps the sign (0xFF); the
-            # contract (and the GPU) say 0x7F. Fixed by canonicalising NaN there (docs/reliability.md).
-            pytest.xfail("reference.e4m3_satfinite gives 0xFF for a negative NaN (contract: 0x7F)")
         assert torch.equal(got_sf, want_sf), gs_name
         assert torch.equal(codes, want_codes), f"{gs_name}: {first_difference(codes, want_codes)}"
 
@@ -347,12 +343,8 @@ def test_fused_op_with_extreme_global_scales(gs, fast, dev):
 @pytest.mark.parametrize("case", ("G=inf,fast,zero_block", "G=2^-149,exact,inf_block"))
 def test_nan_scale_byte_is_0x7f(case, dev, request):
     """A NaN block scale is the byte 0x7F (contract step 8: e4m3_rn_satfinite(NaN) = 0x7F, as the GPU's
-    conversion of its canonical NaN gives). On x86 CPUs inf * 0 is a *negative* NaN and
-    reference.e4m3_satfinite keeps the sign: 0xFF. Known issue of the CPU reference (docs/reliability.md),
-    expected to fail there until e4m3_satfinite canonicalises NaN."""
-    if dev == "cpu" and platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
-        request.applymarker(pytest.mark.xfail(reason="reference.e4m3_satfinite keeps the sign of a NaN",
-                                              strict=False))
+    conversion of its canonical NaN gives). On x86 CPUs inf * 0 is a *negative* NaN: the reference
+    canonicalises it."""
     y = torch.ones(1, 64, dtype=torch.bfloat16, device=dev)
     if case.startswith("G=inf"):
         y[0, :16] = 0  # an all-zero block: inf * 0
