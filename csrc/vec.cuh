@@ -10,9 +10,6 @@ namespace qwen_fp4 {
 
 constexpr int kVecElems = 8;  // one 16-byte load of bf16
 
-// bf16(v): round to nearest even, back to fp32.
-__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-
 __device__ __forceinline__ void bf16x8_to_float(const uint4& u, float (&f)[kVecElems]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
 #pragma unroll
@@ -21,15 +18,6 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& u, float (&f)[kVecE
     f[2 * j] = p.x;
     f[2 * j + 1] = p.y;
   }
-}
-
-// Values already rounded to bf16 convert back exactly.
-__device__ __forceinline__ uint4 float_to_bf16x8(const float (&f)[kVecElems]) {
-  uint4 u;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-  for (int j = 0; j < kVecElems / 2; ++j) h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
-  return u;
 }
 
 // bf16(v) on eight values in place, two per conversion instruction; returns them packed.
