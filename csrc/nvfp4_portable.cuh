@@ -34,7 +34,8 @@ __device__ __forceinline__ float rcp_approx_ftz(float a) {
 // value) then rounds to the nearest integer, ties to even, and leaves the code in the low bits.
 __device__ __forceinline__ uint32_t e2m1_code(float x) {
   const float a = fminf(fabsf(x), 6.0f);  // saturate; NaN becomes 6, whose code 0x7 is NaN's
-  const uint32_t e = min(max(__float_as_uint(a) >> 23, 127u), 129u);  // [0,2) -> 127, [2,4) -> 128, [4,6] -> 129
+  // Biased exponent, clamped below at 1.0 (127); a <= 6 keeps it <= 129: [0,2) -> 127, [2,4) -> 128, [4,6] -> 129.
+  const uint32_t e = __float_as_uint(fmaxf(a, 1.0f)) >> 23;
   const float inv_step = __uint_as_float((255u - e) << 23);            // 2, 1, 0.5
   const float t = __fmaf_rn(a, inv_step, __uint_as_float(0x4B000000u + 2u * (e - 127u)));  // 2^23 + 0, 2, 4
   const uint32_t sign = x != x ? 0u : (__float_as_uint(x) >> 28) & 0x8u;
