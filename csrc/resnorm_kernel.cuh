@@ -9,7 +9,8 @@
 // All arithmetic is explicit __f*_rn intrinsics: the compiler may not contract or reorder it, so the
 // fused kernel and resnorm + nvfp4_quantize produce the same bits.
 //
-// Grid: round_up(rows, 128) CTAs; CTAs past the last row zero their row of the scale tensor (padding).
+// Grid of the quantizing kernels: round_up(rows, 128) CTAs; CTAs past the last row zero their row of the
+// scale tensor (padding). resnorm (no scales) launches one CTA per row.
 #pragma once
 
 #include <cuda_bf16.h>
