@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -22,7 +23,8 @@ from setuptools import find_packages, setup
 
 ROOT = Path(__file__).parent.resolve()
 PACKAGE = ROOT / "qwen_resnorm_fp4"
-VERSION = "0.1.0"
+# The one place the version is written is pyproject.toml; _version.py (written below) carries it into the package.
+VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
 FLASHINFER_PINNED = "0.7.4"  # the flashinfer-python whose headers the Blackwell path is tested against
 DEFAULT_ARCHS = "90a;100f;120f;compute_90"
 TORCH_TARGET_VERSION = "0x020a000000000000"  # stable ABI of torch 2.10

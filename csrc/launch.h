@@ -48,7 +48,7 @@ struct QuantizeArgs {
   const float* global_scale;
 };
 
-// Portable path (cuda_fp4.h conversion): sm_90a and the compute_90 PTX. Also used for resnorm everywhere.
+// Portable path (software E2M1, = cuda_fp4.h): sm_90a and the compute_90 PTX. Also resnorm everywhere.
 void launch_resnorm(const ResnormArgs& args, void* stream);
 void launch_resnorm_quant_portable(const ResnormArgs& args, bool fast_math, void* stream);
 void launch_nvfp4_quantize_portable(const QuantizeArgs& args, bool fast_math, void* stream);

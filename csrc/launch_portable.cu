@@ -1,4 +1,4 @@
-// Launchers of the portable path: resnorm (no conversion, every GPU) and the cuda_fp4.h conversion.
+// Launchers of the portable path: resnorm (no conversion, every GPU) and the software E2M1 conversion.
 #include <cuda_runtime.h>
 
 #include <stdexcept>

@@ -18,8 +18,8 @@ from .gate import DeclineReason, last_decline_detail, last_decline_reason, try_f
 
 try:
     from ._version import __version__  # written by setup.py
-except ImportError:  # a source tree that was never built
-    __version__ = "0.1.0"
+except ImportError:  # a source tree that was never built: no version of its own
+    __version__ = "0+source"
 
 __all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "sf_offset_128x4", "__version__",
            "try_fused_resnorm_quant", "last_decline_reason", "last_decline_detail", "DeclineReason",

@@ -182,11 +182,18 @@ def resnorm_quant(
     """
     _check_resnorm_quant_args(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
                               modulate_index)
-    fm = resolve_fast_math(fast_math)
+    return _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, eps, resolve_fast_math(fast_math),
+                             weight, norm_bias, modulate_index)
+
+
+def _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool, weight,
+                      norm_bias, modulate_index) -> Tuple[Tensor, Tensor, Tensor]:
+    """The op call for arguments already validated (by resnorm_quant, or by the gate's own checks): inputs
+    made contiguous and 16-byte aligned, nothing checked twice on the hot path."""
     opt = lambda t: None if t is None else _aligned(t)  # noqa: E731
     return torch.ops.qwen_fp4.resnorm_quant(
         _aligned(residual), _aligned(x), opt(bias), _aligned(gate), _aligned(scale), _aligned(shift),
-        global_scale, float(eps), fm, opt(weight), opt(norm_bias), opt(modulate_index))
+        global_scale, float(eps), fast_math, opt(weight), opt(norm_bias), opt(modulate_index))
 
 
 def resnorm(

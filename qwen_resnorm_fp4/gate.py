@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from . import _library
-from .api import ACTIVATION_DTYPES, INDEX_DTYPES, MAX_COLS, PARAM_DTYPES, resnorm_quant
+from .api import ACTIVATION_DTYPES, INDEX_DTYPES, MAX_COLS, PARAM_DTYPES, _resnorm_quant_op
 from .env import DISABLE_VAR, FOUR_OVER_SIX_VAR, flag_enabled, resolve_fast_math
 from .linear import NVFP4Linear
 
@@ -347,9 +347,9 @@ def try_fused_resnorm_quant(
     if fast_math is None:
         fast_math = getattr(fc1, "fast_math", None)
     fm = resolve_fast_math(fast_math)
-    packed, scales, residual_out = resnorm_quant(
-        residual, x, bias, gate, scale, shift, g, float(norm_eps), fm,
-        weight=weight, norm_bias=norm_bias, modulate_index=modulate_index)
+    # Everything the typed wrapper would check was checked above (as declines): call the op directly.
+    packed, scales, residual_out = _resnorm_quant_op(
+        residual, x, bias, gate, scale, shift, g, float(norm_eps), fm, weight, norm_bias, modulate_index)
     _succeed()
     return (packed, scales), residual_out, gate_out
 

@@ -155,14 +155,14 @@ def test_fused_output_feeds_fc1():
 @pytest.fixture
 def spy(monkeypatch):
     seen = {}
-    real = gate_mod.resnorm_quant
+    real = gate_mod._resnorm_quant_op  # what the gate calls once its checks passed
 
     def fake(*args, **kwargs):
         seen["fast_math"] = args[8]
         seen["eps"] = args[7]
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(gate_mod, "resnorm_quant", fake)
+    monkeypatch.setattr(gate_mod, "_resnorm_quant_op", fake)
     return seen
 
 
