@@ -30,4 +30,14 @@ void dispatch_row_shape(int32_t cols, int64_t rows, F&& f) {
   return f(Int<8>{}, Int<0>{}, Int<1>{}, threads_for(8));                    // D <= 16384: <= 256 threads
 }
 
+// Calls f(std::true_type) for the plain case (no bias, no LayerNorm affine, gate/scale/shift bf16: what
+// DiT blocks pass), f(std::false_type) otherwise. Args is ResnormArgs (launch.h).
+template <class Args, class F>
+void dispatch_plain(const Args& args, F&& f) {
+  const bool plain = args.bias.ptr == nullptr && args.weight.ptr == nullptr && args.norm_bias.ptr == nullptr &&
+                     !args.gate.fp32 && !args.scale.fp32 && !args.shift.fp32;
+  if (plain) return f(std::true_type{});
+  return f(std::false_type{});
+}
+
 }  // namespace qwen_fp4

@@ -32,6 +32,7 @@ struct ResnormArgs {
   int64_t rows_per_batch;
   int32_t num_batches;
   float eps;
+  float inv_cols;  // 1.0f / cols, rounded once (IEEE division on the host)
   void* residual_out;  // bf16 [rows, cols]
   void* y;             // bf16 [rows, cols]    (resnorm only)
   uint8_t* packed;     // [rows, cols / 2]       (resnorm_quant only)

@@ -21,8 +21,11 @@ void check_launch(const char* what) {
 void launch_resnorm(const ResnormArgs& args, void* stream) {
   if (args.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
-    resnorm_kernel<decltype(vpt)::value, decltype(fixed)::value, decltype(min_blocks)::value><<<args.rows, threads, 0, s>>>(args);
+  dispatch_plain(args, [&](auto plain) {
+    dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
+      resnorm_kernel<decltype(vpt)::value, decltype(fixed)::value, decltype(min_blocks)::value,
+                     decltype(plain)::value><<<args.rows, threads, 0, s>>>(args);
+    });
   });
   check_launch("resnorm");
 }

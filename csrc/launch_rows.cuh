@@ -12,9 +12,11 @@ namespace qwen_fp4 {
 
 template <class Quantizer>
 void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
-  dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
-    resnorm_quant_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value, decltype(min_blocks)::value>
-        <<<round_up_128(args.rows), threads, 0, s>>>(args);
+  dispatch_plain(args, [&](auto plain) {
+    dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
+      resnorm_quant_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value, decltype(min_blocks)::value,
+                           decltype(plain)::value><<<round_up_128(args.rows), threads, 0, s>>>(args);
+    });
   });
 }
 

@@ -27,19 +27,47 @@ __device__ __forceinline__ float rcp_approx_ftz(float a) {
   return b;
 }
 
-// E2M1 code of one fp32 value: round to nearest, ties to the even code; |x| > 6 saturates to 6;
-// NaN gives +6 (0x7); the sign bit is kept, also when x rounds to zero (0x8).
-// The E2M1 grid has step 0.5 on [0, 2), 1 on [2, 4) and 2 on [4, 6]. Scaling |x| by 2, 1 or 0.5 (picked
-// by its exponent) makes the step 1; one fma with 2^23 + (code of the region's first value - its scaled
-// value) then rounds to the nearest integer, ties to even, and leaves the code in the low bits.
+// E2M1 magnitude of one fp32 value, as the bits of an fp32 number: returns kE2M1Bias + code, code 0..7;
+// round to nearest, ties to the even code; |x| > 6 saturates to 6 (code 7); NaN gives 6 (code 7).
+// The E2M1 grid has step 0.5 on [0, 2), 1 on [2, 4) and 2 on [4, 6]. With a = min(|x|, 6):
+//   lo = 2^24 - 6 + 2a: below 2^24 fp32 spacing is 1, so this rounds 2a to an integer (ties to even):
+//        the code of a on [0, 2);
+//   hi = 2^24 - 4 + a: spacing 1 below 2^24 (a < 4) and 2 above (a >= 4): a rounded to the grid of
+//        [2, 6], which is also the code (consecutive fp32 numbers have consecutive bit patterns).
+// Both are the same line of codes shifted, so min(lo, hi) picks the right one (lo on [0, 2], hi above),
+// and bits(min) = kE2M1Bias + code. Four instructions; the exhaustive test checks all 2^32 inputs.
+constexpr uint32_t kE2M1Bias = 0x4B7FFFFAu;  // bits of 2^24 - 6
+
+__device__ __forceinline__ uint32_t e2m1_magnitude_biased(float x) {
+  const float a = fminf(fabsf(x), 6.0f);  // saturate; NaN becomes 6
+  const float lo = __fmaf_rn(a, 2.0f, 16777210.0f);  // 2^24 - 6
+  const float hi = __fadd_rn(a, 16777212.0f);        // 2^24 - 4
+  return __float_as_uint(fminf(lo, hi));
+}
+
+// Bit 3 of the E2M1 code: the sign of x, kept when x rounds to zero; 0 for NaN.
+__device__ __forceinline__ uint32_t e2m1_sign_bit(float x) {
+  return x != x ? 0u : (__float_as_uint(x) >> 28) & 0x8u;
+}
+
+// E2M1 code of one fp32 value (magnitude and sign); the same bits as cuda_fp4.h's conversion.
 __device__ __forceinline__ uint32_t e2m1_code(float x) {
-  const float a = fminf(fabsf(x), 6.0f);  // saturate; NaN becomes 6, whose code 0x7 is NaN's
-  // Biased exponent, clamped below at 1.0 (127); a <= 6 keeps it <= 129: [0,2) -> 127, [2,4) -> 128, [4,6] -> 129.
-  const uint32_t e = __float_as_uint(fmaxf(a, 1.0f)) >> 23;
-  const float inv_step = __uint_as_float((255u - e) << 23);            // 2, 1, 0.5
-  const float t = __fmaf_rn(a, inv_step, __uint_as_float(0x4B000000u + 2u * (e - 127u)));  // 2^23 + 0, 2, 4
-  const uint32_t sign = x != x ? 0u : (__float_as_uint(x) >> 28) & 0x8u;
-  return (__float_as_uint(t) & 0x7u) | sign;
+  return (e2m1_magnitude_biased(x) - kE2M1Bias) | e2m1_sign_bit(x);
+}
+
+// sum_j (kE2M1Bias << 4j) mod 2^32: what packing eight biased magnitudes by multiply-adds leaves on top
+// of the eight codes.
+constexpr uint32_t kPackedE2M1Bias = kE2M1Bias + (kE2M1Bias << 4) + (kE2M1Bias << 8) + (kE2M1Bias << 12) +
+                                     (kE2M1Bias << 16) + (kE2M1Bias << 20) + (kE2M1Bias << 24) + (kE2M1Bias << 28);
+
+// The sign bits (bit 3 of each nibble) of eight bf16 values, element j in nibble j: the bf16 sign bits
+// gathered by byte permutes (high bytes of the halves), then moved to bit 3 / bit 7 of each byte.
+__device__ __forceinline__ uint32_t bf16x8_sign_nibbles(const uint4& u) {
+  const uint32_t a = __byte_perm(u.x, u.y, 0x7351);  // bytes: e0, e1 | e2, e3 -> [e0, e2, e1, e3]
+  const uint32_t b = __byte_perm(u.z, u.w, 0x7351);  // [e4, e6, e5, e7]
+  const uint32_t even = __byte_perm(a, b, 0x5410);   // [e0, e2, e4, e6]: sign at bit 7 of byte k = e_2k
+  const uint32_t odd = __byte_perm(a, b, 0x7632);    // [e1, e3, e5, e7]
+  return ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
 }
 
 // The toolkit's software conversion, kept for the exhaustive equality check (csrc/ops.cpp _e2m1_codes).
@@ -66,9 +94,20 @@ __device__ __forceinline__ float nvfp4_block_scale(float amax, float global_scal
   }
 }
 
+// max that propagates NaN (max.NaN.f32, sm_80+): a NaN in the block shows in its amax.
+__device__ __forceinline__ float fmax_propagate_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 // Quantizes the 8 bf16 values this thread holds; the lane pair (lane, lane ^ 1) holds one 16-element
 // block. All 32 lanes of the warp must call it. Returns 8 E2M1 codes (element 0 in the low nibble) and
 // writes the block's scale byte to sf_out unless it is null.
+// Cost per element: one multiply, the four-instruction magnitude and one multiply-add to pack it. The
+// signs come from the bf16 sign bits, eight at a time, whenever sign(y * o) = sign(y) for sure (y and
+// o finite, o >= +0: o's bits <= FLT_MAX's); otherwise (NaN or inf in the block, odd global scales)
+// from each product, as e2m1_code does.
 template <bool kFast>
 struct PortableNvfp4 {
   static __device__ __forceinline__ uint32_t quantize(const uint4& y_bf16, float global_scale, uint8_t* sf_out) {
@@ -76,17 +115,38 @@ struct PortableNvfp4 {
     bf16x8_to_float(y_bf16, y);
     float amax = fabsf(y[0]);
 #pragma unroll
-    for (int j = 1; j < kVecElems; ++j) amax = fmaxf(amax, fabsf(y[j]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    for (int j = 1; j < kVecElems; ++j) amax = fmax_propagate_nan(amax, fabsf(y[j]));
+    amax = fmax_propagate_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    const bool finite_block = amax <= FLT_MAX;  // false for inf or NaN anywhere in the block
+    // The contract's amax ignores NaN (fmax). Only a block with a NaN needs it recomputed; warp-uniform
+    // branch because of the shuffle.
+    if (__any_sync(0xffffffffu, amax != amax)) {
+      amax = fabsf(y[0]);
+#pragma unroll
+      for (int j = 1; j < kVecElems; ++j) amax = fmaxf(amax, fabsf(y[j]));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    }
 
     uint8_t sf_byte;
     const float out_scale = nvfp4_block_scale<kFast>(amax, global_scale, sf_byte);
     if (sf_out != nullptr) *sf_out = sf_byte;
 
-    uint32_t codes = 0;
+    float v[kVecElems];
+    uint32_t packed = 0;
 #pragma unroll
-    for (int j = 0; j < kVecElems; ++j) codes |= e2m1_code(__fmul_rn(y[j], out_scale)) << (4 * j);
-    return codes;
+    for (int j = 0; j < kVecElems; ++j) {
+      v[j] = __fmul_rn(y[j], out_scale);
+      packed += e2m1_magnitude_biased(v[j]) << (4 * j);  // a multiply-add each; the bias is removed below
+    }
+    uint32_t signs;
+    if (finite_block && __float_as_uint(out_scale) <= 0x7F7FFFFFu) {
+      signs = bf16x8_sign_nibbles(y_bf16);
+    } else {
+      signs = 0;
+#pragma unroll
+      for (int j = 0; j < kVecElems; ++j) signs |= e2m1_sign_bit(v[j]) << (4 * j);
+    }
+    return packed - kPackedE2M1Bias + signs;
   }
 };
 

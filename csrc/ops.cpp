@@ -132,6 +132,7 @@ ResnormArgs make_resnorm_args(const Tensor& residual, const Tensor& x, const std
   a.rows = x.numel() / cols;
   STD_TORCH_CHECK(a.rows <= (int64_t(1) << 31) - 128, "qwen_fp4: x has too many rows (", a.rows, ")");
   a.eps = static_cast<float>(eps);
+  a.inv_cols = 1.0f / static_cast<float>(cols);  // correctly rounded, as the reference's 1 / D in fp32
   a.bias = column_param("bias", bias, x, cols);
   a.weight = column_param("weight", weight, x, cols);
   a.norm_bias = column_param("norm_bias", norm_bias, x, cols);

@@ -43,17 +43,20 @@ __device__ __forceinline__ void zero_scale_row(uint8_t* scales, int64_t row, int
 }
 
 // Quantizes the row's vectors and stores packed codes and scales. All lanes take part (shuffles).
+// Vector v = i * threads + tid holds half of block v / 2; the even lane of each pair writes its scale.
+// threads % 32 == 0, so block v / 2 = i * threads / 2 + tid / 2 sits at sf_block_offset(tid / 2) +
+// i * threads * 64 in the 128x4 layout: one address per thread, a constant step per vector.
 template <class Quantizer, int VPT, class Shape>
 __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], int64_t row, int32_t cols, int vecs,
                                                        float global_scale, uint8_t* packed, uint8_t* scales) {
   uint32_t* packed_row = reinterpret_cast<uint32_t*>(packed + row * (cols / 2));
-  uint8_t* sf_row = scales + sf_row_offset_128x4(row, cols);
+  uint8_t* sf_lane = scales + sf_row_offset_128x4(row, cols) + sf_block_offset_128x4(threadIdx.x / 2);
+  const bool writes_scales = threadIdx.x % 2 == 0;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = i * Shape::threads() + threadIdx.x;
     const bool valid = Shape::valid(v, vecs);
-    // The even vector of each pair writes the block's scale.
-    uint8_t* sf = (valid && (v % 2 == 0)) ? sf_row + sf_block_offset_128x4(v / 2) : nullptr;
+    uint8_t* sf = (valid && writes_scales) ? sf_lane + i * Shape::threads() * 64 : nullptr;
     const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);
     if (valid) packed_row[v] = codes;
   }
@@ -77,32 +80,48 @@ __device__ __forceinline__ void load_row(const ResnormArgs& args, int64_t row, u
   }
 }
 
+// Which row of gate/scale/shift row `row` uses.
+__device__ __forceinline__ int64_t modulation_row(const ResnormArgs& args, int64_t row) {
+  if (args.form == ModulationForm::kShared) return 0;
+  const int64_t batch = row / args.rows_per_batch;
+  if (args.form != ModulationForm::kIndexed) return batch;
+  bool second;
+  switch (args.index_dtype) {
+    case IndexDtype::kInt32: second = reinterpret_cast<const int32_t*>(args.modulate_index)[row] != 0; break;
+    case IndexDtype::kInt64: second = reinterpret_cast<const int64_t*>(args.modulate_index)[row] != 0; break;
+    default: second = reinterpret_cast<const uint8_t*>(args.modulate_index)[row] != 0; break;
+  }
+  return second ? args.num_batches + batch : batch;
+}
+
 // Steps 1-7 for one row from its x and residual vectors; returns y (bf16x8 per vector) and writes
-// residual_out.
-template <int VPT, class Shape>
+// residual_out. kPlain: no bias, no LayerNorm affine, gate/scale/shift bf16 (the common DiT case):
+// the parameters stay packed until used and no dtype or presence tests are compiled in.
+template <int VPT, class Shape, bool kPlain>
 __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_t row, const uint4 (&xv)[VPT],
                                                  const uint4 (&rv)[VPT], uint4 (&y_out)[VPT]) {
   const int32_t cols = Shape::cols(args.cols);
   const int vecs = Shape::vecs(cols);
   __shared__ float scratch[32];
+  using Param = ParamRow<!kPlain>;
+  const int64_t mod_row = modulation_row(args, row);
+  const Param gate_row(args.gate, mod_row, cols), scale_row(args.scale, mod_row, cols),
+      shift_row(args.shift, mod_row, cols);
 
-  // Which row of gate/scale/shift this row uses.
-  int64_t mod_row = 0;
-  if (args.form != ModulationForm::kShared) {
-    const int64_t batch = row / args.rows_per_batch;
-    mod_row = batch;
-    if (args.form == ModulationForm::kIndexed) {
-      bool second;
-      switch (args.index_dtype) {
-        case IndexDtype::kInt32: second = reinterpret_cast<const int32_t*>(args.modulate_index)[row] != 0; break;
-        case IndexDtype::kInt64: second = reinterpret_cast<const int64_t*>(args.modulate_index)[row] != 0; break;
-        default: second = reinterpret_cast<const uint8_t*>(args.modulate_index)[row] != 0; break;
+  // Narrow shapes (few rows, short latency chains) load scale and shift now, with x and residual in
+  // flight; wide shapes (many rows) only after the reductions, to save registers.
+  constexpr bool kHoistParams = VPT <= 2;
+  uint4 scale_bf16[VPT], shift_bf16[VPT];
+  if constexpr (kPlain && kHoistParams) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = i * Shape::threads() + threadIdx.x;
+      if (Shape::valid(v, vecs)) {
+        scale_bf16[i] = scale_row.load_bf16x8(v);
+        shift_bf16[i] = shift_row.load_bf16x8(v);
       }
-      mod_row = second ? args.num_batches + batch : batch;
     }
   }
-
-  const ParamRow gate_row(args.gate, mod_row, cols), bias_row(args.bias, 0, cols);
 
   // Steps 1-2 and the row sum. d holds r now and r - mu after the mean.
   float d[VPT][kVecElems];
@@ -117,12 +136,15 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
     bf16x8_to_float(rv[i], resf);
     if (valid) {
       gate_row.load8(v, gate);
-      if (bias_row.present()) {
-        float bias[kVecElems];
-        bias_row.load8(v, bias);
+      if constexpr (!kPlain) {
+        const Param bias_row(args.bias, 0, cols);
+        if (bias_row.present()) {
+          float bias[kVecElems];
+          bias_row.load8(v, bias);
 #pragma unroll
-        for (int j = 0; j < kVecElems; ++j) xf[j] = __fadd_rn(xf[j], bias[j]);
-        bf16_round8(xf);
+          for (int j = 0; j < kVecElems; ++j) xf[j] = __fadd_rn(xf[j], bias[j]);
+          bf16_round8(xf);
+        }
       }
     } else {
 #pragma unroll
@@ -137,7 +159,7 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
   }
 
   // Steps 3-5: two passes over the values held in registers.
-  const float inv_cols = __fdiv_rn(1.0f, float(cols));
+  const float inv_cols = args.inv_cols;
   const float mu = __fmul_rn(block_sum(sum, scratch), inv_cols);
   float sq = 0.0f;
 #pragma unroll
@@ -152,25 +174,34 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
   const float var = __fmul_rn(block_sum(sq, scratch), inv_cols);
   const float rstd = rsqrtf(__fadd_rn(var, args.eps));
 
-  // Steps 6-7. Wide shapes (large row counts) load the parameters only now, to save registers.
-  constexpr bool kHoistParams = VPT <= 2;
-  const ParamRow scale_row(args.scale, mod_row, cols), shift_row(args.shift, mod_row, cols);
-  const ParamRow weight_row(args.weight, 0, cols), norm_bias_row(args.norm_bias, 0, cols);
-  const bool affine = weight_row.present() || norm_bias_row.present();
+  // Steps 6-7.
+  const Param weight_row(kPlain ? ParamRef{} : args.weight, 0, cols),
+      norm_bias_row(kPlain ? ParamRef{} : args.norm_bias, 0, cols);
+  const bool affine = !kPlain && (weight_row.present() || norm_bias_row.present());
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = i * Shape::threads() + threadIdx.x;
     if (Shape::valid(v, vecs)) {
       float scale[kVecElems], shift[kVecElems];
-      scale_row.load8<kHoistParams>(v, scale);
-      shift_row.load8<kHoistParams>(v, shift);
+      if constexpr (kPlain) {
+        if constexpr (kHoistParams) {
+          bf16x8_to_float(scale_bf16[i], scale);
+          bf16x8_to_float(shift_bf16[i], shift);
+        } else {  // plain loads: they stay after the barriers (read-only loads may be hoisted above them)
+          bf16x8_to_float(reinterpret_cast<const uint4*>(scale_row.base)[v], scale);
+          bf16x8_to_float(reinterpret_cast<const uint4*>(shift_row.base)[v], shift);
+        }
+      } else {
+        scale_row.template load8<kHoistParams>(v, scale);
+        shift_row.template load8<kHoistParams>(v, shift);
+      }
       float n[kVecElems];
 #pragma unroll
       for (int j = 0; j < kVecElems; ++j) n[j] = __fmul_rn(d[i][j], rstd);
       if (affine) {
         float w[kVecElems], nb[kVecElems];
-        if (weight_row.present()) weight_row.load8<kHoistParams>(v, w);
-        if (norm_bias_row.present()) norm_bias_row.load8<kHoistParams>(v, nb);
+        if (weight_row.present()) weight_row.template load8<kHoistParams>(v, w);
+        if (norm_bias_row.present()) norm_bias_row.template load8<kHoistParams>(v, nb);
 #pragma unroll
         for (int j = 0; j < kVecElems; ++j) {
           n[j] = __fmaf_rn(n[j], weight_row.present() ? w[j] : 1.0f, norm_bias_row.present() ? nb[j] : 0.0f);
@@ -188,20 +219,20 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
 }
 
 // Steps 1-7 for one row, loading it first.
-template <int VPT, class Shape>
+template <int VPT, class Shape, bool kPlain>
 __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row, uint4 (&y_out)[VPT]) {
   uint4 xv[VPT], rv[VPT];
   load_row<VPT, Shape>(args, row, xv, rv);
-  resnorm_row_from<VPT, Shape>(args, row, xv, rv, y_out);
+  resnorm_row_from<VPT, Shape, kPlain>(args, row, xv, rv, y_out);
 }
 
 // resnorm: writes y. No scales, so no padding rows: grid = rows.
-template <int VPT, int kFixedCols, int kMinBlocks>
+template <int VPT, int kFixedCols, int kMinBlocks, bool kPlain>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) resnorm_kernel(const ResnormArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
   const int64_t row = blockIdx.x;
   uint4 y[VPT];
-  resnorm_row<VPT, Shape>(args, row, y);
+  resnorm_row<VPT, Shape, kPlain>(args, row, y);
   const int vecs = Shape::vecs(args.cols);
   uint4* y_row = reinterpret_cast<uint4*>(args.y) + row * vecs;
 #pragma unroll
@@ -212,7 +243,7 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
 }
 
 // resnorm_quant: steps 1-8 in one pass; y never leaves registers.
-template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks>
+template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks, bool kPlain>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) resnorm_quant_kernel(const ResnormArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
   const int64_t row = blockIdx.x;
@@ -220,10 +251,11 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
     zero_scale_row(args.scales, row, args.cols);
     return;
   }
+  const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
   uint4 y[VPT];
-  resnorm_row<VPT, Shape>(args, row, y);
+  resnorm_row<VPT, Shape, kPlain>(args, row, y);
   const int32_t cols = Shape::cols(args.cols);
-  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, Shape::vecs(cols), *args.global_scale, args.packed,
+  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, Shape::vecs(cols), global_scale, args.packed,
                                                 args.scales);
 }
 
@@ -236,6 +268,7 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
     zero_scale_row(args.scales, row, args.cols);
     return;
   }
+  const float global_scale = __ldg(args.global_scale);
   const int32_t cols = Shape::cols(args.cols);
   const int vecs = Shape::vecs(cols);
   const uint4* y_row = reinterpret_cast<const uint4*>(args.y) + row * vecs;
@@ -245,7 +278,7 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
     const int v = i * Shape::threads() + threadIdx.x;
     y[i] = Shape::valid(v, vecs) ? load_stream(y_row + v) : make_uint4(0, 0, 0, 0);
   }
-  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, vecs, *args.global_scale, args.packed, args.scales);
+  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, vecs, global_scale, args.packed, args.scales);
 }
 
 }  // namespace qwen_fp4

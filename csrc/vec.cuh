@@ -38,22 +38,26 @@ __device__ __forceinline__ uint4 bf16_round8(float (&f)[kVecElems]) {
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
 
 // One row of a per-column parameter (bf16 or fp32), located once per row so that the per-vector loads
-// need only 32-bit offsets.
+// need only 32-bit offsets. kMaybeFp32 = false: known to be bf16 (the plain kernels), no dtype test.
+template <bool kMaybeFp32 = true>
 struct ParamRow {
   const char* base;  // nullptr: absent
   bool fp32;
   __device__ __forceinline__ ParamRow(const ParamRef& p, int64_t row, int32_t cols)
       : base(p.ptr == nullptr ? nullptr
-                              : static_cast<const char*>(p.ptr) + row * cols * (p.fp32 ? 4 : 2)),
-        fp32(p.fp32) {}
+                              : static_cast<const char*>(p.ptr) + row * cols * (kMaybeFp32 && p.fp32 ? 4 : 2)),
+        fp32(kMaybeFp32 && p.fp32) {}
   __device__ __forceinline__ bool present() const { return base != nullptr; }
+
+  // The 8 bf16 entries starting at column 8 * vec, still packed (bf16 rows only).
+  __device__ __forceinline__ uint4 load_bf16x8(int vec) const { return __ldg(reinterpret_cast<const uint4*>(base) + vec); }
 
   // Eight consecutive entries starting at column 8 * vec. kReadOnly uses the non-coherent path (__ldg),
   // which the compiler may hoist across __syncthreads; plain loads stay where they are (fewer registers
   // live during the reductions).
   template <bool kReadOnly = true>
   __device__ __forceinline__ void load8(int vec, float (&out)[kVecElems]) const {
-    if (fp32) {
+    if (kMaybeFp32 && fp32) {
       const float4* q = reinterpret_cast<const float4*>(base) + 2 * vec;
       const float4 a = kReadOnly ? __ldg(q) : q[0], b = kReadOnly ? __ldg(q + 1) : q[1];
       out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;

@@ -170,8 +170,12 @@ def test_quantizer_special_values():
     y = torch.where(mask, special[pick], y)
     y[0] = 0  # an all-zero row
     y[1, :16] = float("nan")  # an all-NaN block
+    neg_nan = torch.tensor([-1], dtype=torch.int16, device="cuda").view(torch.bfloat16)  # 0xFFFF: sign set
+    y[2, 5] = neg_nan  # NaN with the sign bit set: code 0x7 like any NaN
+    y[2, 40:56] = neg_nan  # an all-(-NaN) block
+    y[3, :8] = -0.0  # half a block of -0 next to finite values
     for fast in (True, False):
-        for gs in (1.0, 448 * 6 / 3.0, 1e-20, 1e20):
+        for gs in (1.0, 448 * 6 / 3.0, 1e-20, 1e20, -2.0, 0.0):
             G = torch.tensor([gs], device="cuda")
             packed, scales = q.nvfp4_quantize(y, G, fast)
             p_ref, s_ref = reference.nvfp4_quantize(y, G, fast, rcp=gpu_rcp if fast else None)
