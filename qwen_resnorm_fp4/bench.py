@@ -255,7 +255,16 @@ def make_impls(inp: Inputs, fast_math: bool, compiled_fn: Optional[Callable]) ->
     def eager(i):
         return eager_chain(inp.residual[i], inp.x[i], gate, scale, shift, gs, inp.index, inp.bounds)
 
-    impls = {"fused": fused, "unfused": unfused, "eager": eager}
+    ys = {}
+
+    def quantize_only(i):  # the second kernel of the pair alone, on y of set i (made once, untimed)
+        if i not in ys:
+            ys[i] = ops.resnorm(inp.residual[i], inp.x[i], None, gate, scale, shift, EPS)[0]
+        return ops.nvfp4_quantize(ys[i], gs, fast_math)
+
+    impls = {"fused": fused, "unfused": unfused, "eager": eager,
+             "resnorm": lambda i: ops.resnorm(inp.residual[i], inp.x[i], None, gate, scale, shift, EPS),
+             "quantize": quantize_only}
     if compiled_fn is not None:
         impls["compiled"] = lambda i: compiled_fn(inp.residual[i], inp.x[i], gate, scale, shift, gs, inp.index,
                                                   inp.bounds)
@@ -263,11 +272,15 @@ def make_impls(inp: Inputs, fast_math: bool, compiled_fn: Optional[Callable]) ->
 
 
 def graph_replay_us(rows: int, dim: int, fast_math: bool, calls: int = GRAPH_CALLS, replays: int = 50) -> Dict[str, float]:
-    """GPU time per call (us) of the fused op and of the unfused pair by CUDA-graph replay of `calls` calls."""
+    """GPU time per call (us) by CUDA-graph replay of `calls` calls: the fused op, the unfused pair and the
+    pair's two kernels alone ("resnorm", "quantize")."""
     inp = Inputs(rows, dim, calls, seed=1)
     impls = make_impls(inp, fast_math, None)
+    for i in range(calls):  # the quantize-only inputs exist before any capture
+        impls["quantize"](i)
+    torch.cuda.synchronize()
     out = {}
-    for name in ("fused", "unfused"):
+    for name in ("fused", "unfused", "resnorm", "quantize"):
         fn = impls[name]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -354,7 +367,9 @@ def run_case(rows: int, dim: int, timer: GpuTimer, l2: int, copy_gbps: float, co
             row["compile_s"] = float("nan")
             row["compile_failed"] = True
 
-    for name in ("fused", "unfused", "eager", "compiled"):
+    for i in range(n_sets):  # make every y of the quantize-only timing before timing anything
+        impls["quantize"](i)
+    for name in ("fused", "unfused", "resnorm", "quantize", "eager", "compiled"):
         fn = impls.get(name)
         if fn is None:
             row[f"{name}_us"] = float("nan")
@@ -390,7 +405,8 @@ def run_case(rows: int, dim: int, timer: GpuTimer, l2: int, copy_gbps: float, co
 CSV_FIELDS = ["dim", "rows", "bytes", "n_sets", "fused_us", "fused_gbps", "fused_frac_copy", "unfused_us",
               "unfused_gbps", "eager_us", "eager_gbps", "compiled_us", "compiled_gbps", "speedup_vs_unfused",
               "speedup_vs_eager", "speedup_vs_compiled", "byte_exact", "compile_s", "fused_reps", "unfused_reps",
-              "eager_reps", "compiled_reps", "copy_same_bytes_us", "copy_same_bytes_frac"]
+              "eager_reps", "compiled_reps", "copy_same_bytes_us", "copy_same_bytes_frac", "resnorm_us",
+              "quantize_us"]
 
 
 def git_commit() -> str:
@@ -628,6 +644,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"D={d} rows={m}: fused {r['fused_us']:.2f} us ({r['fused_gbps']:.0f} GB/s, "
                   f"{100 * r['fused_frac_copy']:.1f}% of copy; a copy of the same bytes "
                   f"{100 * r['copy_same_bytes_frac']:.1f}%), unfused {r['unfused_us']:.2f} us, "
+                  f"(resnorm alone {r['resnorm_us']:.2f}, nvfp4_quantize alone {r['quantize_us']:.2f}), "
                   f"eager {r['eager_us']:.1f} us, compiled {_f(r['compiled_us'], '.1f')} us, "
                   f"byte-exact {r['byte_exact']}  [{time.perf_counter() - t0:.1f} s]", flush=True)
 
@@ -643,7 +660,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for d, g in graph.items():
         extra.append(f"17 rows, D={d}, CUDA-graph replay of {GRAPH_CALLS} calls (GPU time per call, warm L2): "
                      f"fused {g['fused']:.2f} us, unfused pair {g['unfused']:.2f} us "
-                     f"({g['unfused'] / g['fused']:.2f}x)")
+                     f"({g['unfused'] / g['fused']:.2f}x); the pair's kernels alone: resnorm {g['resnorm']:.2f} us, "
+                     f"nvfp4_quantize {g['quantize']:.2f} us")
     extra.append(f"eager host overhead per call (1 x {TARGET_DIM}, wall time, GPU not the bottleneck): "
                  f"Python wrapper qwen_resnorm_fp4.resnorm_quant {host['wrapper']:.1f} us, "
                  f"raw torch.ops.qwen_fp4.resnorm_quant {host['raw_op']:.1f} us")

@@ -1,11 +1,13 @@
-"""What Nsight Compute profiles: the fused op at 4096 rows x 3072 (Qwen-Image image stream), a few calls."""
+"""What Nsight Compute profiles: the fused op at 4096 rows x 3072 (Qwen-Image image stream; --rows N for
+another row count), a few calls."""
 import sys
 
 import torch
 
 import qwen_resnorm_fp4 as q
 
-rows, cols = 4096, 3072
+rows = int(sys.argv[sys.argv.index("--rows") + 1]) if "--rows" in sys.argv else 4096
+cols = 3072
 g = torch.Generator(device="cuda").manual_seed(0)
 x = torch.randn(1, rows, cols, device="cuda", generator=g).bfloat16()
 res = torch.randn(1, rows, cols, device="cuda", generator=g).bfloat16()

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Tuning on a GPU machine: for each wheel directory given (each a build of one block-shape variant, e.g.
+# QWEN_FP4_CUDA_ARCHS=90a wheels with csrc/dispatch.cuh edited), installs it, checks the kernels against
+# the reference (tests/test_gpu_kernels.py) and runs a short benchmark. Logs go to $OUT/<variant>.log.
+#
+#   OUT=sweep_logs bash scripts/shape_sweep.sh dist_sweep/A dist_sweep/B ...
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$REPO/sweep_logs}
+mkdir -p "$OUT"
+BENCH=${BENCH_ARGS:---dims 3072,5120 --rows 17,256,1024,4096,8192,32768 --no-compile --reps 60}
+cd /tmp
+for dir in "$@"; do
+  name=$(basename "$dir")
+  log="$OUT/$name.log"
+  python3 -m pip install -q --no-deps --no-index --force-reinstall "$REPO/$dir"/*.whl 2>&1 | grep -v "^WARNING: Running pip as" || true
+  {
+    echo "== variant $name"
+    python3 -m pytest "$REPO/tests/test_gpu_kernels.py" -p no:cacheprovider -q -x -k "not exhaustively" 2>&1 | tail -2
+    python3 -m qwen_resnorm_fp4 bench --out "/tmp/bench_$name" $BENCH 2>&1 | grep -E "^D=|graph|copy ceiling|overhead"
+  } > "$log" 2>&1
+  echo "== $name: $(grep -E 'passed|failed' "$log" | tail -1)"
+done
