@@ -58,7 +58,7 @@ __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], in
     const bool valid = Shape::valid(v, vecs);
     uint8_t* sf = (valid && writes_scales) ? sf_lane + i * Shape::threads() * 64 : nullptr;
     const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);
-    if (valid) packed_row[v] = codes;
+    if (valid) store_stream(packed_row + v, codes);
   }
 }
 
@@ -155,7 +155,7 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
     const uint4 r_bf16 = bf16_round8(d[i]);
 #pragma unroll
     for (int j = 0; j < kVecElems; ++j) sum = __fadd_rn(sum, d[i][j]);
-    if (valid) res_out_row[v] = r_bf16;
+    if (valid) store_stream(res_out_row + v, r_bf16);
   }
 
   // Steps 3-5: two passes over the values held in registers.

@@ -34,8 +34,12 @@ __device__ __forceinline__ uint4 bf16_round8(float (&f)[kVecElems]) {
   return u;
 }
 
-// Activations are read once: stream them past L1.
-__device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
+// Activations are read once and written once. Measured on the H200 (docs/performance.md): plain loads
+// with evict-first (streaming) stores move the most bytes per second; evict-first loads (__ldcs) cost up
+// to 10% at 32768 rows.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) { return *p; }
+template <class T>
+__device__ __forceinline__ void store_stream(T* p, const T& v) { __stcs(p, v); }
 
 // One row of a per-column parameter (bf16 or fp32), located once per row so that the per-vector loads
 // need only 32-bit offsets. kMaybeFp32 = false: known to be bf16 (the plain kernels), no dtype test.
