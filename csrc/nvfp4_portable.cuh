@@ -34,8 +34,9 @@ __device__ __forceinline__ float rcp_approx_ftz(float a) {
 //        the code of a on [0, 2);
 //   hi = 2^24 - 4 + a: spacing 1 below 2^24 (a < 4) and 2 above (a >= 4): a rounded to the grid of
 //        [2, 6], which is also the code (consecutive fp32 numbers have consecutive bit patterns).
-// Both are the same line of codes shifted, so min(lo, hi) picks the right one (lo on [0, 2], hi above),
-// and bits(min) = kE2M1Bias + code. Four instructions; the exhaustive test checks all 2^32 inputs.
+// Both carry the code on the same bias, and lo <= hi exactly where a <= 2 (2a - 6 <= a - 4; rounding
+// keeps the order), so min(lo, hi) is lo on [0, 2] and hi above: bits(min) = kE2M1Bias + code.
+// Four instructions; the GPU tests check all 2^32 inputs against cuda_fp4.h.
 constexpr uint32_t kE2M1Bias = 0x4B7FFFFAu;  // bits of 2^24 - 6
 
 __device__ __forceinline__ uint32_t e2m1_magnitude_biased(float x) {
@@ -55,7 +56,7 @@ __device__ __forceinline__ uint32_t e2m1_code(float x) {
   return (e2m1_magnitude_biased(x) - kE2M1Bias) | e2m1_sign_bit(x);
 }
 
-// sum_j (kE2M1Bias << 4j) mod 2^32: what packing eight biased magnitudes by multiply-adds leaves on top
+// sum_j (kE2M1Bias << 4j) mod 2^32: what packing eight biased magnitudes by shift-adds leaves on top
 // of the eight codes.
 constexpr uint32_t kPackedE2M1Bias = kE2M1Bias + (kE2M1Bias << 4) + (kE2M1Bias << 8) + (kE2M1Bias << 12) +
                                      (kE2M1Bias << 16) + (kE2M1Bias << 20) + (kE2M1Bias << 24) + (kE2M1Bias << 28);
