@@ -1,0 +1,40 @@
+"""Diagnostic only (docs/performance.md, "Why 90% of copy cannot hold"): edits a *copy* of the source tree
+so that resnorm_quant_kernel keeps its grid, block shapes, loads and stores (residual_out, packed codes,
+scale bytes) but does none of the op's arithmetic. The wheel built from it is timed by
+scripts/shape_sweep.sh (SKIP_TESTS=1: its outputs are meaningless by design).
+
+    git archive HEAD | tar -x -C /tmp/skel && python scripts/arithmetic_free_patch.py /tmp/skel
+    cd /tmp/skel && QWEN_FP4_CUDA_ARCHS=90a pip wheel --no-build-isolation --no-deps -w dist .
+"""
+import sys
+from pathlib import Path
+
+
+def patch(root: Path) -> None:
+    path = root / "csrc" / "resnorm_kernel.cuh"
+    s = path.read_text()
+    edits = [
+        ("""  uint4 y[VPT];
+  resnorm_row<VPT, Shape, kPlain>(args, row, y);
+  const int32_t cols = Shape::cols(args.cols);""",
+         """  uint4 y[VPT], rv[VPT];
+  load_row<VPT, Shape>(args, row, y, rv);
+  for (int i = 0; i < VPT; ++i)
+    store_stream(reinterpret_cast<uint4*>(args.residual_out) + row * Shape::vecs(args.cols) + i * Shape::threads() +
+                     threadIdx.x, rv[i]);
+  const int32_t cols = Shape::cols(args.cols);"""),
+        ("""    const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);""",
+         """    const uint32_t codes = y[i].x ^ y[i].w;
+    if (sf) *sf = uint8_t(y[i].y);"""),
+    ]
+    for old, new in edits:
+        if old not in s:
+            sys.exit(f"{path}: the code to replace is not there (the kernel changed?)")
+        s = s.replace(old, new)
+    path.write_text(s)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or Path(sys.argv[1]).resolve() == Path(__file__).resolve().parent.parent:
+        sys.exit("usage: python scripts/arithmetic_free_patch.py COPY_OF_THE_TREE  (never the checkout itself)")
+    patch(Path(sys.argv[1]))
