@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "launch.h"
+
 namespace qwen_fp4 {
 
 template <int N>
@@ -31,9 +33,9 @@ void dispatch_row_shape(int32_t cols, int64_t rows, F&& f) {
 }
 
 // Calls f(std::true_type) for the plain case (no bias, no LayerNorm affine, gate/scale/shift bf16: what
-// DiT blocks pass), f(std::false_type) otherwise. Args is ResnormArgs (launch.h).
-template <class Args, class F>
-void dispatch_plain(const Args& args, F&& f) {
+// DiT blocks pass), f(std::false_type) otherwise.
+template <class F>
+void dispatch_plain(const ResnormArgs& args, F&& f) {
   const bool plain = args.bias.ptr == nullptr && args.weight.ptr == nullptr && args.norm_bias.ptr == nullptr &&
                      !args.gate.fp32 && !args.scale.fp32 && !args.shift.fp32;
   if (plain) return f(std::true_type{});

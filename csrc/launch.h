@@ -40,6 +40,10 @@ struct ResnormArgs {
   const float* global_scale;
 };
 
+// Rows of the scale tensor for `rows` rows: whole 128-row tiles of the 128x4 layout (the op's output
+// shape and the quantizing kernels' grid).
+inline int64_t round_up_128(int64_t rows) { return (rows + 127) / 128 * 128; }
+
 struct QuantizeArgs {
   const void* y;  // bf16 [rows, cols]
   int64_t rows;

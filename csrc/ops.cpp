@@ -208,6 +208,14 @@ Tensor empty_like_bf16(const Tensor& x) { return empty_cuda(x, sizes_of(x), aoti
 
 bool use_blackwell(const Tensor& x) { return blackwell_kernels_usable(x.get_device_index()); }
 
+// The input of the test-only ops (_rcp_approx, _e2m1_codes): a float32 CUDA tensor.
+void check_test_op_input(const char* op, const Tensor& x) {
+  STD_TORCH_CHECK(x.is_cuda(), "qwen_fp4: ", op, " needs a CUDA tensor");
+  check_cuda_tensor("x", x, x, /*vector_access=*/false);
+  STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float, "qwen_fp4: ", op, " needs float32, got ",
+                  dtype_name(x.scalar_type()));
+}
+
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, const Tensor& x,
@@ -221,7 +229,7 @@ std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, co
   ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
   check_global_scale(global_scale, x);
   Tensor packed = new_bytes(x, a.rows, a.cols / 2);
-  Tensor scales = new_bytes(x, (a.rows + 127) / 128 * 128, a.cols / 16);
+  Tensor scales = new_bytes(x, round_up_128(a.rows), a.cols / 16);
   Tensor residual_out = empty_like_bf16(x);
   a.residual_out = residual_out.data_ptr();
   a.packed = static_cast<uint8_t*>(packed.data_ptr());
@@ -260,7 +268,7 @@ std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& gl
   a.rows = y.numel() / cols;
   STD_TORCH_CHECK(a.rows <= (int64_t(1) << 31) - 128, "qwen_fp4: y has too many rows (", a.rows, ")");
   Tensor packed = new_bytes(y, a.rows, cols / 2);
-  Tensor scales = new_bytes(y, (a.rows + 127) / 128 * 128, cols / 16);
+  Tensor scales = new_bytes(y, round_up_128(a.rows), cols / 16);
   a.packed = static_cast<uint8_t*>(packed.data_ptr());
   a.scales = static_cast<uint8_t*>(scales.data_ptr());
   a.global_scale = static_cast<const float*>(global_scale.data_ptr());
@@ -271,11 +279,8 @@ std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& gl
 }
 
 Tensor rcp_approx_cuda(const Tensor& x) {
-  STD_TORCH_CHECK(x.is_cuda(), "qwen_fp4: _rcp_approx needs a CUDA tensor");
+  check_test_op_input("_rcp_approx", x);
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
-  check_cuda_tensor("x", x, x, /*vector_access=*/false);
-  STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float, "qwen_fp4: _rcp_approx needs float32, got ",
-                  dtype_name(x.scalar_type()));
   Tensor out = empty_cuda(x, sizes_of(x), aoti_torch_dtype_float32());
   launch_rcp_approx(static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), x.numel(),
                     current_stream(x));
@@ -283,11 +288,8 @@ Tensor rcp_approx_cuda(const Tensor& x) {
 }
 
 Tensor e2m1_codes_cuda(const Tensor& x, bool toolkit) {
-  STD_TORCH_CHECK(x.is_cuda(), "qwen_fp4: _e2m1_codes needs a CUDA tensor");
+  check_test_op_input("_e2m1_codes", x);
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
-  check_cuda_tensor("x", x, x, /*vector_access=*/false);
-  STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float, "qwen_fp4: _e2m1_codes needs float32, got ",
-                  dtype_name(x.scalar_type()));
   Tensor out = empty_cuda(x, sizes_of(x), aoti_torch_dtype_uint8());
   launch_e2m1_codes(static_cast<const float*>(x.data_ptr()), static_cast<uint8_t*>(out.data_ptr()), x.numel(),
                     toolkit, current_stream(x));

@@ -18,6 +18,4 @@ __host__ __device__ __forceinline__ int64_t sf_row_offset_128x4(int64_t m, int32
 }
 __host__ __device__ __forceinline__ int32_t sf_block_offset_128x4(int32_t k) { return (k / 4) * 512 + (k % 4); }
 
-__host__ __device__ __forceinline__ int64_t round_up_128(int64_t n) { return (n + 127) / 128 * 128; }
-
 }  // namespace qwen_fp4
