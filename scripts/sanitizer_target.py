@@ -3,7 +3,8 @@
 
 - every kernel and block shape: D in {64, 2048, 2112, 3072, 5120, 8192, 8256, 16384} (the generic
   paths of csrc/dispatch.cuh switch at D = 2048 and 8192; D = 3072 and 5120 have fixed-width kernels
-  with a second shape from 2048 rows on, so 2049 x 3072 and 2048 x 5120 are here too);
+  with a second shape from 2048 rows on, so 2049 x 3072 and 2048 x 5120 are here too, also with the
+  plain-parameter configuration, the production path at those sizes);
 - the edge row counts 0, 1, 127, 128, 129 (the scale tensor's padding rows: 127 and 1 pad, 128 none);
 - every modulation form ([D], [B, D], [2B, D] with int32 / int64 / bool modulate_index), bf16 and fp32
   parameters, with and without bias and affine LayerNorm, both quantizer modes, all three ops;
@@ -75,6 +76,10 @@ for i, (rows, cols) in enumerate(shapes):
     run(inputs(rows, cols, CONFIGS[i % len(CONFIGS)]))
 for cfg in CONFIGS:  # every configuration on one shape with two batches
     run(inputs(130, 3072, cfg))
+# the plain kernels (shared bf16 parameters, no bias, no affine: CONFIGS[0]) of the many-rows shapes, which
+# the rotation above gives other configurations
+run(inputs(2049, 3072, CONFIGS[0]))
+run(inputs(2048, 5120, CONFIGS[0]))
 
 # special values: a NaN row, an Inf row, an all-zero row; extreme and invalid global scales
 kw = inputs(129, 1024, CONFIGS[2])
