@@ -14,6 +14,7 @@ import torch
 
 from . import reference
 from .env import resolve_fast_math
+from .layout import round_up
 
 Tensor = torch.Tensor
 
@@ -57,13 +58,18 @@ def _has_data(t: Tensor) -> bool:
     return not is_fake(t)
 
 
+# Tensors that hold real data whenever they are not being traced (a Parameter made under FakeTensorMode has
+# type FakeTensor, not Parameter).
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def _aligned(t: Tensor) -> Tensor:
     """Contiguous and 16-byte aligned (a copy only when needed). While tracing (torch.compile, make_fx,
     FakeTensorMode) alignment is unknowable and not checked: the CUDA op itself refuses a misaligned
     tensor at run time with a clear error."""
     if torch.compiler.is_compiling():
         return t.contiguous()
-    if type(t) is torch.Tensor:  # the common case, kept cheap: fakes and functional tensors are subclasses
+    if type(t) in _PLAIN_TENSOR_TYPES:  # the common case, kept cheap: fakes and functional tensors are other types
         if not t.is_contiguous():
             t = t.contiguous()
         return t.clone() if t.data_ptr() & 15 else t
@@ -240,7 +246,7 @@ def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows:
         raise ValueError(f"rows must be in [0, {m}], got {rows}")
     cols = half * 2
     _check_cols("packed (2 * last dim)", cols)
-    need = (rows + 127) // 128 * 128 * (cols // 16)
+    need = round_up(rows, 128) * (cols // 16)
     if scales.numel() < need:
         raise ValueError(f"scales has {scales.numel()} bytes, {need} needed for {rows} rows of {cols}")
     return reference.dequantize_nvfp4(packed.contiguous(), scales.contiguous(), global_scale, rows)

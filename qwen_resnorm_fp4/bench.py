@@ -38,7 +38,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .layout import round_up, sf_offset_128x4
+from . import reference
+from .linear import FP4_AMAX_SCALE
+from .layout import round_up, sf_offsets
 
 DEFAULT_ROWS = (17, 256, 1024, 4096, 4608, 6889, 8192, 16384, 32768)
 DEFAULT_DIMS = (3072, 5120)
@@ -68,14 +70,12 @@ def bytes_moved(rows: int, dim: int) -> int:
 # The eager PyTorch chain (speed peer)
 # ----------------------------------------------------------------------------------------------------
 
-_E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_E2M1_BOUNDS = tuple(b for b, _ in reference._E2M1_BOUNDARIES)  # the rounding thresholds, ties aside
 
 
 def sf_index(rows: int, dim: int, device) -> torch.Tensor:
     """Flat byte offsets (int64, row-major [rows, D/16]) of the block scales in the 128x4 layout."""
-    m = torch.arange(rows, device=device).unsqueeze(1)
-    k = torch.arange(dim // 16, device=device).unsqueeze(0)
-    return sf_offset_128x4(m, k, dim).reshape(-1)
+    return sf_offsets(rows, dim, device).reshape(-1)
 
 
 def eager_chain(residual: torch.Tensor, x: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor,
@@ -97,7 +97,7 @@ def eager_chain(residual: torch.Tensor, x: torch.Tensor, gate: torch.Tensor, sca
     code = torch.bucketize(v.abs(), bounds).to(torch.uint8) | (torch.signbit(v).to(torch.uint8) << 3)
     code = code.reshape(rows, d)
     packed = code[:, 0::2] | (code[:, 1::2] << 4)
-    padded = (rows + 127) // 128 * 128
+    padded = round_up(rows, 128)
     scales = torch.zeros(padded * (d // 16), dtype=torch.uint8, device=x.device)
     scales.index_put_((index,), sf.view(torch.uint8).reshape(-1))
     return packed, scales.reshape(padded, d // 16), r
@@ -225,7 +225,7 @@ class Inputs:
         self.shift = (torch.randn(1, dim, **opts) * 0.1).to(torch.bfloat16)
         y, _ = torch.ops.qwen_fp4.resnorm(self.residual[0], self.x[0], None, self.gate, self.scale, self.shift, EPS)
         amax = y.float().abs().amax().clamp(min=1e-12)
-        self.global_scale = (448.0 * 6.0 / amax).reshape(1).float()
+        self.global_scale = (FP4_AMAX_SCALE / amax).reshape(1).float()
         self.index = sf_index(rows, dim, DEVICE)
         self.bounds = torch.tensor(_E2M1_BOUNDS, dtype=torch.float32, device=DEVICE)
 

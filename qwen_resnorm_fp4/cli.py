@@ -178,6 +178,7 @@ def _time_us(fn, device: torch.device, reps: int, warmup: int) -> float:
 
 def demo_stream(name: str, rows: int, dim: int, device: torch.device, seed: int, reps: int) -> Dict[str, object]:
     from . import api
+    from .linear import FP4_AMAX_SCALE
 
     gen = torch.Generator().manual_seed(seed)
     bf = torch.bfloat16
@@ -189,7 +190,7 @@ def demo_stream(name: str, rows: int, dim: int, device: torch.device, seed: int,
 
     y, r_unfused = api.resnorm(residual, x, None, gate, scale, shift)
     amax = y.float().abs().amax().clamp(min=1e-12)
-    gs = (448.0 * 6.0 / amax).reshape(1).to(torch.float32)
+    gs = (FP4_AMAX_SCALE / amax).reshape(1).to(torch.float32)
     p_unfused, s_unfused = api.nvfp4_quantize(y, gs)
     p_fused, s_fused, r_fused = api.resnorm_quant(residual, x, None, gate, scale, shift, gs)
     exact = {

@@ -39,7 +39,8 @@ from typing import Any, Optional
 
 import torch
 
-from .layout import round_up, sf_offset_128x4
+from . import reference
+from .layout import round_up
 
 Tensor = torch.Tensor
 
@@ -150,24 +151,9 @@ def _out_features(layer: Any) -> int:
 
 
 def _dequantize(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: int) -> Tensor:
-    """fp32 [rows, K]: e2m1 * float(e4m3) / global_scale, the same values as ``reference.dequantize_nvfp4``.
-
-    Written without host-to-device copies (E2M1 magnitudes by arithmetic instead of a table on the device),
-    so that it can be captured in a CUDA graph."""
-    k = packed.shape[-1] * 2
-    packed = packed.reshape(-1, k // 2)[:rows]
-    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(rows, k)
-    e = ((codes >> 1) & 0x3).to(torch.float32)
-    m = (codes & 0x1).to(torch.float32)
-    # code & 7 -> 0, 0.5, 1, 1.5, 2, 3, 4, 6: 0.5 * m for e = 0, else 2^(e-1) * (1 + m/2), where
-    # 2^(e-1) = 1, 2, 4 for e = 1, 2, 3 is e + (e == 3) (exact small integers, no pow)
-    mag = torch.where(e == 0, m * 0.5, (e + (e == 3).to(torch.float32)) * (1.0 + 0.5 * m))
-    vals = torch.where((codes & 0x8) != 0, -mag, mag)
-    mi = torch.arange(rows, device=packed.device).unsqueeze(1)
-    ki = torch.arange(k // 16, device=packed.device).unsqueeze(0)
-    sf = scales.reshape(-1).view(torch.uint8)[sf_offset_128x4(mi, ki, k)].view(torch.float8_e4m3fn).float()
-    vals = vals.reshape(rows, k // 16, 16) * sf.unsqueeze(-1)
-    return (vals / global_scale.reshape(()).float()).reshape(rows, k)
+    """fp32 [rows, K]: e2m1 * float(e4m3) / global_scale (``reference.dequantize_nvfp4``, which makes no
+    host-to-device copies, so this can be captured in a CUDA graph)."""
+    return reference.dequantize_nvfp4(packed, scales, global_scale, rows)
 
 
 def _portable(layer: Any, x_fp4: Tensor, x_scales: Tensor, k: int, out_dtype: torch.dtype,

@@ -20,3 +20,13 @@ def sf_offset_128x4(m: T, k: T, cols: int) -> T:
     """
     k4 = cols // 64  # tiles of 4 blocks along a row
     return (m // 128) * (k4 * 512) + (k // 4) * 512 + (m % 32) * 16 + ((m % 128) // 32) * 4 + (k % 4)
+
+
+def sf_offsets(rows: int, cols: int, device=None):
+    """int64 [rows, cols / 16]: :func:`sf_offset_128x4` of every (row, block) of ``rows`` rows of ``cols``
+    elements, made on ``device`` (no host-to-device copy)."""
+    import torch
+
+    m = torch.arange(rows, device=device).unsqueeze(1)
+    k = torch.arange(cols // 16, device=device).unsqueeze(0)
+    return sf_offset_128x4(m, k, cols)

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from .layout import round_up, sf_offset_128x4
+from .layout import round_up, sf_offsets
 
 Tensor = torch.Tensor
 
@@ -139,9 +139,15 @@ def e2m1_code(v: Tensor) -> Tensor:
 
 
 def e2m1_value(code: Tensor) -> Tensor:
-    """E2M1 code (uint8) -> fp32 value."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=code.device)
-    mag = table[(code & 0x7).long()]
+    """E2M1 code (uint8) -> fp32 value (E2M1_VALUES, signed by bit 3).
+
+    By arithmetic, not a table on the device: no host-to-device copy, so it can be captured in a CUDA graph
+    (gemm.py dequantizes with it)."""
+    e = ((code >> 1) & 0x3).to(torch.float32)
+    m = (code & 0x1).to(torch.float32)
+    # code & 7 -> 0, 0.5, 1, 1.5, 2, 3, 4, 6: 0.5 * m for e = 0, else 2^(e-1) * (1 + m/2), where
+    # 2^(e-1) = 1, 2, 4 for e = 1, 2, 3 is e + (e == 3) (exact small integers, no pow)
+    mag = torch.where(e == 0, m * 0.5, (e + (e == 3).to(torch.float32)) * (1.0 + 0.5 * m))
     return torch.where((code & 0x8) != 0, -mag, mag)
 
 
@@ -187,9 +193,7 @@ def nvfp4_quantize(
 
     padded_rows = round_up(rows, 128)
     scales = torch.zeros(padded_rows * (d // BLOCK), dtype=torch.uint8, device=dev)
-    m = torch.arange(rows, device=dev).unsqueeze(1)
-    k = torch.arange(d // BLOCK, device=dev).unsqueeze(0)
-    scales[sf_offset_128x4(m, k, d).reshape(-1)] = sf.reshape(-1)
+    scales[sf_offsets(rows, d, dev).reshape(-1)] = sf.reshape(-1)
     return packed, scales.reshape(padded_rows, d // BLOCK)
 
 
@@ -219,8 +223,6 @@ def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows:
     d = packed.shape[-1] * 2
     packed = packed.reshape(-1, d // 2)[:rows]
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(rows, d)
-    m = torch.arange(rows, device=packed.device).unsqueeze(1)
-    k = torch.arange(d // BLOCK, device=packed.device).unsqueeze(0)
-    sf = e4m3_to_float(scales.reshape(-1)[sf_offset_128x4(m, k, d)])  # [rows, D/16]
+    sf = e4m3_to_float(scales.reshape(-1).view(torch.uint8)[sf_offsets(rows, d, packed.device)])  # [rows, D/16]
     vals = e2m1_value(codes).reshape(rows, d // BLOCK, BLOCK) * sf.unsqueeze(-1)
     return (vals / global_scale.reshape(()).float()).reshape(rows, d)
