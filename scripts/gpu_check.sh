@@ -15,7 +15,8 @@ status=0
 
 wheel=$(ls -t "$REPO"/dist/qwen_resnorm_fp4-*.whl 2>/dev/null | head -1)
 [ -n "$wheel" ] || { echo "no wheel in $REPO/dist: build one first (see README)"; exit 2; }
-python3 -m pip install -q --no-deps --no-index --force-reinstall "$wheel" 2>&1 | grep -v "^WARNING: Running pip as" || true
+python3 -m pip install -q --no-deps --no-index --force-reinstall "$wheel" 2>&1 | { grep -v "^WARNING: Running pip as" || true; } \
+  || { echo "installing $wheel failed"; exit 2; }
 # Optional extras carried as wheels (no network there), e.g. .whl/diffusers-*.whl, into a private target.
 if ls "$REPO"/.whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$REPO"/.whl/*.whl \
