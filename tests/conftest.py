@@ -25,7 +25,6 @@ from fractions import Fraction
 from typing import Dict, Optional, Sequence
 
 import numpy as np
-import pytest
 import torch
 
 # ----------------------------------------------------------------------------------------------------
@@ -119,12 +118,6 @@ def wrapper_kwargs(inp: Dict[str, object]) -> Dict[str, object]:
     return dict(weight=inp["weight"], norm_bias=inp["norm_bias"], modulate_index=inp["modulate_index"])
 
 
-@pytest.fixture
-def inputs_factory():
-    """The make_inputs helper as a fixture."""
-    return make_inputs
-
-
 # ----------------------------------------------------------------------------------------------------
 # E2M1
 # ----------------------------------------------------------------------------------------------------
@@ -151,11 +144,6 @@ def e2m1_codes_oracle(t: torch.Tensor) -> torch.Tensor:
     """e2m1_code_oracle element-wise on a (small) tensor; returns uint8 of the same shape."""
     flat = [e2m1_code_oracle(v) for v in t.double().reshape(-1).tolist()]
     return torch.tensor(flat, dtype=torch.uint8).reshape(t.shape)
-
-
-def e2m1_value_oracle(code: int) -> float:
-    mag = E2M1_MAGNITUDES[code & 7]
-    return -mag if code & 8 else mag
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -17,6 +17,17 @@ from qwen_resnorm_fp4.layout import round_up, sf_offset_128x4
 CUDA_OK = torch.cuda.is_available() and _library.cuda_available()
 
 
+def ulp_bf16(m: torch.Tensor) -> torch.Tensor:
+    """One bf16 ulp at the magnitude of each element (the tiniest normal's at zero)."""
+    m = m.float().abs().clamp(min=torch.finfo(torch.float32).tiny)
+    return torch.exp2(torch.floor(torch.log2(m)) - 7)
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """||a - ref|| / ||ref||, in fp32."""
+    return ((a.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
 def as_bits(t: torch.Tensor) -> torch.Tensor:
     """Integer view of the same bytes (bf16 -> int16, fp32 -> int32, uint8 stays)."""
     view = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
@@ -64,9 +75,7 @@ def logical_scales(scales: torch.Tensor, rows: int, cols: int, first_row: int = 
 
 def padding_scale_bytes(scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """The bytes of the padding rows rows .. round_up(rows, 128) - 1 of the scale tensor."""
-    m = torch.arange(rows, round_up(rows, 128), device=scales.device).unsqueeze(1)
-    k = torch.arange(cols // 16, device=scales.device).unsqueeze(0)
-    return scales.reshape(-1)[sf_offset_128x4(m, k, cols)]
+    return logical_scales(scales, round_up(rows, 128) - rows, cols, first_row=rows)
 
 
 def block_inputs(rows: int, cols: int, *, batches: int = 1, form: str = "batch", param_dtype=torch.bfloat16,

@@ -27,9 +27,8 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
-from qwen_resnorm_fp4 import _library
 
-CUDA_OK = torch.cuda.is_available() and _library.cuda_available()
+from reliability_utils import CUDA_OK  # noqa: E402
 TWO_GPUS = CUDA_OK and torch.cuda.device_count() >= 2
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not CUDA_OK, reason="needs a CUDA GPU and the compiled library")])]

@@ -23,6 +23,7 @@ import torch
 
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import NVFP4Linear, _library
+from reliability_utils import rel_err
 
 
 def _import() -> Tuple[Any, Optional[str]]:
@@ -51,10 +52,6 @@ GPU_OK = torch.cuda.is_available() and _library.cuda_available()
 
 def sha256(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
-
-
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((a.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 # ------------------------------------------------------------------------------------------------------------

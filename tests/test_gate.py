@@ -13,11 +13,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import qwen_resnorm_fp4 as q
-from qwen_resnorm_fp4 import _library, gate as gate_mod
+from qwen_resnorm_fp4 import gate as gate_mod
 from qwen_resnorm_fp4.env import ALL_VARS
 from qwen_resnorm_fp4.gate import DeclineReason as R
 
-CUDA_OK = torch.cuda.is_available() and _library.cuda_available()
+from reliability_utils import CUDA_OK  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

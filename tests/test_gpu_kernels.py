@@ -23,6 +23,7 @@ import torch
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import _library, reference
 from qwen_resnorm_fp4.ops import gpu_rcp
+from reliability_utils import ulp_bf16
 
 pytestmark = [
     pytest.mark.gpu,
@@ -69,16 +70,11 @@ def _global_scale(y: torch.Tensor) -> torch.Tensor:
     return (448.0 * 6.0 / amax).reshape(1).float()
 
 
-def _ulp_bf16(m: torch.Tensor) -> torch.Tensor:
-    m = m.float().abs().clamp(min=torch.finfo(torch.float32).tiny)
-    return torch.exp2(torch.floor(torch.log2(m)) - 7)
-
-
 def _y_bound_check(name: str, y_gpu: torch.Tensor, y_ref: torch.Tensor, shift_rows: torch.Tensor):
     d = (y_gpu.float() - y_ref.float()).abs().reshape(-1, y_ref.shape[-1])
     yr = y_ref.float().reshape(-1, y_ref.shape[-1])
     mag = torch.maximum(yr.abs(), (yr - shift_rows).abs())
-    ulps = d / _ulp_bf16(mag)
+    ulps = d / ulp_bf16(mag)
     frac = (d != 0).float().mean().item() if d.numel() else 0.0
     max_ulps = ulps.max().item() if d.numel() else 0.0
     RESULTS.append((name, frac, max_ulps))

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
-from qwen_resnorm_fp4 import _library, reference
+from qwen_resnorm_fp4 import reference
 from qwen_resnorm_fp4.gemm import BACKENDS, apply_nvfp4_gemm_prequantized, flashinfer_mm_fp4, flashinfer_serves
 from qwen_resnorm_fp4.layout import round_up
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE, NVFP4Linear
 
-CUDA_OK = torch.cuda.is_available() and _library.cuda_available()
+from reliability_utils import CUDA_OK, rel_err  # noqa: E402
 
 
 def make_linear(K=128, N=96, bias=True, seed=0, dtype=torch.bfloat16, device="cpu"):
@@ -29,11 +29,6 @@ def make_linear(K=128, N=96, bias=True, seed=0, dtype=torch.bfloat16, device="cp
 def make_x(*lead, K=128, seed=1, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*lead, K, generator=g).bfloat16().to(device)
-
-
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm()).item()
 
 
 # --------------------------------------------------------------------------------------------------

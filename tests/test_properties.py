@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import reference
 from qwen_resnorm_fp4.layout import round_up
-from reliability_utils import (CUDA_OK, as_bits, first_difference, logical_scales, padding_scale_bytes,
+from reliability_utils import (CUDA_OK, ulp_bf16, as_bits, first_difference, logical_scales, padding_scale_bytes,
                                same_bits)
 
 # More examples for a deeper run: QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES / QWEN_FP4_HYPOTHESIS_GPU_EXAMPLES.
@@ -269,11 +269,6 @@ def test_cpu_power_of_two_rescaling_leaves_bytes_unchanged(data, fast, k):
 # ---------------------------------------------------------------------------------------------------
 
 
-def _ulp_bf16(m: torch.Tensor) -> torch.Tensor:
-    m = m.float().abs().clamp(min=torch.finfo(torch.float32).tiny)
-    return torch.exp2(torch.floor(torch.log2(m)) - 7)
-
-
 def _well_conditioned_rows(r_ref: torch.Tensor) -> torch.Tensor:
     """Rows where the GPU's and the reference's y must agree within 2 ulps: r finite, and the row sum and
     the sum of squared deviations far from fp32 overflow (< 2^120), or the latter certainly overflowing
@@ -330,5 +325,5 @@ def test_gpu_kernels_match_reference(data, fast):
         fin = ~torch.isnan(b)
         d = (a[fin] - b[fin]).abs()
         mag = torch.maximum(b[fin].abs(), (b[fin] - sh[fin]).abs())
-        ulps = d / _ulp_bf16(mag)
+        ulps = d / ulp_bf16(mag)
         assert ulps.max().item() <= 2.0 if ulps.numel() else True, f"{name}: y differs by {ulps.max().item()} ulps"
