@@ -32,6 +32,15 @@ def cuda_available() -> bool:
     return _loaded is not None
 
 
+@torch.compiler.assume_constant_result
+def has_kernel(op: str, device_type: str) -> bool:
+    """Whether ``torch.ops.qwen_fp4.<op>`` has an implementation for this device type ("cpu", "cuda"); a
+    constant for torch.compile. Without the compiled library CUDA tensors have none (callers then use the
+    reference)."""
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+    return key is not None and bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"qwen_fp4::{op}", key))
+
+
 def status() -> str:
     """One line: the loaded library or why there is none."""
     return f"loaded {_loaded.name}" if _loaded is not None else str(_load_error)

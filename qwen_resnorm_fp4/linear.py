@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import reference
+from . import _library, reference
 from .api import MAX_COLS, nvfp4_quantize
 from .env import resolve_fast_math
 from .gemm import BACKENDS, apply_nvfp4_gemm_prequantized
@@ -26,17 +26,10 @@ Tensor = torch.Tensor
 FP4_AMAX_SCALE = 448.0 * 6.0
 
 
-@torch.compiler.assume_constant_result
-def _has_kernel(device_type: str) -> bool:
-    """Whether ``torch.ops.qwen_fp4.nvfp4_quantize`` has an implementation for this device type."""
-    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
-    return key is not None and bool(torch._C._dispatch_has_kernel_for_dispatch_key("qwen_fp4::nvfp4_quantize", key))
-
-
 def _quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool]) -> Tuple[Tensor, Tensor]:
     """nvfp4_quantize, or the reference where no kernel is registered for the device (e.g. a CUDA tensor in a
     source tree without the compiled library)."""
-    if _has_kernel(y.device.type):
+    if _library.has_kernel("nvfp4_quantize", y.device.type):
         return nvfp4_quantize(y, global_scale, fast_math)
     return reference.nvfp4_quantize(y, global_scale, resolve_fast_math(fast_math))
 

@@ -58,7 +58,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from .. import reference
+from .. import _library, reference
 from ..api import resnorm
 from ..env import resolve_fast_math
 from ..gate import last_decline_reason, try_fused_resnorm_quant
@@ -373,12 +373,6 @@ def _resolve_input_amax(model: torch.nn.Module, input_amax: Any, calibration_inp
 # ------------------------------------------------------------------------------------------------------------
 
 
-@torch.compiler.assume_constant_result
-def _has_kernel(op: str, device_type: str) -> bool:
-    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
-    return key is not None and bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"qwen_fp4::{op}", key))
-
-
 def _gate_rows(gate: Tensor, index: Optional[Tensor]) -> Tensor:
     """The ``gate_result`` of diffusers' ``QwenImageTransformerBlock._modulate`` (same operations)."""
     if index is not None:
@@ -394,7 +388,7 @@ def _unfused(residual: Tensor, x: Tensor, gate: Tensor, scale: Tensor, shift: Te
     """The baseline: ``resnorm`` (residual update, LayerNorm, modulation -> BF16 y), then the quantizer with
     FC1's input global scale and fast-math mode (what ``NVFP4Linear`` does to a BF16 input)."""
     kw = dict(weight=norm.weight, norm_bias=norm.bias, modulate_index=index)
-    if _has_kernel("resnorm", x.device.type):
+    if _library.has_kernel("resnorm", x.device.type):
         y, residual_out = resnorm(residual, x, None, gate, scale, shift, float(norm.eps), **kw)
     else:  # e.g. CUDA tensors in a source tree without the compiled library
         y, residual_out = reference.resnorm(residual, x, None, gate, scale, shift, float(norm.eps), **kw)
