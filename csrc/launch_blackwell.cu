@@ -1,6 +1,6 @@
 // Launchers of the Blackwell path: the same row kernels with FlashInfer's production conversion.
-// Compiled only when the build has a Blackwell target and FlashInfer's headers (setup.py defines
-// QWEN_FP4_WITH_BLACKWELL); launch_blackwell_stub.cpp stands in otherwise.
+// Compiled only when the build has a Blackwell target and FlashInfer's headers (setup.py then adds this
+// file to the sources); launch_blackwell_stub.cpp stands in otherwise.
 #include <cuda_runtime.h>
 
 #include <mutex>
