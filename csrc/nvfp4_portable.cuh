@@ -102,6 +102,17 @@ __device__ __forceinline__ float fmax_propagate_nan(float a, float b) {
   return r;
 }
 
+// max |f[j]| over eight values by a tree (depth 3, not a chain of 7), NaN propagating (max.NaN) or
+// ignored (fmaxf). Either max is associative and commutative on these non-negative values, so the tree
+// gives the chain's bits.
+template <bool kPropagateNaN>
+__device__ __forceinline__ float max8_abs(const float (&f)[kVecElems]) {
+  auto max = [](float a, float b) { return kPropagateNaN ? fmax_propagate_nan(a, b) : fmaxf(a, b); };
+  const float a = max(fabsf(f[0]), fabsf(f[1])), b = max(fabsf(f[2]), fabsf(f[3]));
+  const float c = max(fabsf(f[4]), fabsf(f[5])), d = max(fabsf(f[6]), fabsf(f[7]));
+  return max(max(a, b), max(c, d));
+}
+
 // Quantizes the 8 bf16 values this thread holds; the lane pair (lane, lane ^ 1) holds one 16-element
 // block. All 32 lanes of the warp must call it. Returns 8 E2M1 codes (element 0 in the low nibble) and
 // writes the block's scale byte to sf_out unless it is null.
@@ -114,17 +125,13 @@ struct PortableNvfp4 {
   static __device__ __forceinline__ uint32_t quantize(const uint4& y_bf16, float global_scale, uint8_t* sf_out) {
     float y[kVecElems];
     bf16x8_to_float(y_bf16, y);
-    float amax = fabsf(y[0]);
-#pragma unroll
-    for (int j = 1; j < kVecElems; ++j) amax = fmax_propagate_nan(amax, fabsf(y[j]));
+    float amax = max8_abs<true>(y);
     amax = fmax_propagate_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     const bool finite_block = amax <= FLT_MAX;  // false for inf or NaN anywhere in the block
     // The contract's amax ignores NaN (fmax). Only a block with a NaN needs it recomputed; warp-uniform
     // branch because of the shuffle.
     if (__any_sync(0xffffffffu, amax != amax)) {
-      amax = fabsf(y[0]);
-#pragma unroll
-      for (int j = 1; j < kVecElems; ++j) amax = fmaxf(amax, fabsf(y[j]));
+      amax = max8_abs<false>(y);
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     }
 

@@ -30,6 +30,7 @@ struct RowShape {
   static constexpr int kFixedVecs = kFixedCols / kVecElems;
   static constexpr int kFixedThreads = kFixedVecs / VPT;
   static constexpr int kMaxThreads = kFixedCols ? kFixedThreads : 256;
+  static constexpr int kWarps = kFixedCols ? kFixedThreads / 32 : 0;  // 0: known at run time only
   static_assert(kFixedCols == 0 || (kFixedVecs % VPT == 0 && kFixedThreads % 32 == 0), "bad fixed shape");
   static __device__ __forceinline__ int32_t cols(int32_t runtime_cols) { return kFixedCols ? kFixedCols : runtime_cols; }
   static __device__ __forceinline__ int vecs(int32_t cols) { return kFixedCols ? kFixedVecs : cols / kVecElems; }
@@ -102,7 +103,7 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
                                                  const uint4 (&rv)[VPT], uint4 (&y_out)[VPT]) {
   const int32_t cols = Shape::cols(args.cols);
   const int vecs = Shape::vecs(cols);
-  __shared__ float scratch[32];
+  __shared__ __align__(16) float scratch[2][32];  // one per reduction: no barrier before either's writes
   using Param = ParamRow<!kPlain>;
   const int64_t mod_row = modulation_row(args, row);
   const Param gate_row(args.gate, mod_row, cols), scale_row(args.scale, mod_row, cols),
@@ -160,7 +161,7 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
 
   // Steps 3-5: two passes over the values held in registers.
   const float inv_cols = args.inv_cols;
-  const float mu = __fmul_rn(block_sum(sum, scratch), inv_cols);
+  const float mu = __fmul_rn(block_sum<Shape::kWarps>(sum, scratch[0]), inv_cols);
   float sq = 0.0f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
@@ -171,7 +172,7 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
       sq = __fmaf_rn(d[i][j], d[i][j], sq);
     }
   }
-  const float var = __fmul_rn(block_sum(sq, scratch), inv_cols);
+  const float var = __fmul_rn(block_sum<Shape::kWarps>(sq, scratch[1]), inv_cols);
   const float rstd = rsqrtf(__fadd_rn(var, args.eps));
 
   // Steps 6-7.

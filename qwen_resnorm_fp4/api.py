@@ -39,6 +39,14 @@ def _check_tensor(name: str, t: object, dtypes: Sequence[torch.dtype], device: O
     return t
 
 
+WIDTH_RULE = f"a positive multiple of 64, at most {MAX_COLS}"
+
+
+def is_supported_width(cols: int) -> bool:
+    """The one width rule of the kernels: D (the last dimension) a positive multiple of 64, at most MAX_COLS."""
+    return 0 < cols <= MAX_COLS and cols % 64 == 0
+
+
 def _check_cols(name: str, cols: int) -> None:
     if cols % 64 != 0 or cols <= 0:
         raise ValueError(f"{name}.shape[-1] (D) must be a positive multiple of 64, got {cols}")

@@ -219,6 +219,7 @@ def demo_stream(name: str, rows: int, dim: int, device: torch.device, seed: int,
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from . import _library
+    from .api import WIDTH_RULE, is_supported_width
 
     gpu_ok = torch.cuda.is_available() and _library.cuda_available()
     if args.device is None:
@@ -238,8 +239,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             say(f"on CPU (pure-PyTorch reference): {image_rows} image rows instead of 4096 "
                   "(pass --rows-image 4096 for the full size)")
     dim = args.dim
-    if dim % 64 != 0:
-        print(f"qwen_resnorm_fp4 demo: --dim must be a multiple of 64, got {dim}", file=sys.stderr)
+    if not is_supported_width(dim):
+        print(f"qwen_resnorm_fp4 demo: --dim must be {WIDTH_RULE}, got {dim}", file=sys.stderr)
         return 2
     reps = args.reps if args.reps is not None else (50 if device.type == "cuda" else 3)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"

@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from . import _library
-from .api import ACTIVATION_DTYPES, INDEX_DTYPES, MAX_COLS, PARAM_DTYPES, _resnorm_quant_op
+from .api import ACTIVATION_DTYPES, INDEX_DTYPES, PARAM_DTYPES, WIDTH_RULE, _resnorm_quant_op, is_supported_width
 from .env import DISABLE_VAR, FOUR_OVER_SIX_VAR, flag_enabled, resolve_fast_math
 from .linear import NVFP4Linear
 
@@ -84,7 +84,7 @@ _DESCRIPTIONS: Dict[DeclineReason, str] = {
         "x and residual must be bfloat16; gate, scale, shift, bias and the norm's parameters bfloat16 or "
         "float32; modulate_index int32, int64 or bool"),
     DeclineReason.UNSUPPORTED_SHAPE: "residual and x must have one shape [..., D] with 1 to 2**31-128 rows",
-    DeclineReason.UNSUPPORTED_WIDTH: f"D (x.shape[-1]) must be a positive multiple of 64, at most {MAX_COLS}",
+    DeclineReason.UNSUPPORTED_WIDTH: f"D (x.shape[-1]) must be {WIDTH_RULE}",
     DeclineReason.NON_CONTIGUOUS: (
         "x or residual is not contiguous; the fused path declines rather than copy the activations"),
     DeclineReason.UNSUPPORTED_MODULATION: (
@@ -258,7 +258,7 @@ def try_fused_resnorm_quant(
     if x.dim() < 1 or residual.shape != x.shape:
         return _decline(R.UNSUPPORTED_SHAPE, "x is {} and residual is {}", tuple(x.shape), tuple(residual.shape))
     cols = x.shape[-1]
-    if cols <= 0 or cols % 64 != 0 or cols > MAX_COLS:
+    if not is_supported_width(cols):
         return _decline(R.UNSUPPORTED_WIDTH, "D = {}", cols)
     rows = x.numel() // cols
     if rows < 1 or rows > MAX_ROWS:

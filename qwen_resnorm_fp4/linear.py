@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from . import _library, reference
-from .api import MAX_COLS, nvfp4_quantize
+from .api import WIDTH_RULE, is_supported_width, nvfp4_quantize
 from .env import resolve_fast_math
 from .gemm import BACKENDS, apply_nvfp4_gemm_prequantized
 from .layout import round_up
@@ -64,8 +64,8 @@ class NVFP4Linear(torch.nn.Module):
                  device: Optional[Union[str, torch.device]] = None, bias_dtype: torch.dtype = torch.bfloat16,
                  fast_math: Optional[bool] = None, gemm_backend: str = "auto") -> None:
         super().__init__()
-        if in_features <= 0 or in_features % 64 != 0 or in_features > MAX_COLS:
-            raise ValueError(f"in_features must be a positive multiple of 64, at most {MAX_COLS}, got {in_features}")
+        if not is_supported_width(in_features):
+            raise ValueError(f"in_features must be {WIDTH_RULE}, got {in_features}")
         if out_features <= 0:
             raise ValueError(f"out_features must be positive, got {out_features}")
         if gemm_backend not in BACKENDS:

@@ -5,6 +5,8 @@
 #
 #   OUT=sweep_logs bash scripts/shape_sweep.sh dist_sweep/A dist_sweep/B ...
 #   SKIP_TESTS=1 ...   for diagnostic builds that are not meant to be correct (e.g. arithmetic removed)
+#   GRAPH_ROWS=17,64,256 ...   also CUDA-graph replay times at those row counts (scripts/graph_replay.py)
+#   SKIP_BENCH=1 ...   no eager benchmark
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$REPO/sweep_logs}
@@ -21,7 +23,9 @@ for dir in "$@"; do
   {
     echo "== variant $name"
     [ -n "${SKIP_TESTS:-}" ] || python3 -m pytest "$REPO/tests/test_gpu_kernels.py" -p no:cacheprovider -q -x -k "not exhaustively" 2>&1 | tail -2
-    python3 -m qwen_resnorm_fp4 bench --out "/tmp/bench_$name" $BENCH 2>&1 | grep -E "^D=|graph|copy ceiling|overhead"
+    [ -n "${SKIP_BENCH:-}" ] || python3 -m qwen_resnorm_fp4 bench --out "/tmp/bench_$name" $BENCH 2>&1 \
+      | grep -E "^D=|graph|copy ceiling|overhead"
+    [ -z "${GRAPH_ROWS:-}" ] || python3 "$REPO/scripts/graph_replay.py" --rows "$GRAPH_ROWS" 2>&1
   } > "$log" 2>&1
   echo "== $name: $(grep -E 'passed|failed' "$log" | tail -1)"
 done

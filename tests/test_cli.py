@@ -90,6 +90,20 @@ def test_demo_cuda_unavailable(monkeypatch, capsys):
     assert "cuda" in capsys.readouterr().err.lower()
 
 
+@pytest.mark.parametrize("dim", ["0", "100", "16448"])
+def test_demo_rejects_unsupported_width(dim, capsys):
+    """The kernels' width rule (a positive multiple of 64, at most 16384), as a clean exit 2 naming --dim."""
+    assert cli.main(["demo", "--device", "cpu", "--dim", dim, "--reps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--dim must be a positive multiple of 64, at most 16384, got " + dim in err
+
+
+@pytest.mark.parametrize("dims", ["16448", "3072,96"])
+def test_bench_rejects_unsupported_width_before_needing_a_gpu(dims, capsys):
+    assert bench.main(["--dims", dims]) == 2
+    assert "--dims: D must be a positive multiple of 64, at most 16384, got " in capsys.readouterr().err
+
+
 def test_bench_on_cpu_exits_2():
     p = run_cli("bench", "--quick")
     assert p.returncode == 2, p.stdout + p.stderr
@@ -180,11 +194,27 @@ def test_check_targets_logic():
                 "speedup_vs_compiled": sc, "compiled_us": 1.0, "byte_exact": exact}
 
     rows = [row(17, 0.1, 1.6, 2.0), row(1024, 0.8, 1.3, 3.0), row(4096, 0.92, 1.25, 6.0)]
-    res = {n: v for n, v, _ in bench.check_targets(rows, {3072: {"fused": 3.5, "unfused": 6.0}})}
+    res = {n: v for n, v, _ in bench.check_targets(rows, {(3072, 17): {"fused": 3.5, "unfused": 6.0}})}
     assert set(res.values()) == {"PASS"}, res
     rows[2] = row(4096, 0.85, 1.1, 4.0, exact=False)
-    res = {n: v for n, v, _ in bench.check_targets(rows, {3072: {"fused": 4.5, "unfused": 6.0}})}
+    res = {n: v for n, v, _ in bench.check_targets(rows, {(3072, 17): {"fused": 4.5, "unfused": 7.0}})}
     assert list(res.values()).count("FAIL") == 5, res
+    assert res["fused >= 1.5x unfused at rows <= 256"] == "PASS", res
+
+
+def test_check_targets_small_rows_use_graph_replay():
+    """Rows <= 256: the graph-replay speedup decides where measured (the issue: small-row GPU times come
+    from CUDA-graph replay), the eager one elsewhere; the detail names both."""
+    rows = [{"dim": 3072, "rows": m, "fused_frac_copy": 0.1, "speedup_vs_unfused": 1.2, "speedup_vs_compiled": 2.0,
+             "compiled_us": 1.0, "byte_exact": True} for m in (17, 256)]
+    name = "fused >= 1.5x unfused at rows <= 256"
+    good = {(3072, 17): {"fused": 2.0, "unfused": 3.2}, (3072, 256): {"fused": 4.0, "unfused": 6.0}}
+    verdicts = {n: (v, d) for n, v, d in bench.check_targets(rows, good)}
+    assert verdicts[name][0] == "PASS" and "1.60x" in verdicts[name][1] and "eager events: min 1.20x" in verdicts[name][1]
+    slow_256 = {**good, (3072, 256): {"fused": 4.0, "unfused": 5.6}}
+    assert {n: v for n, v, _ in bench.check_targets(rows, slow_256)}[name] == "FAIL"
+    only_17 = {(3072, 17): good[(3072, 17)]}  # 256 rows falls back to its eager 1.2x
+    assert {n: v for n, v, _ in bench.check_targets(rows, only_17)}[name] == "FAIL"
 
 
 def test_write_reports_without_gpu(tmp_path):

@@ -1,0 +1,28 @@
+"""GPU time per call by CUDA-graph replay (bench.graph_replay_us) for several row counts and widths: the
+fused op, the unfused pair and the pair's kernels alone. A tuning aid for the small-row shapes.
+
+    python scripts/graph_replay.py --rows 17,64,256 --dims 3072,5120
+"""
+import argparse
+
+from qwen_resnorm_fp4 import bench
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", type=bench._int_list, default=[17, 64, 256])
+    p.add_argument("--dims", type=bench._int_list, default=[3072, 5120])
+    p.add_argument("--repeat", type=int, default=3, help="measurements per case (each a median of replays)")
+    args = p.parse_args()
+    fm = bench._fast_math()
+    for d in args.dims:
+        for m in args.rows:
+            runs = [bench.graph_replay_us(m, d, fm) for _ in range(args.repeat)]
+            best = {k: min(r[k] for r in runs) for k in runs[0]}
+            print(f"graph D={d} rows={m}: fused {best['fused']:.2f} us, unfused {best['unfused']:.2f} us "
+                  f"({best['unfused'] / best['fused']:.3f}x), resnorm {best['resnorm']:.2f}, "
+                  f"quantize {best['quantize']:.2f}  [min of {args.repeat}]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
