@@ -40,9 +40,24 @@ struct ResnormArgs {
   const float* global_scale;
 };
 
+#if defined(__CUDACC__)
+#define QWEN_FP4_HOST_DEVICE __host__ __device__
+#else
+#define QWEN_FP4_HOST_DEVICE
+#endif
+
 // Rows of the scale tensor for `rows` rows: whole 128-row tiles of the 128x4 layout (the op's output
-// shape and the quantizing kernels' grid).
-inline int64_t round_up_128(int64_t rows) { return (rows + 127) / 128 * 128; }
+// shape). Rows `rows` .. round_up_128(rows) - 1 are padding, their scales zero.
+QWEN_FP4_HOST_DEVICE inline int64_t round_up_128(int64_t rows) { return (rows + 127) / 128 * 128; }
+
+// Padding rows one padding CTA of the quantizing kernels zeroes.
+constexpr int64_t kPaddingRowsPerCta = 8;
+
+// CTAs of the quantizing kernels: one per row, then one per kPaddingRowsPerCta padding rows (17 rows:
+// 17 + 14 CTAs, not 128).
+inline int64_t quantize_grid(int64_t rows) {
+  return rows + (round_up_128(rows) - rows + kPaddingRowsPerCta - 1) / kPaddingRowsPerCta;
+}
 
 struct QuantizeArgs {
   const void* y;  // bf16 [rows, cols]

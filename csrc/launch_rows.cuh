@@ -1,5 +1,5 @@
-// Launch helpers shared by the portable and Blackwell translation units: one CTA per row, the grid
-// covering round_up(rows, 128) so that the kernel itself zeroes the scale tensor's padding rows.
+// Launch helpers shared by the portable and Blackwell translation units: one CTA per row, plus (the
+// quantizing kernels, quantize_grid) CTAs that zero the scale tensor's padding rows.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,7 +15,7 @@ void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
   dispatch_plain(args, [&](auto plain) {
     dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
       resnorm_quant_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value, decltype(min_blocks)::value,
-                           decltype(plain)::value><<<round_up_128(args.rows), threads, 0, s>>>(args);
+                           decltype(plain)::value><<<quantize_grid(args.rows), threads, 0, s>>>(args);
     });
   });
 }
@@ -24,7 +24,7 @@ template <class Quantizer>
 void launch_nvfp4_quantize_rows(const QuantizeArgs& args, cudaStream_t s) {
   dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
     nvfp4_quantize_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value, decltype(min_blocks)::value>
-        <<<round_up_128(args.rows), threads, 0, s>>>(args);
+        <<<quantize_grid(args.rows), threads, 0, s>>>(args);
   });
 }
 

@@ -9,8 +9,9 @@
 // All arithmetic is explicit __f*_rn intrinsics: the compiler may not contract or reorder it, so the
 // fused kernel and resnorm + nvfp4_quantize produce the same bits.
 //
-// Grid of the quantizing kernels: round_up(rows, 128) CTAs; CTAs past the last row zero their row of the
-// scale tensor (padding). resnorm (no scales) launches one CTA per row.
+// Grid of the quantizing kernels: quantize_grid(rows) CTAs, one per row, then one per
+// kPaddingRowsPerCta padding rows of the scale tensor, which it zeroes. resnorm (no scales) launches one
+// CTA per row.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -38,9 +39,22 @@ struct RowShape {
   static __device__ __forceinline__ bool valid(int vec, int vecs) { return kFixedCols != 0 || vec < vecs; }
 };
 
-// Writes zero to the scale bytes of padding row `row` (rows .. round_up(rows, 128) - 1).
-__device__ __forceinline__ void zero_scale_row(uint8_t* scales, int64_t row, int32_t cols) {
-  for (int k = threadIdx.x; k < cols / 16; k += blockDim.x) scales[sf_offset_128x4(row, k, cols)] = 0;
+// Padding CTA `index` (CTA rows + index) zeroes padding rows rows + index * kPaddingRowsPerCta onwards,
+// kPaddingRowsPerCta of them or up to round_up_128(rows). A row's four scales of one 64-column tile are
+// four aligned bytes of the 128x4 layout: one 32-bit store each. (Before, each padding row took a CTA of
+// its own, one byte store per scale: 111 CTAs at 17 rows; sharing the padding out over the row CTAs
+// instead made few-row calls slower on the H200.)
+template <class Shape>
+__device__ __forceinline__ void zero_padding_scales(uint8_t* scales, int64_t rows, int32_t cols, int64_t index) {
+  const int64_t first = rows + index * kPaddingRowsPerCta;
+  const int64_t end = min(first + kPaddingRowsPerCta, round_up_128(rows));
+  const int tiles = cols / 64;  // <= threads (VPT <= 8)
+  const int rows_per_pass = Shape::threads() / tiles;
+  const int pass_row = threadIdx.x / tiles, tile = threadIdx.x % tiles;
+  if (pass_row >= rows_per_pass) return;
+  for (int64_t m = first + pass_row; m < end; m += rows_per_pass) {
+    *reinterpret_cast<uint32_t*>(scales + sf_row_offset_128x4(m, cols) + tile * 512) = 0u;
+  }
 }
 
 // Quantizes the row's vectors and stores packed codes and scales. All lanes take part (shuffles).
@@ -247,15 +261,15 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
 template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks, bool kPlain>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) resnorm_quant_kernel(const ResnormArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
+  const int32_t cols = Shape::cols(args.cols);
   const int64_t row = blockIdx.x;
   if (row >= args.rows) {
-    zero_scale_row(args.scales, row, args.cols);
+    zero_padding_scales<Shape>(args.scales, args.rows, cols, row - args.rows);
     return;
   }
   const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
   uint4 y[VPT];
   resnorm_row<VPT, Shape, kPlain>(args, row, y);
-  const int32_t cols = Shape::cols(args.cols);
   quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, Shape::vecs(cols), global_scale, args.packed,
                                                 args.scales);
 }
@@ -264,13 +278,13 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
 template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) nvfp4_quantize_kernel(const QuantizeArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
+  const int32_t cols = Shape::cols(args.cols);
   const int64_t row = blockIdx.x;
   if (row >= args.rows) {
-    zero_scale_row(args.scales, row, args.cols);
+    zero_padding_scales<Shape>(args.scales, args.rows, cols, row - args.rows);
     return;
   }
   const float global_scale = __ldg(args.global_scale);
-  const int32_t cols = Shape::cols(args.cols);
   const int vecs = Shape::vecs(cols);
   const uint4* y_row = reinterpret_cast<const uint4*>(args.y) + row * vecs;
   uint4 y[VPT];

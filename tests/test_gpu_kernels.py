@@ -23,7 +23,7 @@ import torch
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import _library, reference
 from qwen_resnorm_fp4.ops import gpu_rcp
-from reliability_utils import ulp_bf16
+from reliability_utils import logical_scales, padding_scale_bytes, ulp_bf16
 
 pytestmark = [
     pytest.mark.gpu,
@@ -150,6 +150,30 @@ def test_zero_rows():
     G = torch.ones(1, device="cuda")
     packed, scales, r = q.resnorm_quant(x, x, None, p, p, p, G)
     assert packed.shape == (0, 1536) and scales.shape == (0, 192) and r.shape == (0, 3072)
+
+
+@pytest.mark.parametrize("cols", (64, 3072, 5120, 16384))
+@pytest.mark.parametrize("rows", (1, 2, 13, 14, 15, 16, 17, 64, 100, 127, 129, 6889))
+def test_padding_scales_zero_on_dirty_memory(rows, cols):
+    """The padding rows of the scale tensor (rows .. round_up(rows, 128) - 1) are zeroed by the kernels
+    (CTAs after the row CTAs, 8 padding rows each, the last one fewer), whatever the allocator hands out:
+    its blocks of that size are filled with 0xFF first."""
+    n_scale_bytes = (rows + 127) // 128 * 128 * cols // 16
+    dirty = [torch.full((n_scale_bytes,), 0xFF, dtype=torch.uint8, device="cuda") for _ in range(4)]
+    del dirty  # back to the caching allocator, dirty
+    kw = make_inputs(rows, cols, form="shared", seed=rows)
+    args = (kw["residual"], kw["x"], None, kw["gate"], kw["scale"], kw["shift"])
+    G = torch.full((1,), 100.0, device="cuda")
+    _, scales, _ = q.resnorm_quant(*args, G)
+    y, _ = q.resnorm(*args)
+    _, scales_u = q.nvfp4_quantize(y, G)
+    torch.cuda.synchronize()
+    for name, sc in (("resnorm_quant", scales), ("nvfp4_quantize", scales_u)):
+        pad = padding_scale_bytes(sc, rows, cols)
+        assert pad.numel() == ((rows + 127) // 128 * 128 - rows) * cols // 16
+        assert not pad.any(), f"{name}: {int((pad != 0).sum())} padding scale bytes not zero"
+    assert torch.equal(scales, scales_u)
+    assert logical_scales(scales, rows, cols).any()  # the real rows were written too
 
 
 def test_quantizer_special_values():
