@@ -1,0 +1,43 @@
+"""The build pins (torch for building the wheel, flashinfer-python for the Blackwell headers) are written
+in several files of different formats: README's quickstart, pyproject.toml (extras, cibuildwheel),
+setup.py, .ci/run and the GitHub workflows. They must agree, or a user, CI and the wheel builds would use
+different versions. CPU only; files absent from this copy of the tests (e.g. an sdist without .github/)
+are skipped."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = ["README.md", "pyproject.toml", "setup.py", ".ci/run"] + [
+    str(p.relative_to(ROOT)) for p in sorted((ROOT / ".github" / "workflows").glob("*.yml"))]
+
+
+def pins(pattern: str) -> dict:
+    found = {}
+    for name in FILES:
+        path = ROOT / name
+        if path.is_file():
+            for version in re.findall(pattern, path.read_text()):
+                found.setdefault(version, set()).add(name)
+    return found
+
+
+def test_torch_build_pin_is_one_version():
+    found = pins(r"\btorch==([0-9][0-9.]*[0-9])")
+    if not found:
+        pytest.skip("no file with a torch pin in this copy of the tests")
+    assert len(found) == 1, f"torch pinned to different versions: {found}"
+
+
+def test_flashinfer_pin_is_one_version_and_setup_py_agrees():
+    setup_py = ROOT / "setup.py"
+    if not setup_py.is_file():
+        pytest.skip("setup.py not in this copy of the tests")
+    pinned = re.search(r'^FLASHINFER_PINNED = "([^"]+)"', setup_py.read_text(), re.M).group(1)
+    found = pins(r"\bflashinfer-python==([0-9][0-9.]*[0-9])")
+    assert set(found) <= {pinned}, f"setup.py pins FlashInfer {pinned}, other files: {found}"
+    assert found, "no flashinfer-python pin found outside setup.py"
