@@ -41,9 +41,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import reference
-from .linear import FP4_AMAX_SCALE
 from .api import WIDTH_RULE, is_supported_width
 from .layout import round_up, sf_offsets
+from .linear import FP4_AMAX_SCALE
 
 DEFAULT_ROWS = (17, 256, 1024, 4096, 4608, 6889, 8192, 16384, 32768)
 DEFAULT_DIMS = (3072, 5120)
