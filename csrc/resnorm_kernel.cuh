@@ -39,22 +39,26 @@ struct RowShape {
   static __device__ __forceinline__ bool valid(int vec, int vecs) { return kFixedCols != 0 || vec < vecs; }
 };
 
-// Padding CTA `index` (CTA rows + index) zeroes padding rows rows + index * kPaddingRowsPerCta onwards,
-// kPaddingRowsPerCta of them or up to round_up_128(rows). A row's four scales of one 64-column tile are
-// four aligned bytes of the 128x4 layout: one 32-bit store each. (Before, each padding row took a CTA of
-// its own, one byte store per scale: 111 CTAs at 17 rows; sharing the padding out over the row CTAs
-// instead made few-row calls slower on the H200.)
+// The quantizing kernels' CTAs past the row CTAs (quantize_grid) are padding CTAs: padding CTA `index`
+// (CTA rows + index) zeroes the scale tensor's padding rows rows + index * kPaddingRowsPerCta onwards,
+// kPaddingRowsPerCta of them or up to round_up_128(rows), and the function returns true; for a row CTA
+// it returns false. A row's four scales of one 64-column tile are four aligned bytes of the 128x4 layout:
+// one 32-bit store each. (Before, each padding row took a CTA of its own, one byte store per scale: 111
+// CTAs at 17 rows; sharing the padding out over the row CTAs instead made few-row calls slower on the H200.)
 template <class Shape>
-__device__ __forceinline__ void zero_padding_scales(uint8_t* scales, int64_t rows, int32_t cols, int64_t index) {
-  const int64_t first = rows + index * kPaddingRowsPerCta;
+__device__ __forceinline__ bool zero_scales_if_padding_cta(uint8_t* scales, int64_t rows, int32_t cols) {
+  const int64_t cta = blockIdx.x;
+  if (cta < rows) return false;
+  const int64_t first = rows + (cta - rows) * kPaddingRowsPerCta;
   const int64_t end = min(first + kPaddingRowsPerCta, round_up_128(rows));
   const int tiles = cols / 64;  // <= threads (VPT <= 8)
   const int rows_per_pass = Shape::threads() / tiles;
   const int pass_row = threadIdx.x / tiles, tile = threadIdx.x % tiles;
-  if (pass_row >= rows_per_pass) return;
+  if (pass_row >= rows_per_pass) return true;
   for (int64_t m = first + pass_row; m < end; m += rows_per_pass) {
-    *reinterpret_cast<uint32_t*>(scales + sf_row_offset_128x4(m, cols) + tile * 512) = 0u;
+    *reinterpret_cast<uint32_t*>(scales + sf_row_offset_128x4(m, cols) + sf_block_offset_128x4(4 * tile)) = 0u;
   }
+  return true;
 }
 
 // Quantizes the row's vectors and stores packed codes and scales. All lanes take part (shuffles).
@@ -262,11 +266,8 @@ template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks, bool kPlain>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) resnorm_quant_kernel(const ResnormArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
   const int32_t cols = Shape::cols(args.cols);
+  if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols)) return;
   const int64_t row = blockIdx.x;
-  if (row >= args.rows) {
-    zero_padding_scales<Shape>(args.scales, args.rows, cols, row - args.rows);
-    return;
-  }
   const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
   uint4 y[VPT];
   resnorm_row<VPT, Shape, kPlain>(args, row, y);
@@ -279,11 +280,8 @@ template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) nvfp4_quantize_kernel(const QuantizeArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
   const int32_t cols = Shape::cols(args.cols);
+  if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols)) return;
   const int64_t row = blockIdx.x;
-  if (row >= args.rows) {
-    zero_padding_scales<Shape>(args.scales, args.rows, cols, row - args.rows);
-    return;
-  }
   const float global_scale = __ldg(args.global_scale);
   const int vecs = Shape::vecs(cols);
   const uint4* y_row = reinterpret_cast<const uint4*>(args.y) + row * vecs;
