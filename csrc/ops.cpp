@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launch.h"
@@ -206,6 +207,19 @@ Tensor new_bytes(const Tensor& like, int64_t rows, int64_t cols) {
 
 Tensor empty_like_bf16(const Tensor& x) { return empty_cuda(x, sizes_of(x), aoti_torch_dtype_bfloat16()); }
 
+// The quantizing ops' outputs, allocated and wired into the kernel arguments (ResnormArgs or
+// QuantizeArgs): packed codes [rows, cols / 2] and the 128x4 scales [round_up_128(rows), cols / 16]
+// (the kernels write the padding rows too).
+template <class Args>
+std::pair<Tensor, Tensor> new_quantized_outputs(Args& a, const Tensor& like, const Tensor& global_scale) {
+  Tensor packed = new_bytes(like, a.rows, a.cols / 2);
+  Tensor scales = new_bytes(like, round_up_128(a.rows), a.cols / 16);
+  a.packed = static_cast<uint8_t*>(packed.data_ptr());
+  a.scales = static_cast<uint8_t*>(scales.data_ptr());
+  a.global_scale = static_cast<const float*>(global_scale.data_ptr());
+  return {packed, scales};
+}
+
 bool use_blackwell(const Tensor& x) { return blackwell_kernels_usable(x.get_device_index()); }
 
 // The input of the test-only ops (_rcp_approx, _e2m1_codes): a float32 CUDA tensor.
@@ -228,13 +242,9 @@ std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, co
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
   ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
   check_global_scale(global_scale, x);
-  Tensor packed = new_bytes(x, a.rows, a.cols / 2);
-  Tensor scales = new_bytes(x, round_up_128(a.rows), a.cols / 16);
+  auto [packed, scales] = new_quantized_outputs(a, x, global_scale);
   Tensor residual_out = empty_like_bf16(x);
   a.residual_out = residual_out.data_ptr();
-  a.packed = static_cast<uint8_t*>(packed.data_ptr());
-  a.scales = static_cast<uint8_t*>(scales.data_ptr());
-  a.global_scale = static_cast<const float*>(global_scale.data_ptr());
   void* stream = current_stream(x);
   if (use_blackwell(x)) launch_resnorm_quant_blackwell(a, fast_math, stream);
   else launch_resnorm_quant_portable(a, fast_math, stream);
@@ -267,11 +277,7 @@ std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& gl
   a.cols = cols;
   a.rows = y.numel() / cols;
   STD_TORCH_CHECK(a.rows <= (int64_t(1) << 31) - 128, "qwen_fp4: y has too many rows (", a.rows, ")");
-  Tensor packed = new_bytes(y, a.rows, cols / 2);
-  Tensor scales = new_bytes(y, round_up_128(a.rows), cols / 16);
-  a.packed = static_cast<uint8_t*>(packed.data_ptr());
-  a.scales = static_cast<uint8_t*>(scales.data_ptr());
-  a.global_scale = static_cast<const float*>(global_scale.data_ptr());
+  auto [packed, scales] = new_quantized_outputs(a, y, global_scale);
   void* stream = current_stream(y);
   if (use_blackwell(y)) launch_nvfp4_quantize_blackwell(a, fast_math, stream);
   else launch_nvfp4_quantize_portable(a, fast_math, stream);
