@@ -155,8 +155,9 @@ def test_parser_against_nvcc(tmp_path):
 
 
 def test_elf_reader_on_this_python():
-    """The dynamic-symbol reader on a real ELF file: the interpreter or libpython, whichever is dynamic."""
-    exe = Path(shutil.which("python3") or sys.executable).resolve()
+    """The dynamic-symbol reader on a real ELF file: the running interpreter (not whatever ``python3`` on
+    PATH is: under pyenv that is a shell script, and the test skipped)."""
+    exe = Path(sys.executable).resolve()
     with open(exe, "rb") as f:
         if f.read(4) != b"\x7fELF":
             pytest.skip("not an ELF interpreter")
