@@ -61,6 +61,19 @@ __device__ __forceinline__ bool zero_scales_if_padding_cta(uint8_t* scales, int6
   return true;
 }
 
+// The first wave of the many-rows shapes. With every resident CTA starting at once, the whole first wave
+// loads at once and then computes at once while DRAM idles: on the H200 (D = 3072, 6 CTAs per SM) no row
+// of the first wave finished in the first 5 us of the call and first-wave rows lived 6.1-6.4 us, later ones
+// 3.6 us (scripts/cta_timeline.py). CTA slot k of the first wave (blockIdx / SMs, the order the CTAs are
+// handed to the SMs) sleeps k * stagger_ns before its loads, so each SM computes its early rows while the
+// later ones' bytes arrive. Later waves start as rows finish, already spread out.
+__device__ __forceinline__ void stagger_first_wave(const ResnormArgs& args) {
+  const int64_t cta = blockIdx.x;
+  if (args.stagger_ns > 0 && cta >= args.sms && cta < args.first_wave_ctas) {
+    __nanosleep(static_cast<unsigned>(cta / args.sms) * static_cast<unsigned>(args.stagger_ns));
+  }
+}
+
 // Quantizes the row's vectors and stores packed codes and scales. All lanes take part (shuffles).
 // Vector v = i * threads + tid holds half of block v / 2; the even lane of each pair writes its scale.
 // threads % 32 == 0, so block v / 2 = i * threads / 2 + tid / 2 sits at sf_block_offset(tid / 2) +
@@ -267,6 +280,7 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
   using Shape = RowShape<VPT, kFixedCols>;
   const int32_t cols = Shape::cols(args.cols);
   if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols)) return;
+  if constexpr (kMinBlocks > 1) stagger_first_wave(args);  // the many-rows shapes only
   const int64_t row = blockIdx.x;
   const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
   uint4 y[VPT];

@@ -646,6 +646,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     copy_gbps = copy_bandwidth_gbps()
     print(f"copy ceiling (1 GiB device-to-device, read+write): {copy_gbps:.0f} GB/s")
     timer = GpuTimer()
+    clock_note = (f"SM clock under a spinning kernel (torch.cuda._sleep): {timer.cycles_per_us:.0f} MHz"
+                  if timer.has_sleep else "SM clock: not measured (no torch.cuda._sleep)")
+    print(clock_note)
 
     compile_kw: Dict[str, object] = {} if args.compile_mode == "default" else {"mode": args.compile_mode}
     if args.compile_static:
@@ -704,6 +707,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  f"raw torch.ops.qwen_fp4.resnorm_quant {host['raw_op']:.1f} us")
     notes = [
         f"copy ceiling: {copy_gbps:.0f} GB/s (1 GiB device-to-device copy, read+write bytes / median time)",
+        clock_note,
         "bytes per case: 2*D*2*M read + D*2*M residual_out + D/2*M packed + D/16*round_up(M,128) scales; "
         "GB/s of every implementation uses these bytes",
         "timing: CUDA events per call, queue pre-filled, cold L2 (input sets rotated over > 2x L2), medians; "

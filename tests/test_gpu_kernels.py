@@ -16,6 +16,9 @@ What is exact where (docs/numerics.md):
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -256,6 +259,33 @@ def test_cuda_graph_replay_matches_eager():
     eager = _fused(*static)
     for a, b in zip(out, eager):
         assert torch.equal(a, b)
+
+
+def test_first_many_rows_launch_inside_graph_capture():
+    """The many-rows launch asks the device's SM count and its kernel's occupancy on its first call and
+    caches them (the first-wave stagger, csrc/launch_rows.cuh). In a fresh process that first call may be
+    inside a CUDA-graph capture: the captured call must replay to the eager bytes."""
+    code = textwrap.dedent("""
+        import torch
+        import qwen_resnorm_fp4  # noqa: F401  (registers the ops)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        r = torch.randn(1, 4096, 3072, device="cuda", generator=gen).bfloat16()
+        x = torch.randn(1, 4096, 3072, device="cuda", generator=gen).bfloat16()
+        gate, scale, shift = (torch.randn(1, 3072, device="cuda", generator=gen).bfloat16() * 0.3 for _ in range(3))
+        G = torch.tensor([100.0], device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = torch.ops.qwen_fp4.resnorm_quant(r, x, None, gate, scale, shift, G, 1e-6, True)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = torch.ops.qwen_fp4.resnorm_quant(r, x, None, gate, scale, shift, G, 1e-6, True)
+        assert all(torch.equal(a, b) for a, b in zip(captured, eager)), "graph replay differs from eager"
+        print("same bytes")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(q.__file__))] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "same bytes" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_opcheck_cuda():
