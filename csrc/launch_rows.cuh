@@ -25,18 +25,26 @@ inline int current_device_sms() {
   return sms;
 }
 
-// 300 ns per first-wave slot, about the time DRAM takes to deliver one slot's loads at D = 3072 (SMs x 12 KB
-// at 4 TB/s), for shapes with at least 6 resident CTAs per SM. Same-run A/B on the H200: D = 3072 (6 per
-// SM) 1-2% faster at 4096-16384 rows, 250-600 ns alike; D = 5120 (4 per SM, 500 ns) 2% slower, so not
-// there. Kernel is the many-rows instantiation; its occupancy is asked once per instantiation.
-template <class Kernel>
-void set_first_wave_stagger(ResnormArgs& a, Kernel kernel, int threads) {
-  static const int ctas_per_sm = [&] {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0) != cudaSuccess) n = 0;
+// CTAs of kKernel resident per SM at `threads` threads, asked once per kernel (a template argument, not a
+// function-pointer type: every row kernel has the same type).
+template <auto kKernel>
+int resident_ctas_per_sm(int threads) {
+  static const int n = [threads] {
+    int ctas = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kKernel, threads, 0) != cudaSuccess) ctas = 0;
     cudaGetLastError();
-    return n;
+    return ctas;
   }();
+  return n;
+}
+
+// 300 ns per first-wave slot, about the time DRAM takes to deliver one slot's loads at D = 3072 (SMs x 12 KB
+// at 4 TB/s), for kernels with at least 6 resident CTAs per SM (the D = 3072 many-rows shape). Same-run
+// A/B on the H200 at D = 3072: 1-2% faster at 4096-16384 rows, 250-600 ns alike. Not measured for D = 5120
+// (4 CTAs per SM), which does not get it.
+template <auto kKernel>
+void set_first_wave_stagger(ResnormArgs& a, int threads) {
+  const int ctas_per_sm = resident_ctas_per_sm<kKernel>(threads);
   a.sms = current_device_sms();
   a.first_wave_ctas = a.sms * ctas_per_sm;
   a.stagger_ns = a.sms > 0 && ctas_per_sm >= 6 ? 300 : 0;
@@ -47,10 +55,10 @@ void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
   dispatch_plain(args, [&](auto plain) {
     dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
       constexpr int kMinBlocks = decltype(min_blocks)::value;
-      auto kernel = resnorm_quant_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value, kMinBlocks,
-                                         decltype(plain)::value>;
+      constexpr auto kernel = resnorm_quant_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value,
+                                                   kMinBlocks, decltype(plain)::value>;
       ResnormArgs a = args;
-      if constexpr (kMinBlocks > 1) set_first_wave_stagger(a, kernel, threads);
+      if constexpr (kMinBlocks > 1) set_first_wave_stagger<kernel>(a, threads);
       kernel<<<quantize_grid(args.rows), threads, 0, s>>>(a);
     });
   });
