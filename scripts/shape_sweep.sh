@@ -7,25 +7,32 @@
 #   SKIP_TESTS=1 ...   for diagnostic builds that are not meant to be correct (e.g. arithmetic removed)
 #   GRAPH_ROWS=17,64,256 ...   also CUDA-graph replay times at those row counts (scripts/graph_replay.py)
 #   SKIP_BENCH=1 ...   no eager benchmark
+#   ROUNDS=2 ...   same-run A/B: the whole list again, round after round ($OUT/<variant>.r<round>.log)
+#   dist_sweep/A:QWEN_X=1 ...   a variant with environment variables set for its runs
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$REPO/sweep_logs}
 mkdir -p "$OUT"
 BENCH=${BENCH_ARGS:---dims 3072,5120 --rows 17,256,1024,4096,8192,32768 --no-compile --reps 60}
 cd /tmp
-for dir in "$@"; do
-  name=$(basename "$dir")
-  log="$OUT/$name.log"
-  if ! python3 -m pip install -q --no-deps --no-index --force-reinstall "$REPO/$dir"/*.whl 2>&1 \
-      | { grep -v "^WARNING: Running pip as" || true; }; then
-    echo "== $name: installing its wheel failed, skipped"; continue
-  fi
-  {
-    echo "== variant $name"
-    [ -n "${SKIP_TESTS:-}" ] || python3 -m pytest "$REPO/tests/test_gpu_kernels.py" -p no:cacheprovider -q -x -k "not exhaustively" 2>&1 | tail -2
-    [ -n "${SKIP_BENCH:-}" ] || python3 -m qwen_resnorm_fp4 bench --out "/tmp/bench_$name" $BENCH 2>&1 \
-      | grep -E "^D=|graph|copy ceiling|overhead"
-    [ -z "${GRAPH_ROWS:-}" ] || python3 "$REPO/scripts/graph_replay.py" --rows "$GRAPH_ROWS" 2>&1
-  } > "$log" 2>&1
-  echo "== $name: $(grep -E 'passed|failed' "$log" | tail -1)"
+for round in $(seq "${ROUNDS:-1}"); do
+  for spec in "$@"; do
+    dir=${spec%%:*}; envs=""; [ "$spec" != "$dir" ] && envs=${spec#*:}
+    name=$(basename "$dir")${envs:+_${envs//[^A-Za-z0-9]/_}}
+    [ "${ROUNDS:-1}" -gt 1 ] && name="$name.r$round"
+    log="$OUT/$name.log"
+    if ! python3 -m pip install -q --no-deps --no-index --force-reinstall "$REPO/$dir"/*.whl 2>&1 \
+        | { grep -v "^WARNING: Running pip as" || true; }; then
+      echo "== $name: installing its wheel failed, skipped"; continue
+    fi
+    {
+      echo "== variant $spec${ROUNDS:+, round $round}"
+      [ -n "${SKIP_TESTS:-}" ] || env $envs python3 -m pytest "$REPO/tests/test_gpu_kernels.py" -p no:cacheprovider -q -x \
+        -k "not exhaustively" 2>&1 | tail -2
+      [ -n "${SKIP_BENCH:-}" ] || env $envs python3 -m qwen_resnorm_fp4 bench --out "/tmp/bench_$name" $BENCH 2>&1 \
+        | grep -E "^D=|graph|copy ceiling|overhead"
+      [ -z "${GRAPH_ROWS:-}" ] || env $envs python3 "$REPO/scripts/graph_replay.py" --rows "$GRAPH_ROWS" 2>&1
+    } > "$log" 2>&1
+    echo "== $name: $(grep -E 'passed|failed' "$log" | tail -1)"
+  done
 done
