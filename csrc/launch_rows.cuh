@@ -31,8 +31,10 @@ template <auto kKernel>
 int resident_ctas_per_sm(int threads) {
   static const int n = [threads] {
     int ctas = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kKernel, threads, 0) != cudaSuccess) ctas = 0;
-    cudaGetLastError();
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kKernel, threads, 0) != cudaSuccess) {
+      cudaGetLastError();  // clear this query's own error only: no stagger is the answer
+      ctas = 0;
+    }
     return ctas;
   }();
   return n;
@@ -45,9 +47,10 @@ int resident_ctas_per_sm(int threads) {
 template <auto kKernel>
 void set_first_wave_stagger(ResnormArgs& a, int threads) {
   const int ctas_per_sm = resident_ctas_per_sm<kKernel>(threads);
+  if (ctas_per_sm < 6) return;  // stagger_ns stays 0
   a.sms = current_device_sms();
   a.first_wave_ctas = a.sms * ctas_per_sm;
-  a.stagger_ns = a.sms > 0 && ctas_per_sm >= 6 ? 300 : 0;
+  a.stagger_ns = a.sms > 0 ? 300 : 0;
 }
 
 template <class Quantizer>

@@ -140,8 +140,9 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
   const Param gate_row(args.gate, mod_row, cols), scale_row(args.scale, mod_row, cols),
       shift_row(args.shift, mod_row, cols);
 
-  // Narrow shapes (few rows, short latency chains) load scale and shift now, with x and residual in
-  // flight; wide shapes (many rows) only after the reductions, to save registers.
+  // Narrow shapes (few rows, short latency chains) load scale and shift before the reductions, so their
+  // latency hides behind them (ptxas issues these loads after the first barrier, ahead of the second, in
+  // the sm_90a build); wide shapes (many rows) only after the reductions, to save registers.
   constexpr bool kHoistParams = VPT <= 2;
   uint4 scale_bf16[VPT], shift_bf16[VPT];
   if constexpr (kPlain && kHoistParams) {
