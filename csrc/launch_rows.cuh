@@ -5,13 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "dispatch.cuh"
 #include "launch.h"
 #include "resnorm_kernel.cuh"
-#include "resnorm_stream_kernel.cuh"
 
 namespace qwen_fp4 {
 
@@ -56,56 +53,13 @@ void set_first_wave_stagger(ResnormArgs& a, int threads) {
   a.stagger_ns = a.sms > 0 ? 300 : 0;
 }
 
-// Rows in flight per CTA of the streaming kernel: two stages (24 KB of shared memory per CTA at D = 3072,
-// 40 KB at 5120), with the register-capped many-rows shapes' CTAs per SM.
-constexpr int kStreamStages = 2;
-
-// The streaming kernel serves the fused many-rows shapes of the fixed widths unless QWEN_FP4_STREAM_ROWS=0
-// (read once per process), which falls back to one CTA per row. Both give the same bytes.
-inline bool streaming_rows_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("QWEN_FP4_STREAM_ROWS");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
-}
-
-// CTAs of the streaming kernel kKernel resident per SM, asked once per kernel after preferring shared
-// memory over L1 (the stages live there; the rows pass L1 by). 0 when the query fails.
-template <auto kKernel>
-int stream_ctas_per_sm(int threads) {
-  static const int n = [threads] {
-    int ctas = 0;
-    if (cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kKernel, threads, 0) != cudaSuccess) {
-      cudaGetLastError();  // clear this query's own error only: the one-CTA-per-row kernel is the answer
-      ctas = 0;
-    }
-    return ctas;
-  }();
-  return n;
-}
-
 template <class Quantizer>
 void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
   dispatch_plain(args, [&](auto plain) {
     dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
-      constexpr int kVpt = decltype(vpt)::value, kFixedCols = decltype(fixed)::value;
       constexpr int kMinBlocks = decltype(min_blocks)::value;
-      constexpr bool kPlain = decltype(plain)::value;
-      if constexpr (kFixedCols != 0 && kMinBlocks > 1) {  // the many-rows shapes of 3072 and 5120
-        constexpr auto stream_kernel =
-            resnorm_quant_stream_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kStreamStages, kPlain>;
-        if (streaming_rows_enabled()) {
-          const int64_t resident = int64_t(current_device_sms()) * stream_ctas_per_sm<stream_kernel>(threads);
-          if (resident > 0) {
-            stream_kernel<<<args.rows < resident ? args.rows : resident, threads, 0, s>>>(args);
-            return;
-          }
-        }
-      }
-      constexpr auto kernel = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain>;
+      constexpr auto kernel = resnorm_quant_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value,
+                                                   kMinBlocks, decltype(plain)::value>;
       ResnormArgs a = args;
       if constexpr (kMinBlocks > 1) set_first_wave_stagger<kernel>(a, threads);
       kernel<<<quantize_grid(args.rows), threads, 0, s>>>(a);

@@ -46,23 +46,18 @@ struct RowShape {
 // one 32-bit store each. (Before, each padding row took a CTA of its own, one byte store per scale: 111
 // CTAs at 17 rows; sharing the padding out over the row CTAs instead made few-row calls slower on the H200.)
 template <class Shape>
-__device__ __forceinline__ void zero_scale_padding_chunk(uint8_t* scales, int64_t rows, int32_t cols, int64_t chunk) {
-  const int64_t first = rows + chunk * kPaddingRowsPerCta;
+__device__ __forceinline__ bool zero_scales_if_padding_cta(uint8_t* scales, int64_t rows, int32_t cols) {
+  const int64_t cta = blockIdx.x;
+  if (cta < rows) return false;
+  const int64_t first = rows + (cta - rows) * kPaddingRowsPerCta;
   const int64_t end = min(first + kPaddingRowsPerCta, round_up_128(rows));
   const int tiles = cols / 64;  // <= threads (VPT <= 8)
   const int rows_per_pass = Shape::threads() / tiles;
   const int pass_row = threadIdx.x / tiles, tile = threadIdx.x % tiles;
-  if (pass_row >= rows_per_pass) return;
+  if (pass_row >= rows_per_pass) return true;
   for (int64_t m = first + pass_row; m < end; m += rows_per_pass) {
     *reinterpret_cast<uint32_t*>(scales + sf_row_offset_128x4(m, cols) + sf_block_offset_128x4(4 * tile)) = 0u;
   }
-}
-
-template <class Shape>
-__device__ __forceinline__ bool zero_scales_if_padding_cta(uint8_t* scales, int64_t rows, int32_t cols) {
-  const int64_t cta = blockIdx.x;
-  if (cta < rows) return false;
-  zero_scale_padding_chunk<Shape>(scales, rows, cols, cta - rows);
   return true;
 }
 
