@@ -1,5 +1,6 @@
 """GPU time per call by CUDA-graph replay (bench.graph_replay_us) for several row counts and widths: the
-fused op, the unfused pair and the pair's kernels alone. A tuning aid for the small-row shapes.
+fused op, the unfused pair, the pair's kernels alone and a copy of the same bytes. A tuning aid; at many
+rows it shows the GPU time without the per-call event records of the eager timing.
 
     python scripts/graph_replay.py --rows 17,64,256 --dims 3072,5120
 """
@@ -21,7 +22,9 @@ def main() -> None:
             best = {k: min(r[k] for r in runs) for k in runs[0]}
             print(f"graph D={d} rows={m}: fused {best['fused']:.2f} us, unfused {best['unfused']:.2f} us "
                   f"({best['unfused'] / best['fused']:.3f}x), resnorm {best['resnorm']:.2f}, "
-                  f"quantize {best['quantize']:.2f}  [min of {args.repeat}]", flush=True)
+                  f"quantize {best['quantize']:.2f}, copy of the same bytes {best['copy']:.2f} us "
+                  f"({bench.bytes_moved(m, d) / best['fused'] / 1e3:.0f} GB/s fused, "
+                  f"{bench.bytes_moved(m, d) / best['copy'] / 1e3:.0f} GB/s copy)  [min of {args.repeat}]", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """What Nsight Compute profiles: the fused op at 4096 rows x 3072 (Qwen-Image image stream; --rows N for
-another row count), a few calls."""
+another row count), a few calls; with --pair, each call followed by the unfused pair (resnorm, then
+nvfp4_quantize) on the same inputs."""
 import sys
 
 import torch
@@ -15,4 +16,6 @@ p = [torch.randn(1, cols, device="cuda", generator=g).bfloat16() * 0.1 for _ in 
 G = torch.tensor([100.0], device="cuda")
 for _ in range(1 if "--warmup-only" in sys.argv else 5):
     q.resnorm_quant(res, x, None, p[0], p[1], p[2], G)
+    if "--pair" in sys.argv:
+        q.nvfp4_quantize(q.resnorm(res, x, None, p[0], p[1], p[2])[0], G)
 torch.cuda.synchronize()

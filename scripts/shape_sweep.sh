@@ -5,9 +5,11 @@
 #
 #   OUT=sweep_logs bash scripts/shape_sweep.sh dist_sweep/A dist_sweep/B ...
 #   SKIP_TESTS=1 ...   for diagnostic builds that are not meant to be correct (e.g. arithmetic removed)
-#   GRAPH_ROWS=17,64,256 ...   also CUDA-graph replay times at those row counts (scripts/graph_replay.py)
+#   GRAPH_ROWS=17,64,256 ...   also CUDA-graph replay times at those row counts (scripts/graph_replay.py),
+#                              at the widths GRAPH_DIMS (default 3072,5120)
 #   SKIP_BENCH=1 ...   no eager benchmark
-#   ROUNDS=2 ...   same-run A/B: the whole list again, round after round ($OUT/<variant>.r<round>.log)
+#   ROUNDS=2 ...   same-run A/B: the whole list again, round after round ($OUT/<variant>.r<round>.log);
+#                  the tests run in the first round only
 #   dist_sweep/A:QWEN_X=1 ...   a variant with environment variables set for its runs
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,11 +29,12 @@ for round in $(seq "${ROUNDS:-1}"); do
     fi
     {
       echo "== variant $spec${ROUNDS:+, round $round}"
-      [ -n "${SKIP_TESTS:-}" ] || env $envs python3 -m pytest "$REPO/tests/test_gpu_kernels.py" -p no:cacheprovider -q -x \
+      [ -n "${SKIP_TESTS:-}" ] || [ "$round" -gt 1 ] || env $envs python3 -m pytest "$REPO/tests/test_gpu_kernels.py" -p no:cacheprovider -q -x \
         -k "not exhaustively" 2>&1 | tail -2
       [ -n "${SKIP_BENCH:-}" ] || env $envs python3 -m qwen_resnorm_fp4 bench --out "/tmp/bench_$name" $BENCH 2>&1 \
         | grep -E "^D=|graph|copy ceiling|overhead"
-      [ -z "${GRAPH_ROWS:-}" ] || env $envs python3 "$REPO/scripts/graph_replay.py" --rows "$GRAPH_ROWS" 2>&1
+      [ -z "${GRAPH_ROWS:-}" ] || env $envs python3 "$REPO/scripts/graph_replay.py" --rows "$GRAPH_ROWS" \
+        --dims "${GRAPH_DIMS:-3072,5120}" 2>&1
     } > "$log" 2>&1
     echo "== $name: $(grep -E 'passed|failed' "$log" | tail -1)"
   done
