@@ -15,13 +15,12 @@ namespace qwen_fp4 {
 template <bool kFast>
 struct FlashInferNvfp4 {
   // Same contract as PortableNvfp4::quantize.
-  static __device__ __forceinline__ uint32_t quantize(const uint4& y_bf16, float global_scale, uint8_t* sf_out,
-                                                      bool write_sf) {
+  static __device__ __forceinline__ uint32_t quantize(const uint4& y_bf16, float global_scale, uint8_t* sf_out) {
     tensorrt_llm::kernels::PackedVec<__nv_bfloat16, kVecElems> vec;
     *reinterpret_cast<uint4*>(&vec) = y_bf16;
     // <type, SF vector size, elements per thread, UE8M0 scales, DISABLE_FP4_QUANT_FAST_MATH>
     return tensorrt_llm::kernels::cvt_warp_fp16_to_fp4<__nv_bfloat16, 16, kVecElems, false, !kFast>(
-        vec, global_scale, write_sf ? sf_out : nullptr);
+        vec, global_scale, sf_out);
   }
 };
 

@@ -51,15 +51,6 @@ __device__ __forceinline__ uint32_t e2m1_sign_bit(float x) {
   return x != x ? 0u : (__float_as_uint(x) >> 28) & 0x8u;
 }
 
-// The same for a = |x| known to be below 7 (not NaN): without the saturation, whose only effect there is
-// on a in (6, 7), where hi = 2^24 + 2 + (a - 6) rounds to 2^24 + 2 (code 7) by itself (spacing 2, no tie
-// below 7), and lo > hi. Three instructions.
-__device__ __forceinline__ uint32_t e2m1_magnitude_biased_below7(float a) {
-  const float lo = __fmaf_rn(a, 2.0f, 16777210.0f);  // 2^24 - 6
-  const float hi = __fadd_rn(a, 16777212.0f);        // 2^24 - 4
-  return __float_as_uint(fminf(lo, hi));
-}
-
 // E2M1 code of one fp32 value (magnitude and sign); the same bits as cuda_fp4.h's conversion.
 __device__ __forceinline__ uint32_t e2m1_code(float x) {
   return (e2m1_magnitude_biased(x) - kE2M1Bias) | e2m1_sign_bit(x);
@@ -124,22 +115,19 @@ __device__ __forceinline__ float max8_abs(const float (&f)[kVecElems]) {
 
 // Quantizes the 8 bf16 values this thread holds; the lane pair (lane, lane ^ 1) holds one 16-element
 // block. All 32 lanes of the warp must call it. Returns 8 E2M1 codes (element 0 in the low nibble) and
-// writes the block's scale byte to *sf_out if write_sf.
-// The common case (every |y * o| below 7, o in [+0, FLT_MAX]: no NaN or inf in the block, a scale that
-// did not saturate or flush) costs per element one multiply (|y| * o), the three-instruction magnitude
-// and one multiply-add to pack it, and takes the signs from the bf16 sign bits, eight at a time: there
-// sign(y * o) = sign(y) and |y * o| = |y| * o (round to nearest is symmetric), and no magnitude reaches
-// the saturation (|y_j| * o <= amax * o, rounding being monotonic). Otherwise each product is quantized
-// as e2m1_code does: saturated magnitude, its own sign.
+// writes the block's scale byte to sf_out unless it is null.
+// Cost per element: one multiply, the four-instruction magnitude and one multiply-add to pack it. The
+// signs come from the bf16 sign bits, eight at a time, whenever sign(y * o) = sign(y) for sure (y and
+// o finite, o >= +0: o's bits <= FLT_MAX's); otherwise (NaN or inf in the block, odd global scales)
+// from each product, as e2m1_code does.
 template <bool kFast>
 struct PortableNvfp4 {
-  static __device__ __forceinline__ uint32_t quantize(const uint4& y_bf16, float global_scale, uint8_t* sf_out,
-                                                      bool write_sf) {
+  static __device__ __forceinline__ uint32_t quantize(const uint4& y_bf16, float global_scale, uint8_t* sf_out) {
     float y[kVecElems];
     bf16x8_to_float(y_bf16, y);
     float amax = max8_abs<true>(y);
     amax = fmax_propagate_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    const float amax_or_nan = amax;  // NaN or inf when the block has one
+    const bool finite_block = amax <= FLT_MAX;  // false for inf or NaN anywhere in the block
     // The contract's amax ignores NaN (fmax). Only a block with a NaN needs it recomputed; warp-uniform
     // branch because of the shuffle.
     if (__any_sync(0xffffffffu, amax != amax)) {
@@ -149,24 +137,22 @@ struct PortableNvfp4 {
 
     uint8_t sf_byte;
     const float out_scale = nvfp4_block_scale<kFast>(amax, global_scale, sf_byte);
-    if (write_sf) *sf_out = sf_byte;
+    if (sf_out != nullptr) *sf_out = sf_byte;
 
-    uint32_t packed = 0;  // biased magnitudes, a multiply-add each; the bias is removed below
-    uint32_t signs = 0;
-    // NaN or inf in the block, or o outside [+0, FLT_MAX], make the test false.
-    if (__float_as_uint(out_scale) <= 0x7F7FFFFFu && __fmul_rn(amax_or_nan, out_scale) < 7.0f) {
+    float v[kVecElems];
+    uint32_t packed = 0;
 #pragma unroll
-      for (int j = 0; j < kVecElems; ++j) {
-        packed += e2m1_magnitude_biased_below7(__fmul_rn(fabsf(y[j]), out_scale)) << (4 * j);
-      }
+    for (int j = 0; j < kVecElems; ++j) {
+      v[j] = __fmul_rn(y[j], out_scale);
+      packed += e2m1_magnitude_biased(v[j]) << (4 * j);  // a multiply-add each; the bias is removed below
+    }
+    uint32_t signs;
+    if (finite_block && __float_as_uint(out_scale) <= 0x7F7FFFFFu) {
       signs = bf16x8_sign_nibbles(y_bf16);
     } else {
+      signs = 0;
 #pragma unroll
-      for (int j = 0; j < kVecElems; ++j) {
-        const float v = __fmul_rn(y[j], out_scale);
-        packed += e2m1_magnitude_biased(v) << (4 * j);
-        signs |= e2m1_sign_bit(v) << (4 * j);
-      }
+      for (int j = 0; j < kVecElems; ++j) signs |= e2m1_sign_bit(v[j]) << (4 * j);
     }
     return packed - kPackedE2M1Bias + signs;
   }

@@ -88,8 +88,8 @@ __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], in
   for (int i = 0; i < VPT; ++i) {
     const int v = i * Shape::threads() + threadIdx.x;
     const bool valid = Shape::valid(v, vecs);
-    const uint32_t codes =
-        Quantizer::quantize(y[i], global_scale, sf_lane + i * Shape::threads() * 64, valid && writes_scales);
+    uint8_t* sf = (valid && writes_scales) ? sf_lane + i * Shape::threads() * 64 : nullptr;
+    const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);
     if (valid) store_stream(packed_row + v, codes);
   }
 }
@@ -115,7 +115,7 @@ __device__ __forceinline__ void load_row(const ResnormArgs& args, int64_t row, u
 // Which row of gate/scale/shift row `row` uses.
 __device__ __forceinline__ int64_t modulation_row(const ResnormArgs& args, int64_t row) {
   if (args.form == ModulationForm::kShared) return 0;
-  const int64_t batch = args.num_batches > 1 ? row / args.rows_per_batch : 0;  // B = 1: no 64-bit division
+  const int64_t batch = row / args.rows_per_batch;
   if (args.form != ModulationForm::kIndexed) return batch;
   bool second;
   switch (args.index_dtype) {
