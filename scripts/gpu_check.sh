@@ -5,6 +5,7 @@
 #
 #   bash scripts/gpu_check.sh [tests] [bench] [ncu] [sanitizer]     (default: tests)
 #   PYTEST_ARGS="-k fast" bash scripts/gpu_check.sh tests
+#   WHEEL=dist_sweep/A/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests     (another wheel than dist/*.whl)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$REPO/gpu_logs}
@@ -13,7 +14,7 @@ stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(tests)
 export PYTHONUNBUFFERED=1
 status=0
 
-wheel=$(ls -t "$REPO"/dist/qwen_resnorm_fp4-*.whl 2>/dev/null | head -1)
+wheel=${WHEEL:-$(ls -t "$REPO"/dist/qwen_resnorm_fp4-*.whl 2>/dev/null | head -1)}
 [ -n "$wheel" ] || { echo "no wheel in $REPO/dist: build one first (see README)"; exit 2; }
 python3 -m pip install -q --no-deps --no-index --force-reinstall "$wheel" 2>&1 | { grep -v "^WARNING: Running pip as" || true; } \
   || { echo "installing $wheel failed"; exit 2; }
