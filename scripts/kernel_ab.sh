@@ -23,3 +23,4 @@ ROUNDS=${ROUNDS:-2} SKIP_TESTS=1 GRAPH_ROWS=${GRAPH_ROWS:-17,256} GRAPH_DIMS=${G
   OUT=$OUT/sweep timeout ${SWEEP_TIMEOUT:-300} bash "$REPO/scripts/shape_sweep.sh" "$base" "$cand"
 for f in "$OUT"/sweep/*.log; do echo "#### $(basename "$f")"; grep -E "^D=|graph" "$f" | cut -c1-220; done
 echo "== tests ($cand): $(grep -E 'passed|failed' "$OUT/tests/gpu_tests.log" | tail -1)"  # again, last
+grep -E "^FAILED|^E  " "$OUT/tests/gpu_tests.log" | head -20

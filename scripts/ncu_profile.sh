@@ -22,7 +22,7 @@ for r in barrier long_scoreboard short_scoreboard wait math_pipe_throttle mio_th
 done
 metrics=(--metrics "${stalls}smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg")
 status=0
-timeout 150 ncu --clock-control none --kernel-name regex:resnorm_quant_kernel --launch-skip 3 --launch-count 1 \
+timeout 150 ncu --clock-control none --kernel-name regex:resnorm_quant --launch-skip 3 --launch-count 1 \
   "${sections[@]}" "${metrics[@]}" python3 "$REPO/scripts/ncu_target.py" > "$OUT/ncu_fused_4096.txt" 2>&1 || status=1
 timeout 150 ncu --clock-control none --kernel-name regex:"resnorm|nvfp4" --launch-skip 6 --launch-count 3 \
   "${sections[@]}" "${metrics[@]}" python3 "$REPO/scripts/ncu_target.py" --rows 256 --pair > "$OUT/ncu_256.txt" 2>&1 || status=1
