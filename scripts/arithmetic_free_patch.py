@@ -16,13 +16,13 @@ def patch(root: Path) -> None:
     edits = [
         ("""  uint4 y[VPT];
   resnorm_row<VPT, Shape, kPlain>(args, row, y);
-  const int32_t cols = Shape::cols(args.cols);""",
+  quantize_row_and_store""",
          """  uint4 y[VPT], rv[VPT];
   load_row<VPT, Shape>(args, row, y, rv);
   for (int i = 0; i < VPT; ++i)
-    store_stream(reinterpret_cast<uint4*>(args.residual_out) + row * Shape::vecs(args.cols) + i * Shape::threads() +
+    store_stream(reinterpret_cast<uint4*>(args.residual_out) + row * Shape::vecs(cols) + i * Shape::threads() +
                      threadIdx.x, rv[i]);
-  const int32_t cols = Shape::cols(args.cols);"""),
+  quantize_row_and_store"""),
         ("""    const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);""",
          """    const uint32_t codes = y[i].x ^ y[i].w;
     if (sf) *sf = uint8_t(y[i].y);"""),
