@@ -36,11 +36,8 @@ for stage in "${stages[@]}"; do
       python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs --durations=15 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
     bench)
       python3 -m qwen_resnorm_fp4 bench --out "$OUT/bench" --check-targets ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
-    ncu)
-      python3 "$REPO/scripts/ncu_target.py" --warmup-only >/dev/null 2>&1
-      ncu --clock-control none --kernel-name regex:resnorm_quant_kernel --launch-skip 3 --launch-count 1 \
-          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-          python3 "$REPO/scripts/ncu_target.py" 2>&1 | tee "$OUT/ncu.log" || status=1 ;;
+    ncu)  # scripts/ncu_profile.sh: 4096 rows fused, 256 rows fused and the pair ($OUT/ncu_*.txt)
+      WHEEL=$wheel OUT=$OUT bash "$REPO/scripts/ncu_profile.sh" 2>&1 | tee "$OUT/ncu.log" || status=1 ;;
     sanitizer)
       for tool in memcheck racecheck initcheck synccheck; do
         echo "== compute-sanitizer --tool $tool" >> "$OUT/sanitizer.log"
