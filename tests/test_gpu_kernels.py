@@ -25,6 +25,8 @@ import torch
 
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import _library, reference
+from qwen_resnorm_fp4.layout import round_up
+from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
 from qwen_resnorm_fp4.ops import gpu_rcp
 from reliability_utils import logical_scales, padding_scale_bytes, ulp_bf16
 
@@ -70,7 +72,7 @@ def make_inputs(rows: int, cols: int, *, batches: int = 1, form: str = "batch", 
 
 def _global_scale(y: torch.Tensor) -> torch.Tensor:
     amax = y.float().abs().amax().clamp(min=1e-6)
-    return (448.0 * 6.0 / amax).reshape(1).float()
+    return (FP4_AMAX_SCALE / amax).reshape(1).float()
 
 
 def _y_bound_check(name: str, y_gpu: torch.Tensor, y_ref: torch.Tensor, shift_rows: torch.Tensor):
@@ -161,7 +163,7 @@ def test_padding_scales_zero_on_dirty_memory(rows, cols):
     """The padding rows of the scale tensor (rows .. round_up(rows, 128) - 1) are zeroed by the kernels
     (CTAs after the row CTAs, 8 padding rows each, the last one fewer), whatever the allocator hands out:
     its blocks of that size are filled with 0xFF first."""
-    n_scale_bytes = (rows + 127) // 128 * 128 * cols // 16
+    n_scale_bytes = round_up(rows, 128) * cols // 16
     dirty = [torch.full((n_scale_bytes,), 0xFF, dtype=torch.uint8, device="cuda") for _ in range(4)]
     del dirty  # back to the caching allocator, dirty
     kw = make_inputs(rows, cols, form="shared", seed=rows)
@@ -173,7 +175,7 @@ def test_padding_scales_zero_on_dirty_memory(rows, cols):
     torch.cuda.synchronize()
     for name, sc in (("resnorm_quant", scales), ("nvfp4_quantize", scales_u)):
         pad = padding_scale_bytes(sc, rows, cols)
-        assert pad.numel() == ((rows + 127) // 128 * 128 - rows) * cols // 16
+        assert pad.numel() == (round_up(rows, 128) - rows) * cols // 16
         assert not pad.any(), f"{name}: {int((pad != 0).sum())} padding scale bytes not zero"
     assert torch.equal(scales, scales_u)
     assert logical_scales(scales, rows, cols).any()  # the real rows were written too
