@@ -22,17 +22,6 @@ struct FlashInferNvfp4 {
     return tensorrt_llm::kernels::cvt_warp_fp16_to_fp4<__nv_bfloat16, 16, kVecElems, false, !kFast>(
         vec, global_scale, sf_out);
   }
-
-  // Same contract as PortableNvfp4::quantize_block: the helper's 16-elements-per-thread form (no shuffle).
-  static __device__ __forceinline__ uint2 quantize_block(const uint4& lo_bf16, const uint4& hi_bf16,
-                                                         float global_scale, uint8_t* sf_out) {
-    tensorrt_llm::kernels::PackedVec<__nv_bfloat16, 2 * kVecElems> vec;
-    reinterpret_cast<uint4*>(&vec)[0] = lo_bf16;
-    reinterpret_cast<uint4*>(&vec)[1] = hi_bf16;
-    const uint64_t codes = tensorrt_llm::kernels::cvt_warp_fp16_to_fp4<__nv_bfloat16, 16, 2 * kVecElems, false,
-                                                                       !kFast>(vec, global_scale, sf_out);
-    return make_uint2(static_cast<uint32_t>(codes), static_cast<uint32_t>(codes >> 32));
-  }
 };
 
 }  // namespace qwen_fp4

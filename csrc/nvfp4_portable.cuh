@@ -113,41 +113,15 @@ __device__ __forceinline__ float max8_abs(const float (&f)[kVecElems]) {
   return max(max(a, b), max(c, d));
 }
 
-// The E2M1 magnitudes of v = y * o for 8 values, packed (element 0 in the low nibble, sign bits clear),
-// and the products v. Cost per element: one multiply, the four-instruction magnitude and a shift-add;
-// the shift-adds form a tree (depth 3, not a chain of 8; sums mod 2^32 in any order give the same bits)
-// and the bias of the eight biased magnitudes is removed once at the end.
-__device__ __forceinline__ uint32_t e2m1_magnitudes8(const float (&y)[kVecElems], float out_scale,
-                                                     float (&v)[kVecElems]) {
-  uint32_t m[kVecElems];
-#pragma unroll
-  for (int j = 0; j < kVecElems; ++j) {
-    v[j] = __fmul_rn(y[j], out_scale);
-    m[j] = e2m1_magnitude_biased(v[j]) << (4 * j);
-  }
-  return ((m[0] + m[1]) + (m[2] + m[3])) + ((m[4] + m[5]) + (m[6] + m[7])) - kPackedE2M1Bias;
-}
-
-// The sign bits of the E2M1 codes of 8 products v (bit 3 of nibble j), as e2m1_code sets them.
-__device__ __forceinline__ uint32_t e2m1_product_signs8(const float (&v)[kVecElems]) {
-  uint32_t signs = 0;
-#pragma unroll
-  for (int j = 0; j < kVecElems; ++j) signs |= e2m1_sign_bit(v[j]) << (4 * j);
-  return signs;
-}
-
-// Whether the codes' signs are y's bf16 sign bits (bf16x8_sign_nibbles): sign(y * o) = sign(y) for sure
-// when the block has no inf or NaN and o is finite and >= +0 (o's bits <= FLT_MAX's). Otherwise (NaN or
-// inf in the block, odd global scales) they come from each product (e2m1_product_signs8).
-__device__ __forceinline__ bool signs_from_bf16(bool finite_block, float out_scale) {
-  return finite_block && __float_as_uint(out_scale) <= 0x7F7FFFFFu;
-}
-
+// Quantizes the 8 bf16 values this thread holds; the lane pair (lane, lane ^ 1) holds one 16-element
+// block. All 32 lanes of the warp must call it. Returns 8 E2M1 codes (element 0 in the low nibble) and
+// writes the block's scale byte to sf_out unless it is null.
+// Cost per element: one multiply, the four-instruction magnitude and one multiply-add to pack it. The
+// signs come from the bf16 sign bits, eight at a time, whenever sign(y * o) = sign(y) for sure (y and
+// o finite, o >= +0: o's bits <= FLT_MAX's); otherwise (NaN or inf in the block, odd global scales)
+// from each product, as e2m1_code does.
 template <bool kFast>
 struct PortableNvfp4 {
-  // Quantizes the 8 bf16 values this thread holds; the lane pair (lane, lane ^ 1) holds one 16-element
-  // block. All 32 lanes of the warp must call it. Returns 8 E2M1 codes (element 0 in the low nibble) and
-  // writes the block's scale byte to sf_out unless it is null.
   static __device__ __forceinline__ uint32_t quantize(const uint4& y_bf16, float global_scale, uint8_t* sf_out) {
     float y[kVecElems];
     bf16x8_to_float(y_bf16, y);
@@ -160,40 +134,27 @@ struct PortableNvfp4 {
       amax = max8_abs<false>(y);
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     }
+
     uint8_t sf_byte;
     const float out_scale = nvfp4_block_scale<kFast>(amax, global_scale, sf_byte);
     if (sf_out != nullptr) *sf_out = sf_byte;
-    float v[kVecElems];
-    const uint32_t magnitudes = e2m1_magnitudes8(y, out_scale, v);
-    return magnitudes + (signs_from_bf16(finite_block, out_scale) ? bf16x8_sign_nibbles(y_bf16)
-                                                                  : e2m1_product_signs8(v));
-  }
 
-  // Quantizes one whole 16-element block held by this thread (lo: elements 0-7, hi: 8-15); no shuffle,
-  // so any subset of lanes may call it. Returns the 16 codes (element 0 in the low nibble of .x) and
-  // writes the scale byte to sf_out. The same bits as two quantize() calls of a lane pair: max over the
-  // block is associative and commutative on these magnitudes, and the rest is per block or per element.
-  static __device__ __forceinline__ uint2 quantize_block(const uint4& lo_bf16, const uint4& hi_bf16,
-                                                         float global_scale, uint8_t* sf_out) {
-    float lo[kVecElems], hi[kVecElems];
-    bf16x8_to_float(lo_bf16, lo);
-    bf16x8_to_float(hi_bf16, hi);
-    float amax = fmax_propagate_nan(max8_abs<true>(lo), max8_abs<true>(hi));
-    const bool finite_block = amax <= FLT_MAX;  // false for inf or NaN anywhere in the block
-    if (amax != amax) amax = fmaxf(max8_abs<false>(lo), max8_abs<false>(hi));  // the contract ignores NaN
-    uint8_t sf_byte;
-    const float out_scale = nvfp4_block_scale<kFast>(amax, global_scale, sf_byte);
-    *sf_out = sf_byte;
-    float v_lo[kVecElems], v_hi[kVecElems];
-    uint2 codes = make_uint2(e2m1_magnitudes8(lo, out_scale, v_lo), e2m1_magnitudes8(hi, out_scale, v_hi));
-    if (signs_from_bf16(finite_block, out_scale)) {  // one branch for the whole block
-      codes.x += bf16x8_sign_nibbles(lo_bf16);
-      codes.y += bf16x8_sign_nibbles(hi_bf16);
-    } else {
-      codes.x += e2m1_product_signs8(v_lo);
-      codes.y += e2m1_product_signs8(v_hi);
+    float v[kVecElems];
+    uint32_t packed = 0;
+#pragma unroll
+    for (int j = 0; j < kVecElems; ++j) {
+      v[j] = __fmul_rn(y[j], out_scale);
+      packed += e2m1_magnitude_biased(v[j]) << (4 * j);  // a multiply-add each; the bias is removed below
     }
-    return codes;
+    uint32_t signs;
+    if (finite_block && __float_as_uint(out_scale) <= 0x7F7FFFFFu) {
+      signs = bf16x8_sign_nibbles(y_bf16);
+    } else {
+      signs = 0;
+#pragma unroll
+      for (int j = 0; j < kVecElems; ++j) signs |= e2m1_sign_bit(v[j]) << (4 * j);
+    }
+    return packed - kPackedE2M1Bias + signs;
   }
 };
 

@@ -26,14 +26,8 @@ namespace qwen_fp4 {
 
 // Block shape for a row: VPT vectors per thread. kFixedCols != 0 specialises one width exactly
 // (threads = kFixedCols / 8 / VPT, no bounds checks); 0 handles any multiple of 64 at run time.
-// Which vectors a thread holds (vec): with two per thread (the few-rows shapes) the two adjacent vectors
-// of one 16-element NVFP4 block, so each thread quantizes a whole block with no shuffle in its latency
-// chain; otherwise vector i is i * threads + tid, and a block spans the lane pair (tid, tid ^ 1), whose
-// loads stay one contiguous 512-byte line per warp and vector (the many-rows shapes, bandwidth-bound).
-// The mapping fixes the order of the row sums, and every kernel of a shape uses the same one.
 template <int VPT, int kFixedCols>
 struct RowShape {
-  static constexpr bool kBlockPerThread = VPT == 2;
   static constexpr int kFixedVecs = kFixedCols / kVecElems;
   static constexpr int kFixedThreads = kFixedVecs / VPT;
   static constexpr int kMaxThreads = kFixedCols ? kFixedThreads : 256;
@@ -43,10 +37,6 @@ struct RowShape {
   static __device__ __forceinline__ int vecs(int32_t cols) { return kFixedCols ? kFixedVecs : cols / kVecElems; }
   static __device__ __forceinline__ int threads() { return kFixedCols ? kFixedThreads : blockDim.x; }
   static __device__ __forceinline__ bool valid(int vec, int vecs) { return kFixedCols != 0 || vec < vecs; }
-  static __device__ __forceinline__ int vec(int i) {
-    if constexpr (kBlockPerThread) return 2 * static_cast<int>(threadIdx.x) + i;
-    return i * threads() + threadIdx.x;
-  }
 };
 
 // The quantizing kernels' CTAs past the row CTAs (quantize_grid) are padding CTAs: padding CTA `index`
@@ -84,33 +74,23 @@ __device__ __forceinline__ void stagger_first_wave(const ResnormArgs& args) {
   }
 }
 
-// Quantizes the row's vectors and stores packed codes and scales.
-// kBlockPerThread: the thread's two vectors are block tid (16 elements): one 8-byte store of codes, one
-// scale byte per thread, no shuffle. Otherwise all lanes take part (pair shuffles): vector
-// v = i * threads + tid holds half of block v / 2 and the even lane of each pair writes its scale;
+// Quantizes the row's vectors and stores packed codes and scales. All lanes take part (shuffles).
+// Vector v = i * threads + tid holds half of block v / 2; the even lane of each pair writes its scale.
 // threads % 32 == 0, so block v / 2 = i * threads / 2 + tid / 2 sits at sf_block_offset(tid / 2) +
 // i * threads * 64 in the 128x4 layout: one address per thread, a constant step per vector.
 template <class Quantizer, int VPT, class Shape>
 __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], int64_t row, int32_t cols, int vecs,
                                                        float global_scale, uint8_t* packed, uint8_t* scales) {
-  uint8_t* sf_row = scales + sf_row_offset_128x4(row, cols);
-  if constexpr (Shape::kBlockPerThread) {
-    const int block = threadIdx.x;
-    if (!Shape::valid(Shape::vec(0), vecs)) return;  // vecs is even: both vectors or neither
-    const uint2 codes = Quantizer::quantize_block(y[0], y[1], global_scale, sf_row + sf_block_offset_128x4(block));
-    store_stream(reinterpret_cast<uint2*>(packed + row * (cols / 2)) + block, codes);
-  } else {
-    uint32_t* packed_row = reinterpret_cast<uint32_t*>(packed + row * (cols / 2));
-    uint8_t* sf_lane = sf_row + sf_block_offset_128x4(threadIdx.x / 2);
-    const bool writes_scales = threadIdx.x % 2 == 0;
+  uint32_t* packed_row = reinterpret_cast<uint32_t*>(packed + row * (cols / 2));
+  uint8_t* sf_lane = scales + sf_row_offset_128x4(row, cols) + sf_block_offset_128x4(threadIdx.x / 2);
+  const bool writes_scales = threadIdx.x % 2 == 0;
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int v = Shape::vec(i);
-      const bool valid = Shape::valid(v, vecs);
-      uint8_t* sf = (valid && writes_scales) ? sf_lane + i * Shape::threads() * 64 : nullptr;
-      const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);
-      if (valid) store_stream(packed_row + v, codes);
-    }
+  for (int i = 0; i < VPT; ++i) {
+    const int v = i * Shape::threads() + threadIdx.x;
+    const bool valid = Shape::valid(v, vecs);
+    uint8_t* sf = (valid && writes_scales) ? sf_lane + i * Shape::threads() * 64 : nullptr;
+    const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);
+    if (valid) store_stream(packed_row + v, codes);
   }
 }
 
@@ -122,7 +102,7 @@ __device__ __forceinline__ void load_row(const ResnormArgs& args, int64_t row, u
   const uint4* res_row = reinterpret_cast<const uint4*>(args.residual) + row * vecs;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int v = Shape::vec(i);
+    const int v = i * Shape::threads() + threadIdx.x;
     if (Shape::valid(v, vecs)) {
       xv[i] = load_stream(x_row + v);
       rv[i] = load_stream(res_row + v);
@@ -168,7 +148,7 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
   if constexpr (kPlain && kHoistParams) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const int v = Shape::vec(i);
+      const int v = i * Shape::threads() + threadIdx.x;
       if (Shape::valid(v, vecs)) {
         scale_bf16[i] = scale_row.load_bf16x8(v);
         shift_bf16[i] = shift_row.load_bf16x8(v);
@@ -182,7 +162,7 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
   uint4* res_out_row = reinterpret_cast<uint4*>(args.residual_out) + row * vecs;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int v = Shape::vec(i);
+    const int v = i * Shape::threads() + threadIdx.x;
     const bool valid = Shape::valid(v, vecs);
     float xf[kVecElems], resf[kVecElems], gate[kVecElems];
     bf16x8_to_float(xv[i], xf);
@@ -217,7 +197,7 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
   float sq = 0.0f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const bool valid = Shape::valid(Shape::vec(i), vecs);
+    const bool valid = Shape::valid(i * Shape::threads() + threadIdx.x, vecs);
 #pragma unroll
     for (int j = 0; j < kVecElems; ++j) {
       d[i][j] = valid ? __fsub_rn(d[i][j], mu) : 0.0f;
@@ -233,7 +213,7 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
   const bool affine = !kPlain && (weight_row.present() || norm_bias_row.present());
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int v = Shape::vec(i);
+    const int v = i * Shape::threads() + threadIdx.x;
     if (Shape::valid(v, vecs)) {
       float scale[kVecElems], shift[kVecElems];
       if constexpr (kPlain) {
@@ -290,7 +270,7 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
   uint4* y_row = reinterpret_cast<uint4*>(args.y) + row * vecs;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int v = Shape::vec(i);
+    const int v = i * Shape::threads() + threadIdx.x;
     if (Shape::valid(v, vecs)) y_row[v] = y[i];
   }
 }
@@ -323,7 +303,7 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
   uint4 y[VPT];
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int v = Shape::vec(i);
+    const int v = i * Shape::threads() + threadIdx.x;
     y[i] = Shape::valid(v, vecs) ? load_stream(y_row + v) : make_uint4(0, 0, 0, 0);
   }
   quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, vecs, global_scale, args.packed, args.scales);
