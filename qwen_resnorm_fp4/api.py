@@ -48,10 +48,12 @@ def is_supported_width(cols: int) -> bool:
 
 
 def _check_cols(name: str, cols: int) -> None:
-    if cols % 64 != 0 or cols <= 0:
-        raise ValueError(f"{name}.shape[-1] (D) must be a positive multiple of 64, got {cols}")
-    if cols > MAX_COLS:
+    """is_supported_width(cols), or a ValueError that says which half of the rule `cols` breaks."""
+    if is_supported_width(cols):
+        return
+    if cols > MAX_COLS and cols % 64 == 0:
         raise ValueError(f"{name}.shape[-1] (D) must be at most {MAX_COLS}, got {cols}")
+    raise ValueError(f"{name}.shape[-1] (D) must be a positive multiple of 64, got {cols}")
 
 
 def _has_data(t: Tensor) -> bool:
