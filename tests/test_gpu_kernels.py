@@ -7,10 +7,10 @@ What is exact where (docs/numerics.md):
   half a bf16 ulp (2^-9), so bf16(n) can differ by at most 1 ulp, and only for the few elements whose
   exact value lies within ~1e-6 of a bf16 rounding boundary. y = fma(n, 1 + scale, shift) carries that
   step scaled by |1 + scale|, which is under 2 ulps of |n * (1 + scale)| = |y - shift| (not 1, as this
-  docstring said when the bound was 2; one seed then measured 2.5), plus each y's own
-  rounding: bound reliability_utils.Y_ULPS_BOUND = 3 ulps of max(|y|, |y_ref|, |y - shift|,
-  |y_ref - shift|) (reliability_utils.y_ulps; the derivation is there and tests/test_y_tolerance.py
-  checks it on step 7 alone), and a small fraction of differing elements.
+  docstring said when the bound was 2; one seed then measured 2.5), plus each y's own rounding: bound
+  reliability_utils.Y_ULPS_BOUND = 3 ulps of max(|y|, |y_ref|, |y - shift|, |y_ref - shift|)
+  (reliability_utils.y_ulps; the derivation is there, and tests/test_y_tolerance.py checks it on step 7
+  alone), and a small fraction of differing elements.
 - packed/scales: bit-exact against the reference quantizer applied to the GPU's own y (fast mode with
   the GPU's approximate reciprocal, exposed as torch.ops.qwen_fp4._rcp_approx).
 - fused == nvfp4_quantize(resnorm(...)) bit-exact always.

@@ -18,7 +18,8 @@ zeros / denormals, all-zero rows, every modulation form and option, and global s
 inf (0, negative and NaN included): fused == unfused, residual_out exact, packed/scales exact against the
 reference quantizer of the GPU's y (fast mode with the GPU's reciprocal), padding rows zero, rows with a
 non-finite r give an all-NaN y row, and y within reliability_utils.Y_ULPS_BOUND (3) bf16 ulps of the
-reference on rows whose mean and variance are far from fp32 overflow (docs/numerics.md explains why y is not bit-exact).
+reference on rows whose mean and variance are far from fp32 overflow (docs/numerics.md explains why y is
+not bit-exact).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from hypothesis import strategies as st
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import reference
 from qwen_resnorm_fp4.layout import round_up
-from reliability_utils import (CUDA_OK, Y_ULPS_BOUND, y_ulps, as_bits, first_difference, logical_scales, padding_scale_bytes,
-                               same_bits)
+from reliability_utils import (CUDA_OK, Y_ULPS_BOUND, as_bits, first_difference, logical_scales, padding_scale_bytes,
+                               same_bits, y_ulps)
 
 # More examples for a deeper run: QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES / QWEN_FP4_HYPOTHESIS_GPU_EXAMPLES.
 CPU_SETTINGS = settings(max_examples=int(os.environ.get("QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES", "100")), deadline=None,
@@ -270,9 +271,9 @@ def test_cpu_power_of_two_rescaling_leaves_bytes_unchanged(data, fast, k):
 
 
 def _well_conditioned_rows(r_ref: torch.Tensor) -> torch.Tensor:
-    """Rows where the GPU's and the reference's y must agree within Y_ULPS_BOUND ulps: r finite, and the row sum and
-    the sum of squared deviations far from fp32 overflow (< 2^120), or the latter certainly overflowing
-    (> 2^132, where both give rstd = 0 and y = shift)."""
+    """Rows where the GPU's and the reference's y must agree within Y_ULPS_BOUND ulps: r finite, and the row
+    sum and the sum of squared deviations far from fp32 overflow (< 2^120), or the latter certainly
+    overflowing (> 2^132, where both give rstd = 0 and y = shift)."""
     r = r_ref.double()
     finite = torch.isfinite(r).all(-1)
     r0 = torch.where(torch.isfinite(r), r, torch.zeros_like(r))
