@@ -12,11 +12,16 @@
 
 namespace qwen_fp4 {
 
-// SMs of the current device, asked once per device.
-inline int current_device_sms() {
-  static std::atomic<int> cached[64];
+// The current device, or -1 when it cannot be asked or is beyond the caches below (64 devices).
+inline int current_device_index() {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return -1;
+  return device;
+}
+
+// SMs of `device`, asked once per device.
+inline int device_sms(int device) {
+  static std::atomic<int> cached[64];
   int sms = cached[device].load(std::memory_order_relaxed);
   if (sms == 0) {
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -25,19 +30,21 @@ inline int current_device_sms() {
   return sms;
 }
 
-// CTAs of kKernel resident per SM at `threads` threads, asked once per kernel (a template argument, not a
-// function-pointer type: every row kernel has the same type).
+// CTAs of kKernel resident per SM of `device` at `threads` threads, asked once per kernel and device (a
+// template argument, not a function-pointer type: every row kernel has the same type; per device, since
+// GPUs of one machine may differ). The cache holds the count + 1.
 template <auto kKernel>
-int resident_ctas_per_sm(int threads) {
-  static const int n = [threads] {
-    int ctas = 0;
+int resident_ctas_per_sm(int device, int threads) {
+  static std::atomic<int> cached[64];  // zero: not asked yet
+  int ctas = cached[device].load(std::memory_order_relaxed) - 1;
+  if (ctas < 0) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kKernel, threads, 0) != cudaSuccess) {
       cudaGetLastError();  // clear this query's own error only: no stagger is the answer
       ctas = 0;
     }
-    return ctas;
-  }();
-  return n;
+    cached[device].store(ctas + 1, std::memory_order_relaxed);
+  }
+  return ctas;
 }
 
 // 300 ns per first-wave slot, about the time DRAM takes to deliver one slot's loads at D = 3072 (SMs x 12 KB
@@ -46,9 +53,11 @@ int resident_ctas_per_sm(int threads) {
 // (4 CTAs per SM), which does not get it.
 template <auto kKernel>
 void set_first_wave_stagger(ResnormArgs& a, int threads) {
-  const int ctas_per_sm = resident_ctas_per_sm<kKernel>(threads);
-  if (ctas_per_sm < 6) return;  // stagger_ns stays 0
-  a.sms = current_device_sms();
+  const int device = current_device_index();
+  if (device < 0) return;  // stagger_ns stays 0
+  const int ctas_per_sm = resident_ctas_per_sm<kKernel>(device, threads);
+  if (ctas_per_sm < 6) return;
+  a.sms = device_sms(device);
   a.first_wave_ctas = a.sms * ctas_per_sm;
   a.stagger_ns = a.sms > 0 ? 300 : 0;
 }
