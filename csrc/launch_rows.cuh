@@ -47,19 +47,19 @@ int resident_ctas_per_sm(int device, int threads) {
   return ctas;
 }
 
-// 300 ns per first-wave slot, about the time DRAM takes to deliver one slot's loads at D = 3072 (SMs x 12 KB
-// at 4 TB/s), for kernels with at least 6 resident CTAs per SM (the D = 3072 many-rows shape). Same-run
-// A/B on the H200 at D = 3072: 1-2% faster at 4096-16384 rows, 250-600 ns alike. Not measured for D = 5120
-// (4 CTAs per SM), which does not get it.
+// 300 ns per first-wave slot at D = 3072, about the time DRAM takes to deliver one slot's loads (SMs x 12 KB
+// at 4 TB/s), scaled with D (500 ns at 5120), for the many-rows shapes (6 resident CTAs per SM at D = 3072,
+// 4 at 5120). Same-run A/B on the H200: D = 3072 1-2% faster at 4096-16384 rows (250-600 ns alike); D =
+// 5120 (500 ns) 2-3% at 2048 rows, 0.5-1.2% at 4096-6889 and 16384, none at 8192 (docs/performance.md).
 template <auto kKernel>
 void set_first_wave_stagger(ResnormArgs& a, int threads) {
   const int device = current_device_index();
   if (device < 0) return;  // stagger_ns stays 0
   const int ctas_per_sm = resident_ctas_per_sm<kKernel>(device, threads);
-  if (ctas_per_sm < 6) return;
+  if (ctas_per_sm < 4) return;
   a.sms = device_sms(device);
   a.first_wave_ctas = a.sms * ctas_per_sm;
-  a.stagger_ns = a.sms > 0 ? 300 : 0;
+  a.stagger_ns = a.sms > 0 ? 300 * a.cols / 3072 : 0;
 }
 
 template <class Quantizer>
