@@ -39,10 +39,15 @@ struct ResnormArgs {
   uint8_t* scales;     // [round_up(rows, 128), cols / 16], 128x4 swizzled
   const float* global_scale;
   // First-wave stagger of the many-rows fused kernels (resnorm_kernel.cuh, stagger_first_wave); 0: none.
+  int32_t device;           // the CUDA device the op runs on (set by the op; host side only)
   int32_t sms;              // SMs of the device
   int32_t first_wave_ctas;  // row CTAs resident at once: sms x CTAs per SM
   int32_t stagger_ns;       // first-wave CTA in slot k = blockIdx / sms waits k * stagger_ns
 };
+
+// Per-device host caches (launch_rows.cuh, blackwell_kernels_usable) cover devices 0 .. kMaxCachedDevices - 1;
+// a device beyond that gets no cache: no first-wave stagger, no Blackwell path.
+constexpr int kMaxCachedDevices = 64;
 
 #if defined(__CUDACC__)
 #define QWEN_FP4_HOST_DEVICE __host__ __device__

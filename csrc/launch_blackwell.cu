@@ -12,9 +12,9 @@
 namespace qwen_fp4 {
 
 bool blackwell_kernels_usable(int device_index) {
-  static std::once_flag once[64];
-  static bool usable[64];
-  if (device_index < 0 || device_index >= 64) return false;
+  static std::once_flag once[kMaxCachedDevices];
+  static bool usable[kMaxCachedDevices];
+  if (device_index < 0 || device_index >= kMaxCachedDevices) return false;
   std::call_once(once[device_index], [device_index] {
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index);

@@ -12,16 +12,9 @@
 
 namespace qwen_fp4 {
 
-// The current device, or -1 when it cannot be asked or is beyond the caches below (64 devices).
-inline int current_device_index() {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return -1;
-  return device;
-}
-
-// SMs of `device`, asked once per device.
+// SMs of `device` (0 .. kMaxCachedDevices - 1), asked once per device.
 inline int device_sms(int device) {
-  static std::atomic<int> cached[64];
+  static std::atomic<int> cached[kMaxCachedDevices];
   int sms = cached[device].load(std::memory_order_relaxed);
   if (sms == 0) {
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -35,7 +28,7 @@ inline int device_sms(int device) {
 // GPUs of one machine may differ). The cache holds the count + 1.
 template <auto kKernel>
 int resident_ctas_per_sm(int device, int threads) {
-  static std::atomic<int> cached[64];  // zero: not asked yet
+  static std::atomic<int> cached[kMaxCachedDevices];  // zero: not asked yet
   int ctas = cached[device].load(std::memory_order_relaxed) - 1;
   if (ctas < 0) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kKernel, threads, 0) != cudaSuccess) {
@@ -53,8 +46,8 @@ int resident_ctas_per_sm(int device, int threads) {
 // 5120 (500 ns) 2-3% at 2048 rows, 0.5-1.2% at 4096-6889 and 16384, none at 8192 (docs/performance.md).
 template <auto kKernel>
 void set_first_wave_stagger(ResnormArgs& a, int threads) {
-  const int device = current_device_index();
-  if (device < 0) return;  // stagger_ns stays 0
+  const int device = a.device;  // the op's device, current under its device guard
+  if (device < 0 || device >= kMaxCachedDevices) return;  // stagger_ns stays 0
   const int ctas_per_sm = resident_ctas_per_sm<kKernel>(device, threads);
   if (ctas_per_sm < 4) return;
   a.sms = device_sms(device);

@@ -127,6 +127,7 @@ ResnormArgs make_resnorm_args(const Tensor& residual, const Tensor& x, const std
   STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, "qwen_fp4: eps must be finite and >= 0, got ", eps);
 
   ResnormArgs a{};
+  a.device = x.get_device_index();
   a.residual = residual.data_ptr();
   a.x = x.data_ptr();
   a.cols = cols;
