@@ -35,7 +35,6 @@ import csv
 import datetime
 import math
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -71,6 +70,21 @@ def bytes_moved(rows: int, dim: int) -> int:
     round_up(rows, 128) rows (D/16 per row). gate/scale/shift ([1, D]) are negligible and not counted.
     At D = 3072: 20,160 bytes per row (12,288 + 6,144 + 1,536 + 192)."""
     return 2 * dim * 2 * rows + dim * 2 * rows + dim // 2 * rows + dim // 16 * round_up(rows, 128)
+
+
+def gbps(nbytes: int, us: float) -> float:
+    """GB/s of moving ``nbytes`` in ``us`` microseconds."""
+    return nbytes / (us * 1e-6) / 1e9
+
+
+def copy_of_same_bytes(nbytes: int, n_sets: int) -> Tuple[Callable[[int], object], int]:
+    """A device-to-device copy of the same traffic as ``nbytes`` (half read, half written) on ``n_sets``
+    buffer pairs, as ``fn(i)`` like the implementations, and the bytes it moves: what the simplest kernel
+    reaches at this size under the same timing."""
+    half = nbytes // 2
+    src = [torch.empty(half, dtype=torch.uint8, device=DEVICE).fill_(1) for _ in range(n_sets)]
+    dst = [torch.empty_like(t) for t in src]
+    return (lambda i: dst[i].copy_(src[i])), 2 * half
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -314,12 +328,7 @@ def _graph_replay(rows: int, dim: int, fast_math: bool, calls: int, replays: int
     for i in range(calls):  # the quantize-only inputs exist before any capture
         impls["quantize"](i)
     torch.cuda.synchronize()
-    # A copy of the same traffic (bytes / 2 read, bytes / 2 written) on as many buffer pairs: what the
-    # simplest kernel reaches under the same timing.
-    half = bytes_moved(rows, dim) // 2
-    src = [torch.empty(half, dtype=torch.uint8, device=DEVICE).fill_(1) for _ in range(calls)]
-    dst = [torch.empty_like(t) for t in src]
-    impls["copy"] = lambda i: dst[i].copy_(src[i])
+    impls["copy"], copy_bytes = copy_of_same_bytes(bytes_moved(rows, dim), calls)
     out = {}
     for name in ("fused", "unfused", "resnorm", "quantize", "copy"):
         fn = impls[name]
@@ -347,6 +356,7 @@ def _graph_replay(rows: int, dim: int, fast_math: bool, calls: int, replays: int
         out[name] = statistics.median(times)
         del graph
     out["calls"] = calls
+    out["copy_bytes"] = copy_bytes
     return out
 
 
@@ -420,19 +430,16 @@ def run_case(rows: int, dim: int, timer: GpuTimer, l2: int, copy_gbps: float, co
         reps = adaptive_reps(timer.probe_us(fn, n_sets), max_reps, budget_s)
         us = timer.per_call_us(fn, n_sets, reps)
         row[f"{name}_us"] = us
-        row[f"{name}_gbps"] = nbytes / (us * 1e-6) / 1e9
+        row[f"{name}_gbps"] = gbps(nbytes, us)
         row[f"{name}_reps"] = reps
     row["fused_frac_copy"] = row["fused_gbps"] / copy_gbps
-    # What a plain copy of the same traffic (bytes / 2 read, bytes / 2 written) reaches with the same
-    # method (cold L2, per-call events): the ceiling at this size, launch and ramp-up included.
-    half = nbytes // 2
-    src = [torch.empty(half, dtype=torch.uint8, device=DEVICE).fill_(1) for _ in range(n_sets)]
-    dst = [torch.empty_like(t) for t in src]
-    copy_fn = lambda i: dst[i].copy_(src[i])  # noqa: E731
+    # A plain copy of the same traffic with the same method (cold L2, per-call events): the ceiling at
+    # this size, launch and ramp-up included.
+    copy_fn, copy_bytes = copy_of_same_bytes(nbytes, n_sets)
     us = timer.per_call_us(copy_fn, n_sets, adaptive_reps(timer.probe_us(copy_fn, n_sets), max_reps, budget_s))
     row["copy_same_bytes_us"] = us
-    row["copy_same_bytes_frac"] = 2 * half / (us * 1e-6) / 1e9 / copy_gbps
-    del src, dst
+    row["copy_same_bytes_frac"] = gbps(copy_bytes, us) / copy_gbps
+    del copy_fn
     for peer in ("unfused", "eager", "compiled"):
         row[f"speedup_vs_{peer}"] = row[f"{peer}_us"] / row["fused_us"]
     del impls, inp
@@ -454,17 +461,12 @@ CSV_FIELDS = ["dim", "rows", "bytes", "n_sets", "fused_us", "fused_gbps", "fused
 
 
 def git_commit() -> str:
-    here = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
-            return out.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "n/a"
+    """The commit the installed build came from, as setup.py recorded it ("-dirty": built with uncommitted
+    changes; cli.build_info), so that a wheel built elsewhere still names its code; "n/a" when none was
+    recorded (a build outside a git checkout)."""
+    from .cli import build_info
+
+    return build_info()["build_commit"] or "n/a"
 
 
 def _f(v: object, fmt: str) -> str:
@@ -748,9 +750,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             nbytes = r["bytes"]
             r.update(graph_fused_us=g["fused"], graph_unfused_us=g["unfused"],
                      graph_speedup_vs_unfused=g["unfused"] / g["fused"], graph_calls=g["calls"],
-                     graph_fused_frac_copy=nbytes / (g["fused"] * 1e-6) / 1e9 / copy_gbps,
+                     graph_fused_frac_copy=gbps(nbytes, g["fused"]) / copy_gbps,
                      graph_copy_same_bytes_us=g["copy"],
-                     graph_copy_same_bytes_frac=2 * (nbytes // 2) / (g["copy"] * 1e-6) / 1e9 / copy_gbps,
+                     graph_copy_same_bytes_frac=gbps(g["copy_bytes"], g["copy"]) / copy_gbps,
                      graph_resnorm_us=g["resnorm"], graph_quantize_us=g["quantize"])
     host = host_overhead_us()
 

@@ -53,7 +53,7 @@ def timeline(rows: int, dim: int, calls: int = 30) -> None:
     med = statistics.median
     nbytes = bench.bytes_moved(rows, dim)
     print(f"rows={rows} D={dim}: event time {med(event_us):.2f} us per call; CTAs' span (first start to last end) "
-          f"{med(spans):.2f} us -> {nbytes / med(spans) / 1e3:.0f} GB/s over the span; event time - span "
+          f"{med(spans):.2f} us -> {bench.gbps(nbytes, med(spans)):.0f} GB/s over the span; event time - span "
           f"{med(gaps):.2f} us (launch, first CTA start, completion)")
     print(f"  first wave: {med(firsts):.0f} CTAs started within 0.2 us ({med(firsts) / sms:.1f} per SM), their median "
           f"lifetime {med(durs_first):.2f} us; later CTAs' median lifetime {med(durs_mid):.2f} us")

@@ -23,8 +23,8 @@ def main() -> None:
             print(f"graph D={d} rows={m}: fused {best['fused']:.2f} us, unfused {best['unfused']:.2f} us "
                   f"({best['unfused'] / best['fused']:.3f}x), resnorm {best['resnorm']:.2f}, "
                   f"quantize {best['quantize']:.2f}, copy of the same bytes {best['copy']:.2f} us "
-                  f"({bench.bytes_moved(m, d) / best['fused'] / 1e3:.0f} GB/s fused, "
-                  f"{bench.bytes_moved(m, d) / best['copy'] / 1e3:.0f} GB/s copy)  [min of {args.repeat}]", flush=True)
+                  f"({bench.gbps(bench.bytes_moved(m, d), best['fused']):.0f} GB/s fused, "
+                  f"{bench.gbps(best['copy_bytes'], best['copy']):.0f} GB/s copy)  [min of {args.repeat}]", flush=True)
 
 
 if __name__ == "__main__":
