@@ -16,8 +16,7 @@ status=0
 
 wheel=${WHEEL:-$(ls -t "$REPO"/dist/qwen_resnorm_fp4-*.whl 2>/dev/null | head -1)}
 [ -n "$wheel" ] || { echo "no wheel in $REPO/dist: build one first (see README)"; exit 2; }
-python3 -m pip install -q --no-deps --no-index --force-reinstall "$wheel" 2>&1 | { grep -v "^WARNING: Running pip as" || true; } \
-  || { echo "installing $wheel failed"; exit 2; }
+bash "$REPO/scripts/install_wheel.sh" "$wheel" || { echo "installing $wheel failed"; exit 2; }
 # Optional extras carried as wheels (no network there), e.g. .whl/diffusers-*.whl, into a private target.
 if ls "$REPO"/.whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$REPO"/.whl/*.whl \
@@ -37,7 +36,7 @@ for stage in "${stages[@]}"; do
     bench)
       python3 -m qwen_resnorm_fp4 bench --out "$OUT/bench" --check-targets ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     ncu)  # scripts/ncu_profile.sh: 4096 rows fused, 256 rows fused and the pair ($OUT/ncu_*.txt)
-      WHEEL=$wheel OUT=$OUT bash "$REPO/scripts/ncu_profile.sh" 2>&1 | tee "$OUT/ncu.log" || status=1 ;;
+      INSTALLED=1 OUT=$OUT bash "$REPO/scripts/ncu_profile.sh" 2>&1 | tee "$OUT/ncu.log" || status=1 ;;
     sanitizer)
       for tool in memcheck racecheck initcheck synccheck; do
         echo "== compute-sanitizer --tool $tool" >> "$OUT/sanitizer.log"

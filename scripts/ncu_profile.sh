@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Where the fused kernel's time goes, by Nsight Compute: issue slots, warp stall reasons, occupancy and
 # memory throughput of the many-rows fused kernel (4096 x 3072), and of the few-rows fused kernel next to
-# the unfused pair's two kernels (256 x 3072). Installs $WHEEL, default dist/*.whl; reports in $OUT
-# (default ./gpu_logs).
+# the unfused pair's two kernels (256 x 3072). Installs $WHEEL, default dist/*.whl (INSTALLED=1: profiles
+# the package already installed, as gpu_check.sh's ncu stage does); reports in $OUT (default ./gpu_logs).
 #
 #   bash scripts/ncu_profile.sh
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$REPO/gpu_logs}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-index --force-reinstall "${WHEEL:-$(ls "$REPO"/dist/qwen_resnorm_fp4-*.whl | head -1)}" 2>&1 \
-  | { grep -v "^WARNING: Running pip as" || true; }
+[ -n "${INSTALLED:-}" ] || bash "$REPO/scripts/install_wheel.sh" \
+  "${WHEEL:-$(ls "$REPO"/dist/qwen_resnorm_fp4-*.whl | head -1)}" || exit 2
 cd /tmp  # the installed package, not the source tree
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats
           --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats

@@ -23,8 +23,7 @@ for round in $(seq "${ROUNDS:-1}"); do
     name=$(basename "$dir")${envs:+_${envs//[^A-Za-z0-9]/_}}
     [ "${ROUNDS:-1}" -gt 1 ] && name="$name.r$round"
     log="$OUT/$name.log"
-    if ! python3 -m pip install -q --no-deps --no-index --force-reinstall "$REPO/$dir"/*.whl 2>&1 \
-        | { grep -v "^WARNING: Running pip as" || true; }; then
+    if ! bash "$REPO/scripts/install_wheel.sh" "$(ls "$REPO/$dir"/*.whl | head -1)"; then
       echo "== $name: installing its wheel failed, skipped"; continue
     fi
     {
