@@ -16,6 +16,7 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -112,6 +113,21 @@ def _licence(base: Path) -> Path | None:
     return None
 
 
+def source_commit() -> str | None:
+    """The checkout's commit (short hash, "-dirty" with uncommitted changes to tracked files), or None
+    outside a git checkout (an sdist): recorded so that a wheel's benchmark can name its code."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0 or not head.stdout.strip():
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def write_build_info(archs: list[str], flashinfer: str | None, cuda: str | None) -> None:
     import torch
 
@@ -121,7 +137,8 @@ def write_build_info(archs: list[str], flashinfer: str | None, cuda: str | None)
         f"CUDA_ARCHS = {archs!r}\n"
         f"FLASHINFER = {flashinfer!r}\n"
         f"BUILD_TORCH = {torch.__version__!r}\n"
-        f"BUILD_CUDA = {cuda!r}\n")
+        f"BUILD_CUDA = {cuda!r}\n"
+        f"BUILD_COMMIT = {source_commit()!r}\n")
 
 
 def extension_modules():

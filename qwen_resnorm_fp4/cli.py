@@ -35,12 +35,13 @@ def build_info() -> Dict[str, object]:
     try:
         from . import _build_info as b
     except ImportError:
-        return {"cuda_archs": None, "flashinfer": None, "build_torch": None, "build_cuda": None}
+        return {"cuda_archs": None, "flashinfer": None, "build_torch": None, "build_cuda": None, "build_commit": None}
     return {
         "cuda_archs": list(getattr(b, "CUDA_ARCHS", []) or []),
         "flashinfer": getattr(b, "FLASHINFER", None),
         "build_torch": getattr(b, "BUILD_TORCH", None),
         "build_cuda": getattr(b, "BUILD_CUDA", None),
+        "build_commit": getattr(b, "BUILD_COMMIT", None),  # the checkout's commit at build time
     }
 
 
@@ -111,6 +112,7 @@ def collect_info() -> Dict[str, object]:
         "flashinfer": bi["flashinfer"],
         "build_torch": bi["build_torch"],
         "build_cuda": bi["build_cuda"],
+        "build_commit": bi["build_commit"],
         "gpus": gpus,
         "path": gpus[0]["path"] if gpus else kernel_path(None),
         "fast_math_default": default_fast_math(),
@@ -131,7 +133,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"compiled library: {info['library']}",
         f"GPU targets:      {(' '.join(archs) if archs else 'none (pure Python build)') if archs is not None else na}",
         f"FlashInfer:       {info['flashinfer'] or ('not used (no Blackwell targets)' if archs is not None else na)}",
-        f"built with:       torch {info['build_torch'] or '?'}, CUDA {info['build_cuda'] or 'none'}",
+        f"built with:       torch {info['build_torch'] or '?'}, CUDA {info['build_cuda'] or 'none'}, "
+        f"from commit {info['build_commit'] or 'n/a'}",
     ]
     if info["gpus"]:
         for g in info["gpus"]:

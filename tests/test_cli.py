@@ -248,3 +248,12 @@ def test_graph_table_and_big_rows_detail():
     verdicts = {n: (v, d) for n, v, d in bench.check_targets(rows, {})}
     v, detail = verdicts["fused >= 90% of copy bandwidth at rows >= 4096"]
     assert v == "FAIL" and "per-call events: 4096 rows 85.0%" in detail and "graph replay (not judged): 4096 rows 95.0%" in detail
+
+
+def test_bench_names_the_commit_the_build_recorded(monkeypatch):
+    """The benchmark's header names the commit setup.py recorded in the build (a wheel run on a machine
+    without the checkout still names its code), or n/a when none was recorded."""
+    monkeypatch.setattr(cli, "build_info", lambda: {"build_commit": "abc1234-dirty"})
+    assert bench.git_commit() == "abc1234-dirty"
+    monkeypatch.setattr(cli, "build_info", lambda: {"build_commit": None})
+    assert bench.git_commit() == "n/a"
