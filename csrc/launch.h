@@ -39,10 +39,11 @@ struct ResnormArgs {
   uint8_t* scales;     // [round_up(rows, 128), cols / 16], 128x4 swizzled
   const float* global_scale;
   // First-wave stagger of the many-rows fused kernels (resnorm_kernel.cuh, stagger_first_wave); 0: none.
-  int32_t device;           // the CUDA device the op runs on (set by the op; host side only)
   int32_t sms;              // SMs of the device
   int32_t first_wave_ctas;  // row CTAs resident at once: sms x CTAs per SM
   int32_t stagger_ns;       // first-wave CTA in slot k = blockIdx / sms waits k * stagger_ns
+  int32_t device;           // the CUDA device the op runs on (set by the op; read on the host only, last so
+                            // that the kernels' parameter offsets stay as they were)
 };
 
 // Per-device host caches (launch_rows.cuh, blackwell_kernels_usable) cover devices 0 .. kMaxCachedDevices - 1;
