@@ -361,15 +361,23 @@ def _graph_replay(rows: int, dim: int, fast_math: bool, calls: int, replays: int
 
 
 def host_overhead_us(calls: int = 500, rounds: int = 5) -> Dict[str, float]:
-    """Host wall time per call (us) of the Python wrapper and of the raw op, on a tiny shape (1 x 3072)."""
-    from . import api
+    """Host wall time per call (us) on a tiny shape (1 x 3072): the Python wrapper, the raw op, the gate the
+    model integrations call (try_fused_resnorm_quant), and as a peer one PyTorch op with one kernel launch
+    on the same x (torch.nn.functional.layer_norm)."""
+    import types
+
+    from . import api, gate
 
     fm = _fast_math()
     inp = Inputs(1, TARGET_DIM, 1, seed=2)
     args = (inp.residual[0], inp.x[0], None, inp.gate, inp.scale, inp.shift, inp.global_scale)
+    fc1 = types.SimpleNamespace(in_features=TARGET_DIM, input_global_scale=inp.global_scale)
     fns = {
         "wrapper": lambda: api.resnorm_quant(*args),
         "raw_op": lambda: torch.ops.qwen_fp4.resnorm_quant(*args, EPS, fm),
+        "gate": lambda: gate.try_fused_resnorm_quant(inp.residual[0], inp.x[0], inp.gate, inp.scale, inp.shift,
+                                                     fc1, eps=EPS),
+        "layer_norm": lambda: torch.nn.functional.layer_norm(inp.x[0], (TARGET_DIM,), eps=EPS),
     }
     out = {}
     for name, fn in fns.items():
@@ -766,7 +774,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          f"{g['copy']:.2f} us")
     extra.append(f"eager host overhead per call (1 x {TARGET_DIM}, wall time, GPU not the bottleneck): "
                  f"Python wrapper qwen_resnorm_fp4.resnorm_quant {host['wrapper']:.1f} us, "
-                 f"raw torch.ops.qwen_fp4.resnorm_quant {host['raw_op']:.1f} us")
+                 f"raw torch.ops.qwen_fp4.resnorm_quant {host['raw_op']:.1f} us, the integrations' gate "
+                 f"try_fused_resnorm_quant {host['gate']:.1f} us; peer in the same run: "
+                 f"torch.nn.functional.layer_norm of the same x {host['layer_norm']:.1f} us")
     notes = [
         f"copy ceiling: {copy_gbps:.0f} GB/s (1 GiB device-to-device copy, read+write bytes / median time)",
         clock_note,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Dict, Optional
 
+import torch
+
 #: Either one set to "1" disables fast math in FlashInfer's / TensorRT-LLM's fp4_quantize.
 FAST_MATH_DISABLE_VARS = ("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "TRTLLM_DISABLE_FP4_QUANT_FAST_MATH")
 #: "1" makes FlashInfer's quantizer use the 4over6 recipe, which this library does not implement.
@@ -15,15 +17,35 @@ DISABLE_VAR = "QWEN_FP4_DISABLE"
 ALL_VARS = (DISABLE_VAR, *FAST_MATH_DISABLE_VARS, FOUR_OVER_SIX_VAR)
 
 
+# These switches are read on every op call. os.environ.get of an unset variable raises and catches a
+# KeyError inside os._Environ (about 0.7 us a name); os._Environ's own dict of encoded names and values
+# answers the same question with one plain lookup. It is the live mapping (os.environ[...] = ...,
+# monkeypatch.setenv and del all write through it), so the switches are still read at call time. An
+# os.environ replaced by another object, and torch.compile's tracing (which would guard on that whole
+# dict), take the plain path.
+_ENVIRON = os.environ
+try:
+    _ENV_DATA = _ENVIRON._data
+    _ENCODE_NAME = _ENVIRON.encodekey
+    _ONE = _ENVIRON.encodevalue("1")
+except AttributeError:  # pragma: no cover - an os.environ without these internals
+    _ENV_DATA = None
+_encoded_names: Dict[str, object] = {}
+
+
 def flag_enabled(name: str) -> bool:
-    """True when the variable is exactly "1" (the production quantizer's getBoolEnv rule)."""
+    """True when the variable is exactly "1" (the production quantizer's getBoolEnv rule), read now."""
+    if _ENV_DATA is not None and os.environ is _ENVIRON and not torch.compiler.is_compiling():
+        key = _encoded_names.get(name)
+        if key is None:
+            key = _encoded_names[name] = _ENCODE_NAME(name)
+        return _ENV_DATA.get(key) == _ONE
     return os.environ.get(name) == "1"
 
 
 def default_fast_math() -> bool:
-    """Fast math unless FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH is "1"."""
-    get = os.environ.get  # on every call: this runs per op call, keep it to two dict lookups
-    return get(FAST_MATH_DISABLE_VARS[0]) != "1" and get(FAST_MATH_DISABLE_VARS[1]) != "1"
+    """Fast math unless FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH is "1" (read now, on every call)."""
+    return not (flag_enabled(FAST_MATH_DISABLE_VARS[0]) or flag_enabled(FAST_MATH_DISABLE_VARS[1]))
 
 
 def resolve_fast_math(fast_math: Optional[bool]) -> bool:

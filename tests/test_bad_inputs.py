@@ -479,3 +479,41 @@ def test_aligned_skips_fake_tensors():
     assert not data_ptr_warnings, data_ptr_warnings
     # and eagerly the misaligned x is still copied (same bytes as an aligned x)
     assert same_bytes(f(*args), f(*[a.clone() for a in args]))
+
+
+_PY_CHECKS = {RQ: "_check_resnorm_quant_args", RN: "_check_resnorm_args", NQ: "_check_quantize_args"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and the compiled library")
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_cuda_wrappers_run_python_checks_only_when_the_op_refuses(monkeypatch, op):
+    """On plain CUDA tensors the wrappers call the op first (its C++ checks refuse whatever the Python checks
+    refuse, before any launch) and run the Python checks only to explain a refusal (api._run_or_explain):
+    a good call never runs them, a bad one raises their typed error, and where they find nothing wrong
+    the op's own error stands."""
+    from qwen_resnorm_fp4 import api
+
+    kw = good("cuda")
+    want = call(op, "wrapper", kw)
+    runs = []
+    real = getattr(api, _PY_CHECKS[op])
+
+    def counted(*args):
+        runs.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(api, _PY_CHECKS[op], counted)
+    got = call(op, "wrapper", dict(kw, gate=strided(kw["gate"])))  # a copy for the layout, still no check
+    sync_all()
+    assert same_bytes(got, want) and not runs
+    name = "y" if op == NQ else "x"
+    bad = dict(kw, **{name: kw[name].half()})
+    with pytest.raises(TypeError, match=rf"^{name} must be bfloat16"):
+        call(op, "wrapper", bad)
+    assert runs == [1]
+    monkeypatch.setattr(api, _PY_CHECKS[op], lambda *args: None)  # checks that find nothing
+    with pytest.raises(RuntimeError, match=rf"qwen_fp4: {name} must be bfloat16"):
+        call(op, "wrapper", bad)
+    sync_all()
+    assert same_bytes(call(op, "wrapper", kw), want)

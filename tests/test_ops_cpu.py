@@ -348,3 +348,30 @@ def test_environment_read_at_call_time(monkeypatch, differing_inputs):
     assert equal_outputs(q.resnorm_quant(*pos), exact)
     monkeypatch.delenv(FAST_VARS[1])
     assert equal_outputs(q.resnorm_quant(*pos), fast)
+
+
+@pytest.mark.parametrize("name", [*FAST_VARS, "QWEN_FP4_DISABLE", "FLASHINFER_NVFP4_4OVER6"])
+def test_switches_follow_every_way_of_setting_the_environment(monkeypatch, name):
+    """env.flag_enabled reads os.environ's own dict (no KeyError round trip): it must see os.environ[...] =,
+    del, monkeypatch, a value other than "1", and an os.environ replaced by another mapping."""
+    import os
+
+    from qwen_resnorm_fp4 import env
+
+    monkeypatch.delenv(name, raising=False)
+    assert not env.flag_enabled(name)
+    os.environ[name] = "1"
+    try:
+        assert env.flag_enabled(name)
+        assert env.default_fast_math() == (name not in FAST_VARS)
+        os.environ[name] = "true"  # only exactly "1" counts, as in the production quantizer
+        assert not env.flag_enabled(name)
+    finally:
+        del os.environ[name]
+    assert not env.flag_enabled(name) and env.default_fast_math()
+    monkeypatch.setenv(name, "1")
+    assert env.flag_enabled(name)
+    monkeypatch.setattr(os, "environ", {name: "0"})  # not os._Environ: the plain path
+    assert not env.flag_enabled(name)
+    monkeypatch.setattr(os, "environ", {name: "1"})
+    assert env.flag_enabled(name) and env.default_fast_math() == (name not in FAST_VARS)

@@ -1,0 +1,82 @@
+"""Where the eager host time of one small call goes (1 x 3072, wall time per call, GPU not the bottleneck):
+the typed wrapper, the raw op (packet and overload), the op with no rows (no launch), the integrations'
+gate, the wrapper's parts, and PyTorch peers in the same process. `previous wrapper` replays the wrapper's
+code path before the fast path (all Python checks, then `_aligned` per tensor, then the op's packet, the
+environment read through os.environ.get), so the change is measured against it in the same run.
+
+    python scripts/host_overhead.py [--calls 500] [--rounds 7]
+"""
+import argparse
+import os
+import statistics
+import time
+import types
+
+import torch
+
+from qwen_resnorm_fp4 import api, bench, gate
+from qwen_resnorm_fp4.env import FAST_MATH_DISABLE_VARS
+
+
+def per_call_us(fn, calls: int, rounds: int) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def previous_wrapper(residual, x, bias, gate_, scale, shift, global_scale, eps=1e-6):
+    get = os.environ.get
+    fm = get(FAST_MATH_DISABLE_VARS[0]) != "1" and get(FAST_MATH_DISABLE_VARS[1]) != "1"
+    api._check_resnorm_quant_args(residual, x, bias, gate_, scale, shift, global_scale, eps, None, None, None)
+    opt = lambda t: None if t is None else api._aligned(t)  # noqa: E731
+    return torch.ops.qwen_fp4.resnorm_quant(
+        api._aligned(residual), api._aligned(x), opt(bias), api._aligned(gate_), api._aligned(scale),
+        api._aligned(shift), global_scale, float(eps), fm, None, None, None)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--calls", type=int, default=500)
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args()
+    d = bench.TARGET_DIM
+    inp = bench.Inputs(1, d, 1, seed=2)
+    r, x = inp.residual[0], inp.x[0]
+    pos = (r, x, None, inp.gate, inp.scale, inp.shift, inp.global_scale)
+    r0, x0 = r[:, :0], x[:, :0]  # [1, 0, D]: no rows, so no launch
+    fc1 = types.SimpleNamespace(in_features=d, input_global_scale=inp.global_scale)
+    y = torch.randn(1, d, device="cuda").bfloat16()
+    cases = {
+        "wrapper qwen_resnorm_fp4.resnorm_quant": lambda: api.resnorm_quant(*pos),
+        "previous wrapper (checks, _aligned, packet)": lambda: previous_wrapper(*pos),
+        "raw op, packet torch.ops.qwen_fp4.resnorm_quant": lambda: torch.ops.qwen_fp4.resnorm_quant(*pos, 1e-6, True),
+        "raw op, overload .default": lambda: torch.ops.qwen_fp4.resnorm_quant.default(*pos, 1e-6, True),
+        "raw op, 0 rows (no launch)": lambda: torch.ops.qwen_fp4.resnorm_quant.default(
+            r0, x0, None, inp.gate, inp.scale, inp.shift, inp.global_scale, 1e-6, True),
+        "gate try_fused_resnorm_quant": lambda: gate.try_fused_resnorm_quant(r, x, inp.gate, inp.scale, inp.shift,
+                                                                             fc1, eps=1e-6),
+        "python checks alone": lambda: api._check_resnorm_quant_args(*pos, 1e-6, None, None, None),
+        "wrapper nvfp4_quantize": lambda: api.nvfp4_quantize(y, inp.global_scale),
+        "raw op nvfp4_quantize": lambda: torch.ops.qwen_fp4.nvfp4_quantize(y, inp.global_scale, True),
+        "peer torch.nn.functional.layer_norm (same x)": lambda: torch.nn.functional.layer_norm(x, (d,), eps=1e-6),
+        "peer torch.add (same x)": lambda: torch.add(x, r),
+        "peer torch.empty x3 (the op's outputs)": lambda: (torch.empty(1, d // 2, dtype=torch.uint8, device="cuda"),
+                                                           torch.empty(128, d // 16, dtype=torch.uint8, device="cuda"),
+                                                           torch.empty_like(x)),
+    }
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {args.calls} calls x {args.rounds} rounds, "
+          f"median us per call")
+    for name, fn in cases.items():
+        print(f"{name:48s} {per_call_us(fn, args.calls, args.rounds):7.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
