@@ -360,10 +360,30 @@ def _graph_replay(rows: int, dim: int, fast_math: bool, calls: int, replays: int
     return out
 
 
-def host_overhead_us(calls: int = 500, rounds: int = 5) -> Dict[str, float]:
-    """Host wall time per call (us) on a tiny shape (1 x 3072): the Python wrapper, the raw op, the gate the
-    model integrations call (try_fused_resnorm_quant), and as a peer one PyTorch op with one kernel launch
-    on the same x (torch.nn.functional.layer_norm)."""
+def host_us_per_call(cases: Dict[str, Callable[[], object]], calls: int, rounds: int) -> Dict[str, Tuple[float, float, float]]:
+    """Host wall time per call (us) of each case: (median, min, max) over the rounds. The cases take turns
+    within each round, so a drift of the host's speed (other tenants, clocks) moves them alike instead of
+    favouring whichever ran first. The GPU work per call is far shorter than the host time (not the
+    bottleneck); the stream is synchronized between the timed loops."""
+    for fn in cases.values():
+        for _ in range(20):
+            fn()
+    torch.cuda.synchronize()
+    samples: Dict[str, List[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    return {name: (statistics.median(v), min(v), max(v)) for name, v in samples.items()}
+
+
+def host_overhead_us(calls: int = 300, rounds: int = 9) -> Dict[str, float]:
+    """Host wall time per call (us, median) on a tiny shape (1 x 3072): the Python wrapper, the raw op, the
+    gate the model integrations call (try_fused_resnorm_quant), and as a peer one PyTorch op with one
+    kernel launch on the same x (torch.nn.functional.layer_norm)."""
     import types
 
     from . import api, gate
@@ -379,20 +399,7 @@ def host_overhead_us(calls: int = 500, rounds: int = 5) -> Dict[str, float]:
                                                      fc1, eps=EPS),
         "layer_norm": lambda: torch.nn.functional.layer_norm(inp.x[0], (TARGET_DIM,), eps=EPS),
     }
-    out = {}
-    for name, fn in fns.items():
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples.append((time.perf_counter() - t0) / calls * 1e6)
-            torch.cuda.synchronize()
-        out[name] = statistics.median(samples)
-    return out
+    return {name: med for name, (med, _, _) in host_us_per_call(fns, calls, rounds).items()}
 
 
 def outputs_equal(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:

@@ -33,19 +33,32 @@ except AttributeError:  # pragma: no cover - an os.environ without these interna
 _encoded_names: Dict[str, object] = {}
 
 
+def _encoded_lookup() -> bool:
+    """Whether os.environ's own dict may be read directly (see above)."""
+    return _ENV_DATA is not None and os.environ is _ENVIRON and not torch.compiler.is_compiling()
+
+
+def _encoded(name: str) -> object:
+    key = _encoded_names.get(name)
+    if key is None:
+        key = _encoded_names[name] = _ENCODE_NAME(name)
+    return key
+
+
 def flag_enabled(name: str) -> bool:
     """True when the variable is exactly "1" (the production quantizer's getBoolEnv rule), read now."""
-    if _ENV_DATA is not None and os.environ is _ENVIRON and not torch.compiler.is_compiling():
-        key = _encoded_names.get(name)
-        if key is None:
-            key = _encoded_names[name] = _ENCODE_NAME(name)
-        return _ENV_DATA.get(key) == _ONE
+    if _encoded_lookup():
+        return _ENV_DATA.get(_encoded(name)) == _ONE
     return os.environ.get(name) == "1"
 
 
 def default_fast_math() -> bool:
     """Fast math unless FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH is "1" (read now, on every call)."""
-    return not (flag_enabled(FAST_MATH_DISABLE_VARS[0]) or flag_enabled(FAST_MATH_DISABLE_VARS[1]))
+    if _encoded_lookup():
+        get = _ENV_DATA.get
+        return get(_encoded(FAST_MATH_DISABLE_VARS[0])) != _ONE and get(_encoded(FAST_MATH_DISABLE_VARS[1])) != _ONE
+    get = os.environ.get
+    return get(FAST_MATH_DISABLE_VARS[0]) != "1" and get(FAST_MATH_DISABLE_VARS[1]) != "1"
 
 
 def resolve_fast_math(fast_math: Optional[bool]) -> bool:

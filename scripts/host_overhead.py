@@ -4,32 +4,16 @@ gate, the wrapper's parts, and PyTorch peers in the same process. `previous wrap
 code path before the fast path (all Python checks, then `_aligned` per tensor, then the op's packet, the
 environment read through os.environ.get), so the change is measured against it in the same run.
 
-    python scripts/host_overhead.py [--calls 500] [--rounds 7]
+    python scripts/host_overhead.py [--calls 300] [--rounds 15]
 """
 import argparse
 import os
-import statistics
-import time
 import types
 
 import torch
 
 from qwen_resnorm_fp4 import api, bench, gate
 from qwen_resnorm_fp4.env import FAST_MATH_DISABLE_VARS
-
-
-def per_call_us(fn, calls: int, rounds: int) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
 
 
 def previous_wrapper(residual, x, bias, gate_, scale, shift, global_scale, eps=1e-6):
@@ -44,8 +28,8 @@ def previous_wrapper(residual, x, bias, gate_, scale, shift, global_scale, eps=1
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--calls", type=int, default=500)
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args()
     d = bench.TARGET_DIM
     inp = bench.Inputs(1, d, 1, seed=2)
@@ -68,15 +52,15 @@ def main() -> None:
         "raw op nvfp4_quantize": lambda: torch.ops.qwen_fp4.nvfp4_quantize(y, inp.global_scale, True),
         "peer torch.nn.functional.layer_norm (same x)": lambda: torch.nn.functional.layer_norm(x, (d,), eps=1e-6),
         "peer torch.add (same x)": lambda: torch.add(x, r),
+        "peer torch.cuda._sleep(1) (one bare launch)": lambda: torch.cuda._sleep(1),
         "peer torch.empty x3 (the op's outputs)": lambda: (torch.empty(1, d // 2, dtype=torch.uint8, device="cuda"),
                                                            torch.empty(128, d // 16, dtype=torch.uint8, device="cuda"),
                                                            torch.empty_like(x)),
     }
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {args.calls} calls x {args.rounds} rounds, "
-          f"median us per call")
-    for name, fn in cases.items():
-        print(f"{name:48s} {per_call_us(fn, args.calls, args.rounds):7.2f}", flush=True)
-
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {args.calls} calls x {args.rounds} rounds "
+          f"(cases interleaved), us per call: median [min, max] over the rounds")
+    for name, (med, lo, hi) in bench.host_us_per_call(cases, args.calls, args.rounds).items():
+        print(f"{name:48s} {med:7.2f}  [{lo:.2f}, {hi:.2f}]", flush=True)
 
 if __name__ == "__main__":
     main()
