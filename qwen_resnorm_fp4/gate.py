@@ -28,7 +28,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from . import _library
-from .api import ACTIVATION_DTYPES, INDEX_DTYPES, PARAM_DTYPES, WIDTH_RULE, _resnorm_quant_op, is_supported_width
+from .api import (_PLAIN_TENSOR_TYPES, _RESNORM_QUANT, ACTIVATION_DTYPES, INDEX_DTYPES, PARAM_DTYPES, WIDTH_RULE,
+                  _kernel_operand, _NotFast, _optional_operand, _resnorm_quant_op, is_supported_width)
 from .env import DISABLE_VAR, FOUR_OVER_SIX_VAR, flag_enabled, resolve_fast_math
 from .linear import NVFP4Linear
 
@@ -176,6 +177,54 @@ def _is_tensor(t: Any) -> bool:
     return isinstance(t, torch.Tensor)
 
 
+def _serve_common_call(residual, x, gate, scale, shift, fc1, bias, eps, norm, modulate_index, fast_math):
+    """The common eager call, served without the decline checks below (most of the gate's host time):
+    plain CUDA tensors, x bf16 and contiguous, residual contiguous, a GPU the kernels serve, norm None or a
+    torch.nn.LayerNorm over D, an fc1 with an int in_features equal to D, eps a float. What else the
+    checks decline for (dtypes, shapes, widths, devices, eps values, the modulation forms, fc1's global
+    scale) the op's C++ checks refuse before any launch. Returns the op's outputs, or None: the checked
+    path then decides as if this function did not exist (decline, serve through an aligned copy, or
+    raise); tests/test_gate.py compares the two on CUDA case by case."""
+    if type(x) not in _PLAIN_TENSOR_TYPES or type(residual) not in _PLAIN_TENSOR_TYPES or not x.is_cuda:
+        return None
+    if x.dtype is not torch.bfloat16 or x.dim() < 1 or x.numel() == 0 or not x.is_contiguous() \
+            or not residual.is_contiguous():
+        return None
+    cols = x.shape[-1]
+    if not _kernel_serves_cuda_device(x.get_device()):
+        return None
+    if norm is None:
+        weight = norm_bias = None
+        norm_eps = eps
+    elif type(norm) is torch.nn.LayerNorm and tuple(norm.normalized_shape) == (cols,):
+        weight, norm_bias, norm_eps = norm.weight, norm.bias, norm.eps
+    else:
+        return None
+    in_features = getattr(fc1, "in_features", None)
+    if type(norm_eps) is not float or type(in_features) is not int or in_features != cols:
+        return None
+    if fast_math is None:
+        fast_math = getattr(fc1, "fast_math", None)
+    if fast_math is not None and type(fast_math) is not bool:
+        return None  # the checked path raises the TypeError
+    if type(gate) in _PLAIN_TENSOR_TYPES and gate.dim() == 3:  # [B, 1, D]: the checked path's squeeze
+        if gate.shape[1] != 1 or type(scale) not in _PLAIN_TENSOR_TYPES or type(shift) not in _PLAIN_TENSOR_TYPES \
+                or not gate.shape == scale.shape == shift.shape:
+            return None
+        gate, scale, shift = gate.squeeze(1), scale.squeeze(1), shift.squeeze(1)
+    try:
+        args = (residual, x, _optional_operand(bias), _kernel_operand(gate), _kernel_operand(scale),
+                _kernel_operand(shift), _kernel_operand(getattr(fc1, "input_global_scale", None), False), norm_eps,
+                resolve_fast_math(fast_math), _optional_operand(weight), _optional_operand(norm_bias),
+                _optional_operand(modulate_index))
+    except _NotFast:
+        return None
+    try:
+        return _RESNORM_QUANT(*args)
+    except Exception:  # noqa: BLE001 - refused: the checked path finds the reason (or raises the error itself)
+        return None
+
+
 def try_fused_resnorm_quant(
     residual: Tensor,
     x: Tensor,
@@ -234,6 +283,12 @@ def try_fused_resnorm_quant(
         return _decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
     if flag_enabled(FOUR_OVER_SIX_VAR):
         return _decline(R.FOUR_OVER_SIX_RECIPE, "{}=1", FOUR_OVER_SIX_VAR)
+    if not torch.compiler.is_compiling():  # eager: the common call first (traced, the checks below are free)
+        served = _serve_common_call(residual, x, gate, scale, shift, fc1, bias, eps, norm, modulate_index, fast_math)
+        if served is not None:
+            _succeed()
+            packed, scales, residual_out = served
+            return (packed, scales), residual_out, gate_out
 
     # 2. Where the tensors live.
     if not (_is_tensor(x) and _is_tensor(residual)):

@@ -490,6 +490,150 @@ def test_gpu_compile_fullgraph_equals_eager():
     torch._dynamo.reset()
 
 
+def _cuda_cases():
+    """(name, build) pairs: build() returns (kw, extra, fc1, more) for one gate call on CUDA tensors, each a
+    call the common-call fast path serves, or one it must leave to the checked path."""
+    D = 128
+
+    def mk(form="batch", param_dtype=torch.float32, bias=False, kw_fn=None, extra_fn=None, fc1_fn=None, **more):
+        def build():
+            kw, extra, fc1 = block(device="cuda", form=form, param_dtype=param_dtype, bias=bias)
+            if kw_fn:
+                kw = kw_fn(kw)
+            if extra_fn:
+                extra = extra_fn(extra)
+            if fc1_fn:
+                fc1 = fc1_fn(fc1)
+            return kw, extra, fc1, {k: (v() if callable(v) else v) for k, v in more.items()}
+        return build
+
+    def ln(affine=True, shape=(D,), device="cuda", eps=1e-5):
+        def make():
+            m = torch.nn.LayerNorm(shape, eps=eps, elementwise_affine=affine).requires_grad_(False)
+            if affine:
+                with torch.no_grad():
+                    m.weight.normal_(1.0, 0.1)
+                    m.bias.normal_(0.0, 0.1)
+            return m.bfloat16().to(device)
+        return make
+
+    def misaligned(t):
+        buf = torch.zeros(t.numel() + 1, dtype=t.dtype, device=t.device)
+        v = buf[1:].view(t.shape)
+        v.copy_(t)
+        return v
+
+    def cuda_fc1(in_features=D, scale=lambda: torch.ones(1, device="cuda")):
+        return lambda f: types.SimpleNamespace(in_features=in_features, input_global_scale=scale())
+
+    return {
+        "served_batch": mk(),
+        "served_bias_bf16": mk(param_dtype=torch.bfloat16, bias=True),
+        "served_shared": mk(form="shared"),
+        "served_batch1": mk(form="batch1"),
+        "served_indexed": mk(form="indexed"),
+        "served_layernorm": mk(norm=ln(affine=False)),
+        "served_layernorm_affine": mk(norm=ln()),
+        "served_norm_dict": mk(norm=lambda: dict(type="layernorm", eps=1e-5)),
+        "served_eps_int": mk(eps=0),
+        "served_fast_math_false": mk(fast_math=False),
+        "served_gate_strided": mk(kw_fn=lambda k: dict(k, gate=torch.cat([k["gate"]] * 2, -1)[..., :D])),
+        "served_x_misaligned": mk(kw_fn=lambda k: dict(k, x=misaligned(k["x"]))),
+        "served_residual_misaligned": mk(kw_fn=lambda k: dict(k, residual=misaligned(k["residual"]))),
+        "layernorm_weight_on_cpu": mk(norm=ln(device="cpu")),
+        "layernorm_wrong_shape": mk(norm=ln(affine=False, shape=(8, D))),
+        "layernorm_fp16": mk(norm=lambda: ln()().half()),
+        "x_fp16": mk(kw_fn=lambda k: dict(k, x=k["x"].half())),
+        "residual_fp32": mk(kw_fn=lambda k: dict(k, residual=k["residual"].float())),
+        "gate_fp16": mk(kw_fn=lambda k: dict(k, gate=k["gate"].half())),
+        "shift_fp64": mk(kw_fn=lambda k: dict(k, shift=k["shift"].double())),
+        "gate_on_cpu": mk(kw_fn=lambda k: dict(k, gate=k["gate"].cpu())),
+        "gate_none": mk(kw_fn=lambda k: dict(k, gate=None)),
+        "bias_int": mk(extra_fn=lambda e: dict(bias=torch.zeros(D, dtype=torch.int32, device="cuda"))),
+        "bias_wrong_shape": mk(extra_fn=lambda e: dict(bias=torch.zeros(64, device="cuda"))),
+        "bias_on_cpu": mk(extra_fn=lambda e: dict(bias=torch.zeros(D))),
+        "zero_rows": mk(kw_fn=lambda k: dict(k, x=k["x"][:, :0], residual=k["residual"][:, :0])),
+        "residual_shape": mk(kw_fn=lambda k: dict(k, residual=k["residual"][:, :4].contiguous())),
+        "width_96": mk(kw_fn=lambda k: dict(k, x=k["x"][..., :96].contiguous(),
+                                            residual=k["residual"][..., :96].contiguous()),
+                       fc1_fn=cuda_fc1(96)),
+        "x_transposed": mk(kw_fn=lambda k: dict(k, x=k["x"].transpose(0, 1).contiguous().transpose(0, 1))),
+        "residual_strided": mk(kw_fn=lambda k: dict(k, residual=torch.cat([k["residual"]] * 2, -1)[..., :D])),
+        "per_token_gate": mk(kw_fn=lambda k: dict(k, gate=torch.zeros(2, 8, D, device="cuda"),
+                                                  scale=torch.zeros(2, 8, D, device="cuda"),
+                                                  shift=torch.zeros(2, 8, D, device="cuda"))),
+        "batch1_gate_only": mk(form="batch1", kw_fn=lambda k: dict(k, scale=k["scale"].squeeze(1))),
+        "gate_scale_shapes_differ": mk(kw_fn=lambda k: dict(k, gate=k["gate"][0])),
+        "rows_not_split": mk(kw_fn=lambda k: dict(k, gate=torch.zeros(3, D, device="cuda"),
+                                                  scale=torch.zeros(3, D, device="cuda"),
+                                                  shift=torch.zeros(3, D, device="cuda"))),
+        "index_without_2B": mk(extra_fn=lambda e: dict(modulate_index=torch.zeros(2, 8, dtype=torch.int32,
+                                                                                  device="cuda"))),
+        "index_float": mk(form="indexed", extra_fn=lambda e: dict(modulate_index=e["modulate_index"].float())),
+        "index_on_cpu": mk(form="indexed", extra_fn=lambda e: dict(modulate_index=e["modulate_index"].cpu())),
+        "eps_nan": mk(eps=float("nan")),
+        "eps_negative": mk(eps=-1.0),
+        "eps_bool": mk(eps=True),
+        "norm_eps_negative": mk(norm=ln(eps=-1.0)),
+        "fc1_width": mk(fc1_fn=lambda f: q.NVFP4Linear(2 * D, 32).cuda()),
+        "fc1_in_features_bool": mk(fc1_fn=lambda f: types.SimpleNamespace(
+            in_features=True, input_global_scale=torch.ones(1, device="cuda"))),
+        "fc1_scale_fp16": mk(fc1_fn=cuda_fc1(scale=lambda: torch.ones(1, dtype=torch.float16, device="cuda"))),
+        "fc1_scale_two_elements": mk(fc1_fn=cuda_fc1(scale=lambda: torch.ones(2, device="cuda"))),
+        "fc1_scale_on_cpu": mk(fc1_fn=cuda_fc1(scale=lambda: torch.ones(1))),
+        "fc1_nn_linear": mk(fc1_fn=lambda f: torch.nn.Linear(D, 32).cuda()),
+        "fast_math_str": mk(fast_math="yes"),
+    }
+
+
+# Served by _serve_common_call itself; the other "served_" cases (a misaligned x or residual, which need a
+# copy, a norm given as a mapping, an int eps) are served by the checked path.
+_FAST_SERVED = {"served_batch", "served_bias_bf16", "served_shared", "served_batch1", "served_indexed",
+                "served_layernorm", "served_layernorm_affine", "served_fast_math_false", "served_gate_strided"}
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(_cuda_cases()) if CUDA_OK else ["no_gpu"])
+def test_gpu_common_call_fast_path_decides_like_the_checks(monkeypatch, name):
+    """Eager CUDA calls go through _serve_common_call first. For every case, served or not, the gate must
+    return what the checked path alone returns: the same bytes, or None with the same reason and detail, or
+    the same exception."""
+    kw, extra, fc1, more = _cuda_cases()[name]()
+
+    def outcome():
+        q.gate.reset_decline_log()
+        try:
+            out = call(kw, extra, fc1, **more)
+        except Exception as exc:  # noqa: BLE001 - compared below
+            return ("raised", type(exc), str(exc))
+        torch.cuda.synchronize()
+        if out is None:
+            return ("declined", q.last_decline_reason(), q.last_decline_detail())
+        (packed, scales), residual_out, _ = out
+        return ("served", packed.cpu(), scales.cpu(), residual_out.cpu())
+
+    real, fast_served = gate_mod._serve_common_call, []
+
+    def recorded(*args):
+        out = real(*args)
+        fast_served.append(out is not None)
+        return out
+
+    monkeypatch.setattr(gate_mod, "_serve_common_call", recorded)
+    fast = outcome()
+    assert fast_served == [name in _FAST_SERVED]  # the common calls take the fast path, the rest do not
+    monkeypatch.setattr(gate_mod, "_serve_common_call", lambda *args: None)
+    checked = outcome()
+    assert fast[0] == checked[0], (fast[:1], checked)
+    if fast[0] == "served":
+        assert all(torch.equal(a, b) for a, b in zip(fast[1:], checked[1:]))
+    else:
+        assert fast == checked
+    if name.startswith("served_"):
+        assert fast[0] == "served", fast
+
+
 # --------------------------------------------------------------------------------------------------
 # docs/integration.md: the worked example runs as written
 # --------------------------------------------------------------------------------------------------
