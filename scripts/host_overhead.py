@@ -2,7 +2,8 @@
 the typed wrapper, the raw op (packet and overload), the op with no rows (no launch), the integrations'
 gate, the wrapper's parts, and PyTorch peers in the same process. `previous wrapper` replays the wrapper's
 code path before the fast path (all Python checks, then `_aligned` per tensor, then the op's packet, the
-environment read through os.environ.get), so the change is measured against it in the same run.
+environment read through os.environ.get), and `gate, checked path only` is the gate with its common-call
+fast path switched off, so both changes are measured against what they replace in the same run.
 
     python scripts/host_overhead.py [--calls 300] [--rounds 15]
 """
@@ -26,6 +27,16 @@ def previous_wrapper(residual, x, bias, gate_, scale, shift, global_scale, eps=1
         api._aligned(shift), global_scale, float(eps), fm, None, None, None)
 
 
+def checked_gate(*args, **kwargs):
+    """The gate with its common-call fast path switched off: every decline check, then the op."""
+    fast = gate._serve_common_call
+    gate._serve_common_call = lambda *a: None
+    try:
+        return gate.try_fused_resnorm_quant(*args, **kwargs)
+    finally:
+        gate._serve_common_call = fast
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=300)
@@ -47,6 +58,8 @@ def main() -> None:
             r0, x0, None, inp.gate, inp.scale, inp.shift, inp.global_scale, 1e-6, True),
         "gate try_fused_resnorm_quant": lambda: gate.try_fused_resnorm_quant(r, x, inp.gate, inp.scale, inp.shift,
                                                                              fc1, eps=1e-6),
+        "gate, checked path only (no fast path)": lambda: checked_gate(r, x, inp.gate, inp.scale, inp.shift, fc1,
+                                                                      eps=1e-6),
         "python checks alone": lambda: api._check_resnorm_quant_args(*pos, 1e-6, None, None, None),
         "wrapper nvfp4_quantize": lambda: api.nvfp4_quantize(y, inp.global_scale),
         "raw op nvfp4_quantize": lambda: torch.ops.qwen_fp4.nvfp4_quantize(y, inp.global_scale, True),
