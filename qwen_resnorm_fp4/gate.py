@@ -12,6 +12,11 @@ The decision uses only static properties (dtypes, shapes, device types, ``isinst
 variables), so it is traced away by ``torch.compile(fullgraph=True)`` and does nothing on the device while
 a CUDA graph is captured (no host synchronisation, no ``.item()``).
 
+In eager mode the common call (plain CUDA tensors, norm ``None`` or a ``torch.nn.LayerNorm``, an FC1 of
+width D) goes to the op before the decline checks, whose C++ checks refuse what those checks would decline
+for; anything refused, and every other call, goes through the checks, so the outcome (served bytes, decline
+reason, error) is the same either way, only cheaper on the host (docs/performance.md).
+
 Under ``torch.compile`` the environment variables are read when the function is traced: changing them later
 takes effect only after a recompilation (``torch._dynamo.reset()``). The decline reason is still recorded
 for every call of the compiled function, but nothing is logged from compiled code.
