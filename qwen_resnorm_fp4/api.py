@@ -121,6 +121,18 @@ def _optional_operand(t: object) -> Optional[Tensor]:
     return None if t is None else _kernel_operand(t)
 
 
+def _resnorm_quant_operands(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool,
+                            weight, norm_bias, modulate_index, *, copy_activations: bool = True) -> tuple:
+    """The resnorm_quant op's arguments from plain CUDA tensors, each made contiguous and aligned where it is
+    not (copy_activations=False: x and residual as given, for the gate, which declines rather than copies
+    them); raises _NotFast for anything else."""
+    if copy_activations:
+        residual, x = _kernel_operand(residual), _kernel_operand(x)
+    return (residual, x, _optional_operand(bias), _kernel_operand(gate), _kernel_operand(scale),
+            _kernel_operand(shift), _kernel_operand(global_scale, False), eps, fast_math, _optional_operand(weight),
+            _optional_operand(norm_bias), _optional_operand(modulate_index))
+
+
 def _run_or_explain(op, args: tuple, check, check_args: tuple):
     """The fast path of the typed wrappers on plain CUDA tensors: the op first, since its own checks
     (csrc/ops.cpp) refuse everything the Python checks refuse, before any launch. Only when it raises do
@@ -244,9 +256,8 @@ def resnorm_quant(
     fm = resolve_fast_math(fast_math)
     if type(eps) is float and not torch.compiler.is_compiling():
         try:
-            args = (_kernel_operand(residual), _kernel_operand(x), _optional_operand(bias), _kernel_operand(gate),
-                    _kernel_operand(scale), _kernel_operand(shift), _kernel_operand(global_scale, False), eps, fm,
-                    _optional_operand(weight), _optional_operand(norm_bias), _optional_operand(modulate_index))
+            args = _resnorm_quant_operands(residual, x, bias, gate, scale, shift, global_scale, eps, fm, weight,
+                                           norm_bias, modulate_index)
         except _NotFast:
             pass
         else:
@@ -265,12 +276,12 @@ def _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, eps: 
     made contiguous and 16-byte aligned, nothing checked twice on the hot path."""
     if not torch.compiler.is_compiling():
         try:
-            return _RESNORM_QUANT(
-                _kernel_operand(residual), _kernel_operand(x), _optional_operand(bias), _kernel_operand(gate),
-                _kernel_operand(scale), _kernel_operand(shift), _kernel_operand(global_scale, False), float(eps),
-                fast_math, _optional_operand(weight), _optional_operand(norm_bias), _optional_operand(modulate_index))
+            args = _resnorm_quant_operands(residual, x, bias, gate, scale, shift, global_scale, float(eps),
+                                           fast_math, weight, norm_bias, modulate_index)
         except _NotFast:
             pass
+        else:
+            return _RESNORM_QUANT(*args)
     opt = lambda t: None if t is None else _aligned(t)  # noqa: E731
     return torch.ops.qwen_fp4.resnorm_quant(
         _aligned(residual), _aligned(x), opt(bias), _aligned(gate), _aligned(scale), _aligned(shift),

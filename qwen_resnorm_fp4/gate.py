@@ -34,7 +34,7 @@ import torch
 
 from . import _library
 from .api import (_PLAIN_TENSOR_TYPES, _RESNORM_QUANT, ACTIVATION_DTYPES, INDEX_DTYPES, PARAM_DTYPES, WIDTH_RULE,
-                  _kernel_operand, _NotFast, _optional_operand, _resnorm_quant_op, is_supported_width)
+                  _NotFast, _resnorm_quant_op, _resnorm_quant_operands, is_supported_width)
 from .env import DISABLE_VAR, FOUR_OVER_SIX_VAR, flag_enabled, resolve_fast_math
 from .linear import NVFP4Linear
 
@@ -218,10 +218,9 @@ def _serve_common_call(residual, x, gate, scale, shift, fc1, bias, eps, norm, mo
             return None
         gate, scale, shift = gate.squeeze(1), scale.squeeze(1), shift.squeeze(1)
     try:
-        args = (residual, x, _optional_operand(bias), _kernel_operand(gate), _kernel_operand(scale),
-                _kernel_operand(shift), _kernel_operand(getattr(fc1, "input_global_scale", None), False), norm_eps,
-                resolve_fast_math(fast_math), _optional_operand(weight), _optional_operand(norm_bias),
-                _optional_operand(modulate_index))
+        args = _resnorm_quant_operands(residual, x, bias, gate, scale, shift, getattr(fc1, "input_global_scale", None),
+                                       norm_eps, resolve_fast_math(fast_math), weight, norm_bias, modulate_index,
+                                       copy_activations=False)
     except _NotFast:
         return None
     try:
