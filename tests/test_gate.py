@@ -213,16 +213,22 @@ def _fake_cuda_block():
     return x, p
 
 
+def _mutated_block(mutate_kw=None, mutate_extra=None, fc1_fn=None, **block_kw):
+    """block(**block_kw) with its tensors, extras and fc1 each passed through a mutation when given."""
+    kw, extra, fc1 = block(**block_kw)
+    if mutate_kw:
+        kw = mutate_kw(kw)
+    if mutate_extra:
+        extra = mutate_extra(extra)
+    if fc1_fn:
+        fc1 = fc1_fn(fc1)
+    return kw, extra, fc1
+
+
 def _case(name):
     """(reason, callable returning the gate's result) for a named decline case."""
     def run(mutate_kw=None, mutate_extra=None, fc1_fn=None, **more):
-        kw, extra, fc1 = block()
-        if mutate_kw:
-            kw = mutate_kw(kw)
-        if mutate_extra:
-            extra = mutate_extra(extra)
-        if fc1_fn:
-            fc1 = fc1_fn(fc1)
+        kw, extra, fc1 = _mutated_block(mutate_kw, mutate_extra, fc1_fn)
         more.setdefault("allow_cpu", True)
         return call(kw, extra, fc1, **more)
 
@@ -497,13 +503,8 @@ def _cuda_cases():
 
     def mk(form="batch", param_dtype=torch.float32, bias=False, kw_fn=None, extra_fn=None, fc1_fn=None, **more):
         def build():
-            kw, extra, fc1 = block(device="cuda", form=form, param_dtype=param_dtype, bias=bias)
-            if kw_fn:
-                kw = kw_fn(kw)
-            if extra_fn:
-                extra = extra_fn(extra)
-            if fc1_fn:
-                fc1 = fc1_fn(fc1)
+            kw, extra, fc1 = _mutated_block(kw_fn, extra_fn, fc1_fn, device="cuda", form=form,
+                                            param_dtype=param_dtype, bias=bias)
             return kw, extra, fc1, {k: (v() if callable(v) else v) for k, v in more.items()}
         return build
 
