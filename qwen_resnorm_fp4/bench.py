@@ -23,7 +23,7 @@ fused op, the unfused pair, the pair's kernels alone and a copy of the same byte
 from graph replay (the eager per-call figure at 17 rows is mostly launch overhead), so the small-row
 targets use those; at many rows it is the GPU time of back-to-back calls, reported next to the per-call
 figures (the targets there use the per-call figures). And the host overhead per call of the Python
-wrapper and of the raw op.
+wrapper, the raw op and the integrations' gate, with one PyTorch op as a peer (:func:`host_overhead_cases`).
 
 Everything here imports on a machine without a GPU and without matplotlib.
 """
@@ -380,10 +380,11 @@ def host_us_per_call(cases: Dict[str, Callable[[], object]], calls: int, rounds:
     return {name: (statistics.median(v), min(v), max(v)) for name, v in samples.items()}
 
 
-def host_overhead_us(calls: int = 300, rounds: int = 9) -> Dict[str, float]:
-    """Host wall time per call (us, median) on a tiny shape (1 x 3072): the Python wrapper, the raw op, the
-    gate the model integrations call (try_fused_resnorm_quant), and as a peer one PyTorch op with one
-    kernel launch on the same x (torch.nn.functional.layer_norm)."""
+def host_overhead_cases() -> Dict[str, Callable[[], object]]:
+    """The benchmark's host-overhead cases on a tiny shape (1 x 3072), as calls without arguments: the
+    Python wrapper, the raw op, the gate the model integrations call (try_fused_resnorm_quant), and as a
+    peer one PyTorch op with one kernel launch on the same x (torch.nn.functional.layer_norm).
+    scripts/host_overhead.py adds its breakdown to these."""
     import types
 
     from . import api, gate
@@ -392,14 +393,18 @@ def host_overhead_us(calls: int = 300, rounds: int = 9) -> Dict[str, float]:
     inp = Inputs(1, TARGET_DIM, 1, seed=2)
     args = (inp.residual[0], inp.x[0], None, inp.gate, inp.scale, inp.shift, inp.global_scale)
     fc1 = types.SimpleNamespace(in_features=TARGET_DIM, input_global_scale=inp.global_scale)
-    fns = {
+    return {
         "wrapper": lambda: api.resnorm_quant(*args),
         "raw_op": lambda: torch.ops.qwen_fp4.resnorm_quant(*args, EPS, fm),
         "gate": lambda: gate.try_fused_resnorm_quant(inp.residual[0], inp.x[0], inp.gate, inp.scale, inp.shift,
                                                      fc1, eps=EPS),
         "layer_norm": lambda: torch.nn.functional.layer_norm(inp.x[0], (TARGET_DIM,), eps=EPS),
     }
-    return {name: med for name, (med, _, _) in host_us_per_call(fns, calls, rounds).items()}
+
+
+def host_overhead_us(calls: int = 300, rounds: int = 9) -> Dict[str, float]:
+    """Host wall time per call (us, median over interleaved rounds) of :func:`host_overhead_cases`."""
+    return {name: med for name, (med, _, _) in host_us_per_call(host_overhead_cases(), calls, rounds).items()}
 
 
 def outputs_equal(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
@@ -501,6 +506,9 @@ def table_lines(rows: List[Dict[str, object]]) -> List[str]:
             f"{_f(r['speedup_vs_eager'], '.1f')} | {_f(r['speedup_vs_compiled'], '.1f')} | "
             f"{'yes' if r['byte_exact'] else 'NO'} |")
     return lines
+
+
+GRAPH_TABLE_TITLE = "CUDA-graph replay, GPU time per call (one call per input set, no event records between calls):"
 
 
 def graph_table_lines(rows: List[Dict[str, object]]) -> List[str]:
@@ -800,15 +808,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print()
     print("\n".join(lines))
     print()
-    print("CUDA-graph replay, GPU time per call (one call per input set, no event records between calls):")
+    print(GRAPH_TABLE_TITLE)
     print("\n".join(glines))
     print()
     for line in extra:
         print(line)
 
     md = ["# resnorm_quant benchmark", ""] + [f"- {h}" for h in header] + [f"- {n}" for n in notes] + [""] + \
-        lines + ["", "CUDA-graph replay, GPU time per call (one call per input set, no event records between "
-                 "calls):", ""] + glines + [""] + [f"- {e}" for e in extra]
+        lines + ["", GRAPH_TABLE_TITLE, ""] + glines + [""] + [f"- {e}" for e in extra]
     target_res = check_targets(results, graph) if args.check_targets else []
     if target_res:
         md += ["", f"## Targets (D = {TARGET_DIM})", ""] + [f"- {v}: {n} ({d})" for n, v, d in target_res]
