@@ -52,11 +52,18 @@ def make_inputs(
     affine: bool = False,
     global_scale: float = 200.0,
     eps: float = 1e-6,
+    x_std: float = 1.0,
+    residual_std: float = 2.0,
+    generate_on_device: bool = False,
 ) -> Dict[str, object]:
-    """Random but deterministic inputs of the three ops (generated on CPU, then moved to ``device``,
-    so the same seed gives the same values on every device).
+    """Random but deterministic inputs of the three ops, the test suite's one input builder
+    (``reliability_utils.block_inputs`` and the GPU kernel tests call it with their own defaults).
 
-    x, residual: bf16 [B, S, D]. ``form`` picks the modulation parameters gate/scale/shift:
+    Generated on CPU, then moved to ``device``, so the same seed gives the same values on every device;
+    ``generate_on_device=True`` draws them on ``device`` instead (fast for large GPU cases; other values).
+
+    x, residual: bf16 [B, S, D] with standard deviations ``x_std`` and ``residual_std``. ``form`` picks the
+    modulation parameters gate/scale/shift:
       "shared" -> [D]; "batch" -> [B, D]; "indexed_<int32|int64|bool>" -> [2B, D] plus
       modulate_index [B, S] of that dtype (about half the tokens non-zero; for the ints, non-zero
       values other than 1 appear too, since the contract says "non-zero", not "1").
@@ -65,13 +72,14 @@ def make_inputs(
     """
     if form not in FORMS:
         raise ValueError(f"unknown form {form!r}")
-    g = torch.Generator().manual_seed(seed)
+    gen_device = torch.device(device) if generate_on_device else torch.device("cpu")
+    g = torch.Generator(device=gen_device).manual_seed(seed)
 
     def randn(*shape, std=1.0, mean=0.0):
-        return torch.randn(*shape, generator=g) * std + mean
+        return torch.randn(*shape, generator=g, device=gen_device) * std + mean
 
-    x = randn(B, S, D).to(torch.bfloat16)
-    residual = randn(B, S, D, std=2.0).to(torch.bfloat16)
+    x = randn(B, S, D, std=x_std).to(torch.bfloat16)
+    residual = randn(B, S, D, std=residual_std).to(torch.bfloat16)
     rows = 1 if form == "shared" else (B if form == "batch" else 2 * B)
     pshape = (D,) if form == "shared" else (rows, D)
     gate = randn(*pshape, std=0.5, mean=0.5).to(param_dtype)
@@ -79,11 +87,11 @@ def make_inputs(
     shift = randn(*pshape, std=0.3).to(param_dtype)
     modulate_index = None
     if form.startswith("indexed"):
-        idx = torch.randint(0, 2, (B, S), generator=g)
+        idx = torch.randint(0, 2, (B, S), generator=g, device=gen_device)
         if form == "indexed_bool":
             modulate_index = idx.bool()
         else:
-            idx = idx * torch.randint(1, 4, (B, S), generator=g)  # non-zero values 1..3
+            idx = idx * torch.randint(1, 4, (B, S), generator=g, device=gen_device)  # non-zero values 1..3
             modulate_index = idx.to(torch.int32 if form == "indexed_int32" else torch.int64)
     inp = dict(
         residual=residual,

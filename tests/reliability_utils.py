@@ -11,6 +11,7 @@ from typing import Dict, Optional
 
 import torch
 
+from conftest import make_inputs
 from qwen_resnorm_fp4 import _library
 from qwen_resnorm_fp4.layout import round_up, sf_offset_128x4
 
@@ -100,34 +101,24 @@ def padding_scale_bytes(scales: torch.Tensor, rows: int, cols: int) -> torch.Ten
     return logical_scales(scales, round_up(rows, 128) - rows, cols, first_row=rows)
 
 
+#: block_inputs' modulation forms, by index dtype for "indexed": make_inputs' form names.
+_INDEXED_FORMS = {torch.int32: "indexed_int32", torch.int64: "indexed_int64", torch.bool: "indexed_bool"}
+
+
 def block_inputs(rows: int, cols: int, *, batches: int = 1, form: str = "batch", param_dtype=torch.bfloat16,
                  bias: bool = True, affine: bool = False, index_dtype=torch.int32, seed: int = 0,
-                 device="cpu", x_std: float = 1.0, residual_std: float = 4.0) -> Dict[str, object]:
-    """Op arguments, generated on CPU (same values on every device) and moved to ``device``.
-    x/residual: bf16 [batches, rows / batches, cols]; form "shared" ([D]), "batch" ([B, D]) or "indexed"
-    ([2B, D] + modulate_index [B, S]). Keys: residual, x, bias, gate, scale, shift, weight, norm_bias,
-    modulate_index."""
+                 device="cpu", x_std: float = 1.0, residual_std: float = 4.0,
+                 generate_on_device: bool = False) -> Dict[str, object]:
+    """Op arguments by rows and columns: ``conftest.make_inputs`` (same values for the same seed on every
+    device unless ``generate_on_device``) for ``batches`` x rows / batches x cols.
+    form "shared" ([D]), "batch" ([B, D]) or "indexed" ([2B, D] + modulate_index [B, S] of index_dtype).
+    Keys: residual, x, bias, gate, scale, shift, weight, norm_bias, modulate_index."""
     assert rows % batches == 0
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, s=1.0, mean=0.0, dt=torch.bfloat16):
-        return (torch.randn(*shape, generator=g) * s + mean).to(dt)
-
-    shape = (batches, rows // batches, cols)
-    kw = dict(residual=rnd(*shape, s=residual_std), x=rnd(*shape, s=x_std))
-    prow = {"shared": (), "batch": (batches,), "indexed": (2 * batches,)}[form]
-    kw["gate"] = rnd(*prow, cols, s=0.5, mean=0.5, dt=param_dtype)
-    kw["scale"] = rnd(*prow, cols, s=0.3, dt=param_dtype)
-    kw["shift"] = rnd(*prow, cols, s=0.3, dt=param_dtype)
-    kw["bias"] = rnd(cols, s=0.1, dt=param_dtype) if bias else None
-    kw["weight"] = rnd(cols, s=0.1, mean=1.0, dt=param_dtype) if affine else None
-    kw["norm_bias"] = rnd(cols, s=0.1, dt=param_dtype) if affine else None
-    if form == "indexed":
-        idx = torch.randint(0, 2, (batches, rows // batches), generator=g)
-        kw["modulate_index"] = idx.bool() if index_dtype == torch.bool else idx.to(index_dtype)
-    else:
-        kw["modulate_index"] = None
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    full_form = _INDEXED_FORMS[index_dtype] if form == "indexed" else form
+    inp = make_inputs(batches, rows // batches, cols, full_form, param_dtype, seed, device=device, bias=bias,
+                      affine=affine, x_std=x_std, residual_std=residual_std, generate_on_device=generate_on_device)
+    return {k: inp[k] for k in ("residual", "x", "bias", "gate", "scale", "shift", "weight", "norm_bias",
+                                "modulate_index")}
 
 
 def resnorm_args(kw: Dict[str, object]):

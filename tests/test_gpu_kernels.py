@@ -31,7 +31,7 @@ from qwen_resnorm_fp4 import _library, reference
 from qwen_resnorm_fp4.layout import round_up
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
 from qwen_resnorm_fp4.ops import gpu_rcp
-from reliability_utils import Y_ULPS_BOUND, logical_scales, padding_scale_bytes, y_ulps
+from reliability_utils import Y_ULPS_BOUND, block_inputs, logical_scales, padding_scale_bytes, y_ulps
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,28 +49,10 @@ def _seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def make_inputs(rows: int, cols: int, *, batches: int = 1, form: str = "batch", param_dtype=torch.bfloat16,
-                bias: bool = False, affine: bool = False, index_dtype=torch.int32, seed: int = 0):
-    """Random block inputs on the GPU. form: "shared" ([D]), "batch" ([B, D]) or "indexed" ([2B, D] + index)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dev = "cuda"
-    rnd = lambda *shape, s=1.0, dt=torch.bfloat16: (torch.randn(*shape, generator=g, device=dev) * s).to(dt)  # noqa: E731
-    assert rows % batches == 0
-    shape = (batches, rows // batches, cols)
-    kw = dict(residual=rnd(*shape, s=4.0), x=rnd(*shape))
-    prow = {"shared": (), "batch": (batches,), "indexed": (2 * batches,)}[form]
-    kw["gate"] = rnd(*prow, cols, dt=param_dtype)
-    kw["scale"] = rnd(*prow, cols, s=0.5, dt=param_dtype)
-    kw["shift"] = rnd(*prow, cols, s=0.5, dt=param_dtype)
-    kw["bias"] = rnd(cols, s=0.1, dt=param_dtype) if bias else None
-    kw["weight"] = (1.0 + rnd(cols, s=0.1, dt=torch.float32)).to(param_dtype) if affine else None
-    kw["norm_bias"] = rnd(cols, s=0.1, dt=param_dtype) if affine else None
-    if form == "indexed":
-        idx = torch.randint(0, 2, (batches, rows // batches), generator=g, device=dev)
-        kw["modulate_index"] = idx.bool() if index_dtype == torch.bool else idx.to(index_dtype)
-    else:
-        kw["modulate_index"] = None
-    return kw
+def make_inputs(rows: int, cols: int, *, bias: bool = False, **opts):
+    """Random block inputs drawn on the GPU (``block_inputs``; no bias unless asked). form: "shared" ([D]),
+    "batch" ([B, D]) or "indexed" ([2B, D] + index)."""
+    return block_inputs(rows, cols, bias=bias, device="cuda", generate_on_device=True, **opts)
 
 
 def _global_scale(y: torch.Tensor) -> torch.Tensor:
