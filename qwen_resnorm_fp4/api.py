@@ -83,6 +83,13 @@ def _has_data(t: Tensor) -> bool:
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
+def _plain_aligned(t: Tensor) -> Tensor:
+    """A plain tensor with real data made contiguous and 16-byte aligned (a copy only when needed)."""
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.clone() if t.data_ptr() & 15 else t
+
+
 def _aligned(t: Tensor) -> Tensor:
     """Contiguous and 16-byte aligned (a copy only when needed). While tracing (torch.compile, make_fx,
     FakeTensorMode) alignment is unknowable and not checked: the CUDA op itself refuses a misaligned
@@ -90,9 +97,7 @@ def _aligned(t: Tensor) -> Tensor:
     if torch.compiler.is_compiling():
         return t.contiguous()
     if type(t) in _PLAIN_TENSOR_TYPES:  # the common case, kept cheap: fakes and functional tensors are other types
-        if not t.is_contiguous():
-            t = t.contiguous()
-        return t.clone() if t.data_ptr() & 15 else t
+        return _plain_aligned(t)
     t = t.contiguous()
     if _has_data(t) and t.data_ptr() % 16 != 0:
         t = t.clone()
@@ -109,28 +114,32 @@ def _kernel_operand(t: object, vector_access: bool = True) -> Tensor:
     _NotFast."""
     if type(t) not in _PLAIN_TENSOR_TYPES or not t.is_cuda:
         raise _NotFast
-    if vector_access:
-        if not t.is_contiguous():
-            t = t.contiguous()
-        if t.data_ptr() & 15:
-            t = t.clone()
-    return t
+    return _plain_aligned(t) if vector_access else t
 
 
 def _optional_operand(t: object) -> Optional[Tensor]:
     return None if t is None else _kernel_operand(t)
 
 
-def _resnorm_quant_operands(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool,
-                            weight, norm_bias, modulate_index, *, copy_activations: bool = True) -> tuple:
-    """The resnorm_quant op's arguments from plain CUDA tensors, each made contiguous and aligned where it is
-    not (copy_activations=False: x and residual as given, for the gate, which declines rather than copies
-    them); raises _NotFast for anything else."""
+def _resnorm_operands(residual, x, bias, gate, scale, shift, middle: tuple, weight, norm_bias, modulate_index, *,
+                      copy_activations: bool = True) -> tuple:
+    """The arguments of the resnorm / resnorm_quant op from plain CUDA tensors, each made contiguous and
+    aligned where it is not (copy_activations=False: x and residual as given, for the gate, which declines
+    rather than copies them), with ``middle`` (the op's arguments between shift and weight) in place;
+    raises _NotFast for anything else."""
     if copy_activations:
         residual, x = _kernel_operand(residual), _kernel_operand(x)
     return (residual, x, _optional_operand(bias), _kernel_operand(gate), _kernel_operand(scale),
-            _kernel_operand(shift), _kernel_operand(global_scale, False), eps, fast_math, _optional_operand(weight),
-            _optional_operand(norm_bias), _optional_operand(modulate_index))
+            _kernel_operand(shift), *middle, _optional_operand(weight), _optional_operand(norm_bias),
+            _optional_operand(modulate_index))
+
+
+def _resnorm_quant_operands(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool,
+                            weight, norm_bias, modulate_index, *, copy_activations: bool = True) -> tuple:
+    """_resnorm_operands for the resnorm_quant op (global_scale, eps, fast_math in the middle)."""
+    middle = (_kernel_operand(global_scale, False), eps, fast_math)
+    return _resnorm_operands(residual, x, bias, gate, scale, shift, middle, weight, norm_bias, modulate_index,
+                             copy_activations=copy_activations)
 
 
 def _run_or_explain(op, args: tuple, check, check_args: tuple):
@@ -307,9 +316,7 @@ def resnorm(
     """
     if type(eps) is float and not torch.compiler.is_compiling():
         try:
-            args = (_kernel_operand(residual), _kernel_operand(x), _optional_operand(bias), _kernel_operand(gate),
-                    _kernel_operand(scale), _kernel_operand(shift), eps, _optional_operand(weight),
-                    _optional_operand(norm_bias), _optional_operand(modulate_index))
+            args = _resnorm_operands(residual, x, bias, gate, scale, shift, (eps,), weight, norm_bias, modulate_index)
         except _NotFast:
             pass
         else:
