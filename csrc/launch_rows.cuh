@@ -1,10 +1,12 @@
-// Launch helpers shared by the portable and Blackwell translation units: one CTA per row, plus (the
-// quantizing kernels, quantize_grid) CTAs that zero the scale tensor's padding rows.
+// Launch helpers shared by the portable and Blackwell translation units: one CTA per row (two for few rows
+// of the fused op, split_rows), plus (the quantizing kernels, quantize_grid) CTAs that zero the scale
+// tensor's padding rows.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "dispatch.cuh"
 #include "launch.h"
@@ -55,13 +57,31 @@ void set_first_wave_stagger(ResnormArgs& a, int threads) {
   a.stagger_ns = a.sms > 0 ? 300 * a.cols / 3072 : 0;
 }
 
+// Two CTAs per row (resnorm_quant_split_kernel) while there is at most one row per SM, in the shapes that
+// have it (the few-rows shapes of D = 3072 and 5120). Same-run A/B on the H200 (132 SMs), graph replay,
+// D = 3072: 2.92 -> 2.73 us at 17 rows, 3.08 -> 2.91 at 64, 3.39 -> 3.30 at 128, but 3.64 -> 3.73 at 160
+// and 4.03 -> 4.25 at 256, where a second row per SM makes the duplicated statistics cost issue slots;
+// D = 5120: 3.34 -> 2.98 at 17 rows, 3.59 -> 3.31 at 64, within 0.02 us at 96-128, slower from 160 on.
+inline bool split_rows(const ResnormArgs& a) {
+  return a.device >= 0 && a.device < kMaxCachedDevices && a.rows <= device_sms(a.device);
+}
+
 template <class Quantizer>
 void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
   dispatch_plain(args, [&](auto plain) {
     dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
+      // (std::decay_t: nvcc's launch rewriting sees the captured `plain` as a reference)
+      constexpr int kVpt = decltype(vpt)::value, kFixedCols = decltype(fixed)::value;
       constexpr int kMinBlocks = decltype(min_blocks)::value;
-      constexpr auto kernel = resnorm_quant_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value,
-                                                   kMinBlocks, decltype(plain)::value>;
+      constexpr bool kPlain = std::decay_t<decltype(plain)>::value;
+      if constexpr (kVpt == 2 && kFixedCols != 0) {
+        if (split_rows(args)) {
+          constexpr auto split = resnorm_quant_split_kernel<Quantizer, kFixedCols, kPlain>;
+          split<<<quantize_grid(args.rows) + args.rows, threads, 0, s>>>(args);
+          return;
+        }
+      }
+      constexpr auto kernel = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain>;
       ResnormArgs a = args;
       if constexpr (kMinBlocks > 1) set_first_wave_stagger<kernel>(a, threads);
       kernel<<<quantize_grid(args.rows), threads, 0, s>>>(a);

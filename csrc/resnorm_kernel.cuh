@@ -10,8 +10,8 @@
 // fused kernel and resnorm + nvfp4_quantize produce the same bits.
 //
 // Grid of the quantizing kernels: quantize_grid(rows) CTAs, one per row, then one per
-// kPaddingRowsPerCta padding rows of the scale tensor, which it zeroes. resnorm (no scales) launches one
-// CTA per row.
+// kPaddingRowsPerCta padding rows of the scale tensor, which it zeroes; the fused op's split kernel (few
+// rows) has two CTAs per row, then the same padding CTAs. resnorm (no scales) launches one CTA per row.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -40,16 +40,17 @@ struct RowShape {
 };
 
 // The quantizing kernels' CTAs past the row CTAs (quantize_grid) are padding CTAs: padding CTA `index`
-// (CTA rows + index) zeroes the scale tensor's padding rows rows + index * kPaddingRowsPerCta onwards,
+// (CTA row_ctas + index) zeroes the scale tensor's padding rows rows + index * kPaddingRowsPerCta onwards,
 // kPaddingRowsPerCta of them or up to round_up_128(rows), and the function returns true; for a row CTA
 // it returns false. A row's four scales of one 64-column tile are four aligned bytes of the 128x4 layout:
 // one 32-bit store each. (Before, each padding row took a CTA of its own, one byte store per scale: 111
 // CTAs at 17 rows; sharing the padding out over the row CTAs instead made few-row calls slower on the H200.)
 template <class Shape>
-__device__ __forceinline__ bool zero_scales_if_padding_cta(uint8_t* scales, int64_t rows, int32_t cols) {
+__device__ __forceinline__ bool zero_scales_if_padding_cta(uint8_t* scales, int64_t rows, int32_t cols,
+                                                           int64_t row_ctas) {
   const int64_t cta = blockIdx.x;
-  if (cta < rows) return false;
-  const int64_t first = rows + (cta - rows) * kPaddingRowsPerCta;
+  if (cta < row_ctas) return false;
+  const int64_t first = rows + (cta - row_ctas) * kPaddingRowsPerCta;
   const int64_t end = min(first + kPaddingRowsPerCta, round_up_128(rows));
   const int tiles = cols / 64;  // <= threads (VPT <= 8)
   const int rows_per_pass = Shape::threads() / tiles;
@@ -78,17 +79,19 @@ __device__ __forceinline__ void stagger_first_wave(const ResnormArgs& args) {
 // Vector v = i * threads + tid holds half of block v / 2; the even lane of each pair writes its scale.
 // threads % 32 == 0, so block v / 2 = i * threads / 2 + tid / 2 sits at sf_block_offset(tid / 2) +
 // i * threads * 64 in the 128x4 layout: one address per thread, a constant step per vector.
+// y[i] is vector slot first_slot + i of the thread (the split kernel passes one slot).
 template <class Quantizer, int VPT, class Shape>
 __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], int64_t row, int32_t cols, int vecs,
-                                                       float global_scale, uint8_t* packed, uint8_t* scales) {
+                                                       float global_scale, uint8_t* packed, uint8_t* scales,
+                                                       int first_slot = 0) {
   uint32_t* packed_row = reinterpret_cast<uint32_t*>(packed + row * (cols / 2));
   uint8_t* sf_lane = scales + sf_row_offset_128x4(row, cols) + sf_block_offset_128x4(threadIdx.x / 2);
   const bool writes_scales = threadIdx.x % 2 == 0;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int v = i * Shape::threads() + threadIdx.x;
+    const int v = (first_slot + i) * Shape::threads() + threadIdx.x;
     const bool valid = Shape::valid(v, vecs);
-    uint8_t* sf = (valid && writes_scales) ? sf_lane + i * Shape::threads() * 64 : nullptr;
+    uint8_t* sf = (valid && writes_scales) ? sf_lane + (first_slot + i) * Shape::threads() * 64 : nullptr;
     const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);
     if (valid) store_stream(packed_row + v, codes);
   }
@@ -126,38 +129,37 @@ __device__ __forceinline__ int64_t modulation_row(const ResnormArgs& args, int64
   return second ? args.num_batches + batch : batch;
 }
 
-// Steps 1-7 for one row from its x and residual vectors; returns y (bf16x8 per vector) and writes
-// residual_out. kPlain: no bias, no LayerNorm affine, gate/scale/shift bf16 (the common DiT case):
-// the parameters stay packed until used and no dtype or presence tests are compiled in.
+// A row's per-column parameters, located once per row. kPlain: no bias, no LayerNorm affine,
+// gate/scale/shift bf16 (the common DiT case): they stay packed until used and no dtype or presence tests
+// are compiled in.
+template <bool kPlain>
+struct RowParams {
+  using Param = ParamRow<!kPlain>;
+  Param gate, scale, shift, weight, norm_bias;
+  bool affine;
+  __device__ __forceinline__ RowParams(const ResnormArgs& args, int64_t mod_row, int32_t cols)
+      : gate(args.gate, mod_row, cols), scale(args.scale, mod_row, cols), shift(args.shift, mod_row, cols),
+        weight(kPlain ? ParamRef{} : args.weight, 0, cols), norm_bias(kPlain ? ParamRef{} : args.norm_bias, 0, cols),
+        affine(!kPlain && (weight.present() || norm_bias.present())) {}
+};
+
+// Narrow shapes (few rows, short latency chains) load scale and shift before the reductions, so their
+// latency hides behind them (ptxas issues these loads after the first barrier, ahead of the second, in
+// the sm_90a build); wide shapes (many rows) only after the reductions, to save registers.
+template <int VPT>
+constexpr bool kHoistParams = VPT <= 2;
+
+// Steps 1-5 for one row from its x and residual vectors: d = r, residual_out stored (only vector slot
+// `stored_slot` when >= 0: the split kernel), then the two passes; returns rstd with d = r - mu.
 template <int VPT, class Shape, bool kPlain>
-__device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_t row, const uint4 (&xv)[VPT],
-                                                 const uint4 (&rv)[VPT], uint4 (&y_out)[VPT]) {
+__device__ __forceinline__ float residual_and_rstd(const ResnormArgs& args, const RowParams<kPlain>& p, int64_t row,
+                                                   const uint4 (&xv)[VPT], const uint4 (&rv)[VPT],
+                                                   float (&d)[VPT][kVecElems], int stored_slot = -1) {
   const int32_t cols = Shape::cols(args.cols);
   const int vecs = Shape::vecs(cols);
   __shared__ __align__(16) float scratch[2][32];  // one per reduction: no barrier before either's writes
-  using Param = ParamRow<!kPlain>;
-  const int64_t mod_row = modulation_row(args, row);
-  const Param gate_row(args.gate, mod_row, cols), scale_row(args.scale, mod_row, cols),
-      shift_row(args.shift, mod_row, cols);
-
-  // Narrow shapes (few rows, short latency chains) load scale and shift before the reductions, so their
-  // latency hides behind them (ptxas issues these loads after the first barrier, ahead of the second, in
-  // the sm_90a build); wide shapes (many rows) only after the reductions, to save registers.
-  constexpr bool kHoistParams = VPT <= 2;
-  uint4 scale_bf16[VPT], shift_bf16[VPT];
-  if constexpr (kPlain && kHoistParams) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int v = i * Shape::threads() + threadIdx.x;
-      if (Shape::valid(v, vecs)) {
-        scale_bf16[i] = scale_row.load_bf16x8(v);
-        shift_bf16[i] = shift_row.load_bf16x8(v);
-      }
-    }
-  }
 
   // Steps 1-2 and the row sum. d holds r now and r - mu after the mean.
-  float d[VPT][kVecElems];
   float sum = 0.0f;
   uint4* res_out_row = reinterpret_cast<uint4*>(args.residual_out) + row * vecs;
 #pragma unroll
@@ -168,9 +170,9 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
     bf16x8_to_float(xv[i], xf);
     bf16x8_to_float(rv[i], resf);
     if (valid) {
-      gate_row.load8(v, gate);
+      p.gate.load8(v, gate);
       if constexpr (!kPlain) {
-        const Param bias_row(args.bias, 0, cols);
+        const ParamRow<true> bias_row(args.bias, 0, cols);
         if (bias_row.present()) {
           float bias[kVecElems];
           bias_row.load8(v, bias);
@@ -188,7 +190,7 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
     const uint4 r_bf16 = bf16_round8(d[i]);
 #pragma unroll
     for (int j = 0; j < kVecElems; ++j) sum = __fadd_rn(sum, d[i][j]);
-    if (valid) store_stream(res_out_row + v, r_bf16);
+    if (valid && (stored_slot < 0 || stored_slot == i)) store_stream(res_out_row + v, r_bf16);
   }
 
   // Steps 3-5: two passes over the values held in registers.
@@ -205,49 +207,72 @@ __device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_
     }
   }
   const float var = __fmul_rn(block_sum<Shape::kWarps>(sq, scratch[1]), inv_cols);
-  const float rstd = rsqrtf(__fadd_rn(var, args.eps));
+  return rsqrtf(__fadd_rn(var, args.eps));
+}
 
-  // Steps 6-7.
-  const Param weight_row(kPlain ? ParamRef{} : args.weight, 0, cols),
-      norm_bias_row(kPlain ? ParamRef{} : args.norm_bias, 0, cols);
-  const bool affine = !kPlain && (weight_row.present() || norm_bias_row.present());
+// Steps 6-7 for vector v of the row, d = its r - mu: y = bf16(fma(n, 1 + scale, shift)). kHoist: the
+// plain kernels' scale and shift were loaded before the reductions (scale_bf16, shift_bf16).
+template <bool kPlain, bool kHoist>
+__device__ __forceinline__ uint4 modulate_vec(const RowParams<kPlain>& p, int v, const float (&d)[kVecElems],
+                                              float rstd, const uint4& scale_bf16, const uint4& shift_bf16) {
+  float scale[kVecElems], shift[kVecElems];
+  if constexpr (kPlain) {
+    if constexpr (kHoist) {
+      bf16x8_to_float(scale_bf16, scale);
+      bf16x8_to_float(shift_bf16, shift);
+    } else {  // plain loads: they stay after the barriers (read-only loads may be hoisted above them)
+      bf16x8_to_float(reinterpret_cast<const uint4*>(p.scale.base)[v], scale);
+      bf16x8_to_float(reinterpret_cast<const uint4*>(p.shift.base)[v], shift);
+    }
+  } else {
+    p.scale.template load8<kHoist>(v, scale);
+    p.shift.template load8<kHoist>(v, shift);
+  }
+  float n[kVecElems];
+#pragma unroll
+  for (int j = 0; j < kVecElems; ++j) n[j] = __fmul_rn(d[j], rstd);
+  if (p.affine) {
+    float w[kVecElems], nb[kVecElems];
+    if (p.weight.present()) p.weight.template load8<kHoist>(v, w);
+    if (p.norm_bias.present()) p.norm_bias.template load8<kHoist>(v, nb);
+#pragma unroll
+    for (int j = 0; j < kVecElems; ++j) {
+      n[j] = __fmaf_rn(n[j], p.weight.present() ? w[j] : 1.0f, p.norm_bias.present() ? nb[j] : 0.0f);
+    }
+  }
+  bf16_round8(n);
+  float y[kVecElems];
+#pragma unroll
+  for (int j = 0; j < kVecElems; ++j) y[j] = __fmaf_rn(n[j], __fadd_rn(1.0f, scale[j]), shift[j]);
+  return bf16_round8(y);
+}
+
+// Steps 1-7 for one row from its x and residual vectors; returns y (bf16x8 per vector) and writes
+// residual_out.
+template <int VPT, class Shape, bool kPlain>
+__device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_t row, const uint4 (&xv)[VPT],
+                                                 const uint4 (&rv)[VPT], uint4 (&y_out)[VPT]) {
+  const int vecs = Shape::vecs(Shape::cols(args.cols));
+  const RowParams<kPlain> p(args, modulation_row(args, row), Shape::cols(args.cols));
+  constexpr bool kHoist = kHoistParams<VPT>;
+  uint4 scale_bf16[VPT], shift_bf16[VPT];
+  if constexpr (kPlain && kHoist) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = i * Shape::threads() + threadIdx.x;
+      if (Shape::valid(v, vecs)) {
+        scale_bf16[i] = p.scale.load_bf16x8(v);
+        shift_bf16[i] = p.shift.load_bf16x8(v);
+      }
+    }
+  }
+  float d[VPT][kVecElems];
+  const float rstd = residual_and_rstd<VPT, Shape, kPlain>(args, p, row, xv, rv, d);
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = i * Shape::threads() + threadIdx.x;
-    if (Shape::valid(v, vecs)) {
-      float scale[kVecElems], shift[kVecElems];
-      if constexpr (kPlain) {
-        if constexpr (kHoistParams) {
-          bf16x8_to_float(scale_bf16[i], scale);
-          bf16x8_to_float(shift_bf16[i], shift);
-        } else {  // plain loads: they stay after the barriers (read-only loads may be hoisted above them)
-          bf16x8_to_float(reinterpret_cast<const uint4*>(scale_row.base)[v], scale);
-          bf16x8_to_float(reinterpret_cast<const uint4*>(shift_row.base)[v], shift);
-        }
-      } else {
-        scale_row.template load8<kHoistParams>(v, scale);
-        shift_row.template load8<kHoistParams>(v, shift);
-      }
-      float n[kVecElems];
-#pragma unroll
-      for (int j = 0; j < kVecElems; ++j) n[j] = __fmul_rn(d[i][j], rstd);
-      if (affine) {
-        float w[kVecElems], nb[kVecElems];
-        if (weight_row.present()) weight_row.template load8<kHoistParams>(v, w);
-        if (norm_bias_row.present()) norm_bias_row.template load8<kHoistParams>(v, nb);
-#pragma unroll
-        for (int j = 0; j < kVecElems; ++j) {
-          n[j] = __fmaf_rn(n[j], weight_row.present() ? w[j] : 1.0f, norm_bias_row.present() ? nb[j] : 0.0f);
-        }
-      }
-      bf16_round8(n);
-      float y[kVecElems];
-#pragma unroll
-      for (int j = 0; j < kVecElems; ++j) y[j] = __fmaf_rn(n[j], __fadd_rn(1.0f, scale[j]), shift[j]);
-      y_out[i] = bf16_round8(y);
-    } else {
-      y_out[i] = make_uint4(0, 0, 0, 0);
-    }
+    y_out[i] = Shape::valid(v, vecs) ? modulate_vec<kPlain, kHoist>(p, v, d[i], rstd, scale_bf16[i], shift_bf16[i])
+                                     : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -280,7 +305,7 @@ template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks, bool kPlain>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) resnorm_quant_kernel(const ResnormArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
   const int32_t cols = Shape::cols(args.cols);
-  if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols)) return;
+  if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols, args.rows)) return;
   if constexpr (kMinBlocks > 1) stagger_first_wave(args);  // the many-rows shapes only
   const int64_t row = blockIdx.x;
   const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
@@ -290,12 +315,48 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
                                                 args.scales);
 }
 
+// resnorm_quant for few rows, two CTAs per row (the two-vectors-per-thread shapes of a fixed width).
+// CTA 2m + h reads all of row m and computes its statistics exactly as the one-CTA kernel and resnorm do
+// (same shape, same sums, so the same bits), then modulates, quantizes and stores only vector slot h of
+// each thread: half the columns. Each thread's chain after the reductions is half as long; the price is a
+// second read of the row and the statistics computed twice, which pays only while every CTA has an SM to
+// itself (split_rows in launch_rows.cuh).
+template <class Quantizer, int kFixedCols, bool kPlain>
+__global__ void __launch_bounds__(RowShape<2, kFixedCols>::kMaxThreads, 1)
+    resnorm_quant_split_kernel(const ResnormArgs args) {
+  constexpr int VPT = 2;
+  using Shape = RowShape<VPT, kFixedCols>;
+  static_assert(kFixedCols != 0 && kHoistParams<VPT>, "fixed two-vector shapes only");
+  constexpr int32_t cols = kFixedCols;
+  if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols, 2 * args.rows)) return;
+  const int64_t row = blockIdx.x / 2;
+  const int slot = blockIdx.x % 2;
+  const float global_scale = __ldg(args.global_scale);
+  uint4 xv[VPT], rv[VPT];
+  load_row<VPT, Shape>(args, row, xv, rv);
+  const RowParams<kPlain> p(args, modulation_row(args, row), cols);
+  const int v = slot * Shape::threads() + threadIdx.x;
+  uint4 scale_bf16 = make_uint4(0, 0, 0, 0), shift_bf16 = make_uint4(0, 0, 0, 0);
+  if constexpr (kPlain) {
+    scale_bf16 = p.scale.load_bf16x8(v);
+    shift_bf16 = p.shift.load_bf16x8(v);
+  }
+  float d[VPT][kVecElems];
+  const float rstd = residual_and_rstd<VPT, Shape, kPlain>(args, p, row, xv, rv, d, slot);
+  float mine[kVecElems];
+#pragma unroll
+  for (int j = 0; j < kVecElems; ++j) mine[j] = slot ? d[1][j] : d[0][j];
+  const uint4 y[1] = {modulate_vec<kPlain, true>(p, v, mine, rstd, scale_bf16, shift_bf16)};
+  quantize_row_and_store<Quantizer, 1, Shape>(y, row, cols, Shape::kFixedVecs, global_scale, args.packed,
+                                              args.scales, slot);
+}
+
 // nvfp4_quantize: the standalone quantizer over bf16 rows.
 template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) nvfp4_quantize_kernel(const QuantizeArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
   const int32_t cols = Shape::cols(args.cols);
-  if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols)) return;
+  if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols, args.rows)) return;
   const int64_t row = blockIdx.x;
   const float global_scale = __ldg(args.global_scale);
   const int vecs = Shape::vecs(cols);

@@ -114,12 +114,27 @@ def test_rows_and_widths(rows, cols, fast):
     run_case(rows, cols, fast)
 
 
+def _sms() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+# 4 x 13 rows: the two-CTAs-per-row kernel on any GPU with 52+ SMs; 4 x 513 rows: the many-rows kernels.
+@pytest.mark.parametrize("rows,cols", ((4 * 13, 3072), (4 * 13, 5120), (4 * 513, 3072)), ids=("split", "split5120", "many"))
 @pytest.mark.parametrize("form", ("shared", "batch", "indexed"))
 @pytest.mark.parametrize("param_dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
 @pytest.mark.parametrize("bias,affine", ((False, False), (True, False), (False, True), (True, True)))
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
-def test_modulation_forms_and_options(form, param_dtype, bias, affine, fast):
-    run_case(4 * 513, 3072, fast, batches=4, form=form, param_dtype=param_dtype, bias=bias, affine=affine)
+def test_modulation_forms_and_options(rows, cols, form, param_dtype, bias, affine, fast):
+    run_case(rows, cols, fast, batches=4, form=form, param_dtype=param_dtype, bias=bias, affine=affine)
+
+
+@pytest.mark.parametrize("cols", (3072, 5120))
+@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+def test_split_kernel_boundary(cols, fast):
+    """The fused op takes two CTAs per row while rows <= SMs (csrc/launch_rows.cuh, split_rows): the last
+    row count that does and the first that does not, each fused == unfused and against the reference."""
+    for rows in (_sms() - 1, _sms(), _sms() + 1):
+        run_case(rows, cols, fast)
 
 
 @pytest.mark.parametrize("index_dtype", (torch.int32, torch.int64, torch.bool))
@@ -191,8 +206,11 @@ def test_quantizer_special_values():
             assert torch.equal(packed, p_ref), f"fast={fast} G={gs}: packed"
 
 
-def test_one_launch_per_fused_call():
-    kw = make_inputs(4096, 3072, seed=1)
+@pytest.mark.parametrize("rows,kernel", ((4096, "resnorm_quant_kernel"), (17, "resnorm_quant_split_kernel")))
+def test_one_launch_per_fused_call(rows, kernel):
+    """One launch per call, and the kernel the row count calls for: two CTAs per row for few rows
+    (csrc/launch_rows.cuh, split_rows)."""
+    kw = make_inputs(rows, 3072, seed=1)
     G = torch.ones(1, device="cuda")
     args = (kw["residual"], kw["x"], None, kw["gate"], kw["scale"], kw["shift"], G)
     q.resnorm_quant(*args)
@@ -205,7 +223,7 @@ def test_one_launch_per_fused_call():
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     names = [e.name for e in kernels]
     assert len(kernels) == 1, names
-    assert "resnorm_quant_kernel" in names[0]
+    assert kernel in names[0], names
 
 
 def _fused(residual, x, gate, scale, shift, G):
@@ -246,16 +264,18 @@ def test_cuda_graph_replay_matches_eager():
         assert torch.equal(a, b)
 
 
-def test_first_many_rows_launch_inside_graph_capture():
-    """The many-rows launch asks the device's SM count and its kernel's occupancy on its first call and
-    caches them (the first-wave stagger, csrc/launch_rows.cuh). In a fresh process that first call may be
-    inside a CUDA-graph capture: the captured call must replay to the eager bytes."""
+@pytest.mark.parametrize("rows", (4096, 17))
+def test_first_launch_inside_graph_capture(rows):
+    """The fused launch asks the device's SM count (both shapes) and, for many rows, its kernel's occupancy
+    on its first call and caches them (the split of few rows and the first-wave stagger,
+    csrc/launch_rows.cuh). In a fresh process that first call may be inside a CUDA-graph capture: the
+    captured call must replay to the eager bytes."""
     code = textwrap.dedent("""
         import torch
         import qwen_resnorm_fp4  # noqa: F401  (registers the ops)
         gen = torch.Generator(device="cuda").manual_seed(0)
-        r = torch.randn(1, 4096, 3072, device="cuda", generator=gen).bfloat16()
-        x = torch.randn(1, 4096, 3072, device="cuda", generator=gen).bfloat16()
+        r = torch.randn(1, ROWS, 3072, device="cuda", generator=gen).bfloat16()
+        x = torch.randn(1, ROWS, 3072, device="cuda", generator=gen).bfloat16()
         gate, scale, shift = (torch.randn(1, 3072, device="cuda", generator=gen).bfloat16() * 0.3 for _ in range(3))
         G = torch.tensor([100.0], device="cuda")
         graph = torch.cuda.CUDAGraph()
@@ -266,7 +286,7 @@ def test_first_many_rows_launch_inside_graph_capture():
         eager = torch.ops.qwen_fp4.resnorm_quant(r, x, None, gate, scale, shift, G, 1e-6, True)
         assert all(torch.equal(a, b) for a, b in zip(captured, eager)), "graph replay differs from eager"
         print("same bytes")
-    """)
+    """).replace("ROWS", str(rows))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(q.__file__))] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
