@@ -1,5 +1,6 @@
-// The row kernels. One CTA per row; each thread holds VPT 16-byte vectors of the row in registers, so
-// the row is read from memory once and both LayerNorm passes run on chip. Numerics (docs/numerics.md):
+// The row kernels. One CTA per row (two for few rows of the fused op: resnorm_quant_split_kernel); each
+// thread holds VPT 16-byte vectors of the row in registers, so the row is read from memory once (per CTA)
+// and both LayerNorm passes run on chip. Numerics (docs/numerics.md):
 //   1. a = bf16(x + bias)                   2. r = bf16(fma(a, gate, residual))   -> residual_out
 //   3. mu = sum(r) * (1/D)                   4. var = sum((r - mu)^2) * (1/D)       (two passes, on chip)
 //   5. rstd = rsqrt(var + eps)  (rsqrtf: the GPU's approximate rsqrt)
