@@ -131,8 +131,8 @@ def test_modulation_forms_and_options(rows, cols, form, param_dtype, bias, affin
 @pytest.mark.parametrize("cols", (3072, 5120))
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 def test_split_kernel_boundary(cols, fast):
-    """The fused op takes two CTAs per row while rows <= SMs (csrc/launch_rows.cuh, split_rows): the last
-    row count that does and the first that does not, each fused == unfused and against the reference."""
+    """The fused op takes two CTAs per row while rows <= SMs (csrc/launch_rows.cuh, split_rows): SMs - 1
+    and SMs rows take it, SMs + 1 does not; each fused == unfused and against the reference."""
     for rows in (_sms() - 1, _sms(), _sms() + 1):
         run_case(rows, cols, fast)
 
