@@ -49,6 +49,7 @@ struct ResnormArgs {
 // Per-device host caches (launch_rows.cuh, blackwell_kernels_usable) cover devices 0 .. kMaxCachedDevices - 1;
 // a device beyond that gets no cache: no first-wave stagger, no Blackwell path.
 constexpr int kMaxCachedDevices = 64;
+inline bool has_device_cache(int device) { return device >= 0 && device < kMaxCachedDevices; }
 
 #if defined(__CUDACC__)
 #define QWEN_FP4_HOST_DEVICE __host__ __device__
@@ -63,10 +64,10 @@ QWEN_FP4_HOST_DEVICE inline int64_t round_up_128(int64_t rows) { return (rows + 
 // Padding rows one padding CTA of the quantizing kernels zeroes.
 constexpr int64_t kPaddingRowsPerCta = 8;
 
-// CTAs of the quantizing kernels: one per row, then one per kPaddingRowsPerCta padding rows (17 rows:
-// 17 + 14 CTAs, not 128).
-inline int64_t quantize_grid(int64_t rows) {
-  return rows + (round_up_128(rows) - rows + kPaddingRowsPerCta - 1) / kPaddingRowsPerCta;
+// CTAs of the quantizing kernels: ctas_per_row per row (2 in the fused op's split kernel), then one per
+// kPaddingRowsPerCta padding rows (17 rows: 17 + 14 CTAs, not 128).
+inline int64_t quantize_grid(int64_t rows, int64_t ctas_per_row = 1) {
+  return rows * ctas_per_row + (round_up_128(rows) - rows + kPaddingRowsPerCta - 1) / kPaddingRowsPerCta;
 }
 
 struct QuantizeArgs {

@@ -14,7 +14,7 @@ namespace qwen_fp4 {
 bool blackwell_kernels_usable(int device_index) {
   static std::once_flag once[kMaxCachedDevices];
   static bool usable[kMaxCachedDevices];
-  if (device_index < 0 || device_index >= kMaxCachedDevices) return false;
+  if (!has_device_cache(device_index)) return false;
   std::call_once(once[device_index], [device_index] {
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index);

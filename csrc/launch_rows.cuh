@@ -49,7 +49,7 @@ int resident_ctas_per_sm(int device, int threads) {
 template <auto kKernel>
 void set_first_wave_stagger(ResnormArgs& a, int threads) {
   const int device = a.device;  // the op's device, current under its device guard
-  if (device < 0 || device >= kMaxCachedDevices) return;  // stagger_ns stays 0
+  if (!has_device_cache(device)) return;  // stagger_ns stays 0
   const int ctas_per_sm = resident_ctas_per_sm<kKernel>(device, threads);
   if (ctas_per_sm < 4) return;
   a.sms = device_sms(device);
@@ -63,7 +63,7 @@ void set_first_wave_stagger(ResnormArgs& a, int threads) {
 // and 4.03 -> 4.25 at 256, where a second row per SM makes the duplicated statistics cost issue slots;
 // D = 5120: 3.34 -> 2.98 at 17 rows, 3.59 -> 3.31 at 64, within 0.02 us at 96-128, slower from 160 on.
 inline bool split_rows(const ResnormArgs& a) {
-  return a.device >= 0 && a.device < kMaxCachedDevices && a.rows <= device_sms(a.device);
+  return has_device_cache(a.device) && a.rows <= device_sms(a.device);
 }
 
 template <class Quantizer>
@@ -77,7 +77,7 @@ void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
       if constexpr (kVpt == 2 && kFixedCols != 0) {
         if (split_rows(args)) {
           constexpr auto split = resnorm_quant_split_kernel<Quantizer, kFixedCols, kPlain>;
-          split<<<quantize_grid(args.rows) + args.rows, threads, 0, s>>>(args);
+          split<<<quantize_grid(args.rows, kVpt), threads, 0, s>>>(args);  // one CTA per vector slot
           return;
         }
       }

@@ -329,9 +329,9 @@ __global__ void __launch_bounds__(RowShape<2, kFixedCols>::kMaxThreads, 1)
   using Shape = RowShape<VPT, kFixedCols>;
   static_assert(kFixedCols != 0 && kHoistParams<VPT>, "fixed two-vector shapes only");
   constexpr int32_t cols = kFixedCols;
-  if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols, 2 * args.rows)) return;
-  const int64_t row = blockIdx.x / 2;
-  const int slot = blockIdx.x % 2;
+  if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols, VPT * args.rows)) return;
+  const int64_t row = blockIdx.x / VPT;  // one CTA per vector slot: quantize_grid(rows, VPT)
+  const int slot = blockIdx.x % VPT;
   const float global_scale = __ldg(args.global_scale);
   uint4 xv[VPT], rv[VPT];
   load_row<VPT, Shape>(args, row, xv, rv);

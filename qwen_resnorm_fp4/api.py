@@ -117,21 +117,18 @@ def _kernel_operand(t: object, vector_access: bool = True) -> Tensor:
     return _plain_aligned(t) if vector_access else t
 
 
-def _optional_operand(t: object) -> Optional[Tensor]:
-    return None if t is None else _kernel_operand(t)
-
-
 def _resnorm_operands(residual, x, bias, gate, scale, shift, middle: tuple, weight, norm_bias, modulate_index, *,
-                      copy_activations: bool = True) -> tuple:
-    """The arguments of the resnorm / resnorm_quant op from plain CUDA tensors, each made contiguous and
-    aligned where it is not (copy_activations=False: x and residual as given, for the gate, which declines
-    rather than copies them), with ``middle`` (the op's arguments between shift and weight) in place;
-    raises _NotFast for anything else."""
+                      operand=_kernel_operand, copy_activations: bool = True) -> tuple:
+    """The arguments of the resnorm / resnorm_quant op, with ``middle`` (the op's arguments between shift and
+    weight) in place and each tensor passed through ``operand``: _kernel_operand on the fast path (plain
+    CUDA tensors made contiguous and aligned where they are not; raises _NotFast for anything else), _aligned
+    on the checked path (any tensor). copy_activations=False: x and residual as given, for the gate, which
+    declines rather than copies them."""
     if copy_activations:
-        residual, x = _kernel_operand(residual), _kernel_operand(x)
-    return (residual, x, _optional_operand(bias), _kernel_operand(gate), _kernel_operand(scale),
-            _kernel_operand(shift), *middle, _optional_operand(weight), _optional_operand(norm_bias),
-            _optional_operand(modulate_index))
+        residual, x = operand(residual), operand(x)
+    return (residual, x, None if bias is None else operand(bias), operand(gate), operand(scale), operand(shift),
+            *middle, None if weight is None else operand(weight), None if norm_bias is None else operand(norm_bias),
+            None if modulate_index is None else operand(modulate_index))
 
 
 def _resnorm_quant_operands(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool,
@@ -275,14 +272,14 @@ def resnorm_quant(
                                     modulate_index))
     _check_resnorm_quant_args(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
                               modulate_index)
-    return _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, eps, fm, weight, norm_bias,
-                             modulate_index)
+    return _resnorm_quant_aligned(residual, x, bias, gate, scale, shift, global_scale, eps, fm, weight, norm_bias,
+                                  modulate_index)
 
 
 def _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool, weight,
                       norm_bias, modulate_index) -> Tuple[Tensor, Tensor, Tensor]:
-    """The op call for arguments already validated (by resnorm_quant, or by the gate's own checks): inputs
-    made contiguous and 16-byte aligned, nothing checked twice on the hot path."""
+    """The op call for arguments already validated (by the gate's own checks): inputs made contiguous and
+    16-byte aligned, nothing checked twice on the hot path."""
     if not torch.compiler.is_compiling():
         try:
             args = _resnorm_quant_operands(residual, x, bias, gate, scale, shift, global_scale, float(eps),
@@ -291,10 +288,16 @@ def _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, eps: 
             pass
         else:
             return _RESNORM_QUANT(*args)
-    opt = lambda t: None if t is None else _aligned(t)  # noqa: E731
-    return torch.ops.qwen_fp4.resnorm_quant(
-        _aligned(residual), _aligned(x), opt(bias), _aligned(gate), _aligned(scale), _aligned(shift),
-        global_scale, float(eps), fast_math, opt(weight), opt(norm_bias), opt(modulate_index))
+    return _resnorm_quant_aligned(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math, weight,
+                                  norm_bias, modulate_index)
+
+
+def _resnorm_quant_aligned(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool, weight,
+                           norm_bias, modulate_index) -> Tuple[Tensor, Tensor, Tensor]:
+    """The checked path's op call (any tensors, tracing included): every tensor operand through _aligned."""
+    return torch.ops.qwen_fp4.resnorm_quant(*_resnorm_operands(
+        residual, x, bias, gate, scale, shift, (global_scale, float(eps), fast_math), weight, norm_bias,
+        modulate_index, operand=_aligned))
 
 
 def resnorm(
@@ -323,10 +326,8 @@ def resnorm(
             return _run_or_explain(_RESNORM, args, _check_resnorm_args,
                                    (residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index))
     _check_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
-    opt = lambda t: None if t is None else _aligned(t)  # noqa: E731
-    return torch.ops.qwen_fp4.resnorm(
-        _aligned(residual), _aligned(x), opt(bias), _aligned(gate), _aligned(scale), _aligned(shift),
-        float(eps), opt(weight), opt(norm_bias), opt(modulate_index))
+    return torch.ops.qwen_fp4.resnorm(*_resnorm_operands(residual, x, bias, gate, scale, shift, (float(eps),), weight,
+                                                         norm_bias, modulate_index, operand=_aligned))
 
 
 def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
