@@ -60,7 +60,7 @@ void set_first_wave_stagger(ResnormArgs& a, int threads) {
 // Two CTAs per row (resnorm_quant_split_kernel) while there is at most one row per SM, in the shapes that
 // have it (the few-rows shapes of D = 3072 and 5120). Same-run A/B on the H200 (132 SMs), graph replay,
 // D = 3072: 2.92 -> 2.73 us at 17 rows, 3.08 -> 2.91 at 64, 3.39 -> 3.30 at 128, but 3.64 -> 3.73 at 160
-// and 4.03 -> 4.25 at 256, where a second row per SM makes the duplicated statistics cost issue slots;
+// and 4.03 -> 4.25 at 256, where each SM holds two rows' four CTAs, each computing its row's statistics;
 // D = 5120: 3.34 -> 2.98 at 17 rows, 3.59 -> 3.31 at 64, within 0.02 us at 96-128, slower from 160 on.
 inline bool split_rows(const ResnormArgs& a) {
   return has_device_cache(a.device) && a.rows <= device_sms(a.device);

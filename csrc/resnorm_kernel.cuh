@@ -319,9 +319,10 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
 // resnorm_quant for few rows, two CTAs per row (the two-vectors-per-thread shapes of a fixed width).
 // CTA 2m + h reads all of row m and computes its statistics exactly as the one-CTA kernel and resnorm do
 // (same shape, same sums, so the same bits), then modulates, quantizes and stores only vector slot h of
-// each thread: half the columns. Each thread's chain after the reductions is half as long; the price is a
-// second read of the row and the statistics computed twice, which pays only while every CTA has an SM to
-// itself (split_rows in launch_rows.cuh).
+// each thread: half the columns. So a row's modulation, quantization and stores are spread over two SMs
+// (the same split inside one CTA, on one SM, gained nothing: docs/performance.md); the price is a second
+// read of the row and the statistics computed twice, which pays only while every CTA has an SM to itself
+// (split_rows in launch_rows.cuh).
 template <class Quantizer, int kFixedCols, bool kPlain>
 __global__ void __launch_bounds__(RowShape<2, kFixedCols>::kMaxThreads, 1)
     resnorm_quant_split_kernel(const ResnormArgs args) {
