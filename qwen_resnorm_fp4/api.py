@@ -139,6 +139,22 @@ def _resnorm_quant_operands(residual, x, bias, gate, scale, shift, global_scale,
                              copy_activations=copy_activations)
 
 
+def _fast_operands(build, *args, **kwargs) -> Optional[tuple]:
+    """``build(*args, **kwargs)``: the op's operands on the fast path (plain CUDA tensors), or None while
+    tracing or when an argument is something else (_NotFast): the caller then takes its checked path."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        return build(*args, **kwargs)
+    except _NotFast:
+        return None
+
+
+def _quantize_operands(y, global_scale, fast_math: bool) -> tuple:
+    """The nvfp4_quantize op's operands on the fast path (raises _NotFast like _kernel_operand)."""
+    return _kernel_operand(y), _kernel_operand(global_scale, False), fast_math
+
+
 def _run_or_explain(op, args: tuple, check, check_args: tuple):
     """The fast path of the typed wrappers on plain CUDA tensors: the op first, since its own checks
     (csrc/ops.cpp) refuse everything the Python checks refuse, before any launch. Only when it raises do
@@ -260,16 +276,12 @@ def resnorm_quant(
     Bytes are identical to ``nvfp4_quantize(*resnorm(...))``.
     """
     fm = resolve_fast_math(fast_math)
-    if type(eps) is float and not torch.compiler.is_compiling():
-        try:
-            args = _resnorm_quant_operands(residual, x, bias, gate, scale, shift, global_scale, eps, fm, weight,
-                                           norm_bias, modulate_index)
-        except _NotFast:
-            pass
-        else:
-            return _run_or_explain(_RESNORM_QUANT, args, _check_resnorm_quant_args,
-                                   (residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
-                                    modulate_index))
+    args = _fast_operands(_resnorm_quant_operands, residual, x, bias, gate, scale, shift, global_scale, eps, fm,
+                          weight, norm_bias, modulate_index) if type(eps) is float else None
+    if args is not None:
+        return _run_or_explain(_RESNORM_QUANT, args, _check_resnorm_quant_args,
+                               (residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
+                                modulate_index))
     _check_resnorm_quant_args(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
                               modulate_index)
     return _resnorm_quant_aligned(residual, x, bias, gate, scale, shift, global_scale, eps, fm, weight, norm_bias,
@@ -280,14 +292,10 @@ def _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, eps: 
                       norm_bias, modulate_index) -> Tuple[Tensor, Tensor, Tensor]:
     """The op call for arguments already validated (by the gate's own checks): inputs made contiguous and
     16-byte aligned, nothing checked twice on the hot path."""
-    if not torch.compiler.is_compiling():
-        try:
-            args = _resnorm_quant_operands(residual, x, bias, gate, scale, shift, global_scale, float(eps),
-                                           fast_math, weight, norm_bias, modulate_index)
-        except _NotFast:
-            pass
-        else:
-            return _RESNORM_QUANT(*args)
+    args = _fast_operands(_resnorm_quant_operands, residual, x, bias, gate, scale, shift, global_scale, float(eps),
+                          fast_math, weight, norm_bias, modulate_index)
+    if args is not None:
+        return _RESNORM_QUANT(*args)
     return _resnorm_quant_aligned(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math, weight,
                                   norm_bias, modulate_index)
 
@@ -317,14 +325,11 @@ def resnorm(
 
     y = bf16(fma(LayerNorm(r), 1 + scale, shift)). Arguments as in :func:`resnorm_quant`.
     """
-    if type(eps) is float and not torch.compiler.is_compiling():
-        try:
-            args = _resnorm_operands(residual, x, bias, gate, scale, shift, (eps,), weight, norm_bias, modulate_index)
-        except _NotFast:
-            pass
-        else:
-            return _run_or_explain(_RESNORM, args, _check_resnorm_args,
-                                   (residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index))
+    args = _fast_operands(_resnorm_operands, residual, x, bias, gate, scale, shift, (eps,), weight, norm_bias,
+                          modulate_index) if type(eps) is float else None
+    if args is not None:
+        return _run_or_explain(_RESNORM, args, _check_resnorm_args,
+                               (residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index))
     _check_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
     return torch.ops.qwen_fp4.resnorm(*_resnorm_operands(residual, x, bias, gate, scale, shift, (float(eps),), weight,
                                                          norm_bias, modulate_index, operand=_aligned))
@@ -334,13 +339,9 @@ def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = 
     """NVFP4-quantize bf16 ``y`` [..., D] with the production recipe (FlashInfer / TensorRT-LLM fp4_quantize,
     128x4 swizzled E4M3 scales). Returns (packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16])."""
     fm = resolve_fast_math(fast_math)
-    if not torch.compiler.is_compiling():
-        try:
-            args = (_kernel_operand(y), _kernel_operand(global_scale, False), fm)
-        except _NotFast:
-            pass
-        else:
-            return _run_or_explain(_NVFP4_QUANTIZE, args, _check_quantize_args, (y, global_scale))
+    args = _fast_operands(_quantize_operands, y, global_scale, fm)
+    if args is not None:
+        return _run_or_explain(_NVFP4_QUANTIZE, args, _check_quantize_args, (y, global_scale))
     _check_quantize_args(y, global_scale)
     return torch.ops.qwen_fp4.nvfp4_quantize(_aligned(y), global_scale, fm)
 

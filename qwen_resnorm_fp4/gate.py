@@ -34,7 +34,7 @@ import torch
 
 from . import _library
 from .api import (_PLAIN_TENSOR_TYPES, _RESNORM_QUANT, ACTIVATION_DTYPES, INDEX_DTYPES, PARAM_DTYPES, WIDTH_RULE,
-                  _NotFast, _resnorm_quant_op, _resnorm_quant_operands, is_supported_width)
+                  _fast_operands, _resnorm_quant_op, _resnorm_quant_operands, is_supported_width)
 from .env import DISABLE_VAR, FOUR_OVER_SIX_VAR, flag_enabled, resolve_fast_math
 from .linear import NVFP4Linear
 
@@ -217,11 +217,10 @@ def _serve_common_call(residual, x, gate, scale, shift, fc1, bias, eps, norm, mo
                 or not gate.shape == scale.shape == shift.shape:
             return None
         gate, scale, shift = gate.squeeze(1), scale.squeeze(1), shift.squeeze(1)
-    try:
-        args = _resnorm_quant_operands(residual, x, bias, gate, scale, shift, getattr(fc1, "input_global_scale", None),
-                                       norm_eps, resolve_fast_math(fast_math), weight, norm_bias, modulate_index,
-                                       copy_activations=False)
-    except _NotFast:
+    args = _fast_operands(_resnorm_quant_operands, residual, x, bias, gate, scale, shift,
+                          getattr(fc1, "input_global_scale", None), norm_eps, resolve_fast_math(fast_math), weight,
+                          norm_bias, modulate_index, copy_activations=False)
+    if args is None:
         return None
     try:
         return _RESNORM_QUANT(*args)

@@ -49,7 +49,7 @@ def _seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def make_inputs(rows: int, cols: int, *, bias: bool = False, **opts):
+def gpu_block_inputs(rows: int, cols: int, *, bias: bool = False, **opts):
     """Random block inputs drawn on the GPU (``block_inputs``; no bias unless asked). form: "shared" ([D]),
     "batch" ([B, D]) or "indexed" ([2B, D] + index)."""
     return block_inputs(rows, cols, bias=bias, device="cuda", generate_on_device=True, **opts)
@@ -79,7 +79,7 @@ def _shift_rows(kw, rows):
 
 def run_case(rows, cols, fast, **opts):
     seed = opts.pop("seed", _seed())
-    kw = make_inputs(rows, cols, seed=seed, **opts)
+    kw = gpu_block_inputs(rows, cols, seed=seed, **opts)
     name = f"rows={rows} D={cols} fast={fast} {opts} seed={seed}"
     args = (kw["residual"], kw["x"], kw["bias"], kw["gate"], kw["scale"], kw["shift"])
     extra = dict(weight=kw["weight"], norm_bias=kw["norm_bias"], modulate_index=kw["modulate_index"])
@@ -164,7 +164,7 @@ def test_padding_scales_zero_on_dirty_memory(rows, cols):
     n_scale_bytes = round_up(rows, 128) * cols // 16
     dirty = [torch.full((n_scale_bytes,), 0xFF, dtype=torch.uint8, device="cuda") for _ in range(4)]
     del dirty  # back to the caching allocator, dirty
-    kw = make_inputs(rows, cols, form="shared", seed=rows)
+    kw = gpu_block_inputs(rows, cols, form="shared", seed=rows)
     args = (kw["residual"], kw["x"], None, kw["gate"], kw["scale"], kw["shift"])
     G = torch.full((1,), 100.0, device="cuda")
     _, scales, _ = q.resnorm_quant(*args, G)
@@ -210,7 +210,7 @@ def test_quantizer_special_values():
 def test_one_launch_per_fused_call(rows, kernel):
     """One launch per call, and the kernel the row count calls for: two CTAs per row for few rows
     (csrc/launch_rows.cuh, split_rows)."""
-    kw = make_inputs(rows, 3072, seed=1)
+    kw = gpu_block_inputs(rows, 3072, seed=1)
     G = torch.ones(1, device="cuda")
     args = (kw["residual"], kw["x"], None, kw["gate"], kw["scale"], kw["shift"], G)
     q.resnorm_quant(*args)
@@ -231,7 +231,7 @@ def _fused(residual, x, gate, scale, shift, G):
 
 
 def test_torch_compile_fullgraph_matches_eager():
-    kw = make_inputs(2 * 1000, 3072, batches=2, seed=2)
+    kw = gpu_block_inputs(2 * 1000, 3072, batches=2, seed=2)
     G = torch.tensor([100.0], device="cuda")
     args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"], G)
     eager = _fused(*args)
@@ -241,7 +241,7 @@ def test_torch_compile_fullgraph_matches_eager():
 
 
 def test_cuda_graph_replay_matches_eager():
-    kw = make_inputs(4608, 3072, seed=3)
+    kw = gpu_block_inputs(4608, 3072, seed=3)
     G = torch.tensor([100.0], device="cuda")
     static = [kw["residual"].clone(), kw["x"].clone(), kw["gate"].clone(), kw["scale"].clone(),
               kw["shift"].clone(), G.clone()]
@@ -253,7 +253,7 @@ def test_cuda_graph_replay_matches_eager():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = _fused(*static)
-    fresh = make_inputs(4608, 3072, seed=4)
+    fresh = gpu_block_inputs(4608, 3072, seed=4)
     for dst, src in zip(static, (fresh["residual"], fresh["x"], fresh["gate"], fresh["scale"], fresh["shift"],
                                  torch.tensor([50.0], device="cuda"))):
         dst.copy_(src)
@@ -294,7 +294,7 @@ def test_first_launch_inside_graph_capture(rows):
 
 
 def test_opcheck_cuda():
-    kw = make_inputs(2 * 130, 256, batches=2, form="indexed", bias=True, affine=True, seed=5)
+    kw = gpu_block_inputs(2 * 130, 256, batches=2, form="indexed", bias=True, affine=True, seed=5)
     G = torch.tensor([10.0], device="cuda")
     common = (kw["residual"], kw["x"], kw["bias"], kw["gate"], kw["scale"], kw["shift"])
     extra = (kw["weight"], kw["norm_bias"], kw["modulate_index"])
@@ -336,7 +336,7 @@ def test_matches_flashinfer_fp4_quantize(fast, monkeypatch):
     flashinfer = pytest.importorskip("flashinfer")
     if not fast:
         monkeypatch.setenv("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "1")
-    kw = make_inputs(4113, 3072, seed=_seed())
+    kw = gpu_block_inputs(4113, 3072, seed=_seed())
     args = (kw["residual"], kw["x"], None, kw["gate"], kw["scale"], kw["shift"])
     y, _ = q.resnorm(*args)
     G = _global_scale(y)
