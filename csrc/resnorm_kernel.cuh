@@ -29,6 +29,7 @@ namespace qwen_fp4 {
 // (threads = kFixedCols / 8 / VPT, no bounds checks); 0 handles any multiple of 64 at run time.
 template <int VPT, int kFixedCols>
 struct RowShape {
+  static constexpr int kFixedWidth = kFixedCols;
   static constexpr int kFixedVecs = kFixedCols / kVecElems;
   static constexpr int kFixedThreads = kFixedVecs / VPT;
   static constexpr int kMaxThreads = kFixedCols ? kFixedThreads : 256;
@@ -145,17 +146,79 @@ struct RowParams {
 };
 
 // Narrow shapes (few rows, short latency chains) load scale and shift before the reductions, so their
-// latency hides behind them (ptxas issues these loads after the first barrier, ahead of the second, in
-// the sm_90a build); wide shapes (many rows) only after the reductions, to save registers.
+// latency hides behind them; wide shapes (many rows) only after the reductions, to save registers.
 template <int VPT>
 constexpr bool kHoistParams = VPT <= 2;
 
+// A plain row's parameters (gate, scale, shift) for this thread's vectors, packed bf16, loaded in one group
+// by plain loads, which ptxas keeps where they are written. Before, the gate's __ldg was issued only after
+// the first x unpack, which waits for the row's DRAM loads: an L2 round trip added to every row's latency
+// chain (and the wide shapes loaded scale and shift after the reductions: a second one). Where it pays, by
+// same-run A/B on the H200 (docs/performance.md, "What changed" item 9):
+// - narrow fixed shapes (few rows): x and residual first (their DRAM latency is the time), then the
+//   parameters, the shared modulation row (the common call) in a branch of its own so that nothing between
+//   the two groups waits on x (modulation_row's switch ahead of the x loads cost 0.06 us at 17 rows).
+//   Graph replay, D = 3072: resnorm 2.57 -> 2.39-2.43 us at 17 rows, the fused op 2.77 -> 2.66-2.70; D = 5120:
+//   resnorm 2.91 -> 2.70, fused 3.01 -> 2.95. The price: 64 registers instead of 53, so 5 CTAs per SM instead
+//   of 6 at D = 3072, and the fused op 1-3% slower per call at 1024 rows;
+// - the wide D = 3072 shape (2048+ rows): the parameters first, then x and residual: 27.6-27.9 -> 26.9-27.2
+//   us at 4096 rows, 48.0 -> 47.2-47.5 at 8192. Not the wide D = 5120 shape (76.5 -> 77.8 us at 8192 rows),
+//   nor the generic widths, whose wide shapes it would cost 23 registers and a resident CTA.
+template <int VPT, int kFixedCols>
+constexpr bool kGroupedParams = kFixedCols == 3072 || (kFixedCols != 0 && VPT <= 2);
+
+template <int VPT, class Shape>
+struct PlainParams {
+  uint4 gate[VPT], scale[VPT], shift[VPT];
+
+  // gate for every vector slot of the thread; scale and shift for one slot only when slot >= 0 (the split
+  // kernel: into scale[0], shift[0]).
+  __device__ __forceinline__ void load(const ResnormArgs& args, int64_t mod_row, int32_t cols, int vecs, int slot) {
+    const RowParams<true> p(args, mod_row, cols);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = i * Shape::threads() + threadIdx.x;
+      const bool valid = Shape::valid(v, vecs);
+      gate[i] = valid ? reinterpret_cast<const uint4*>(p.gate.base)[v] : zero;
+      if (slot < 0) {
+        scale[i] = valid ? reinterpret_cast<const uint4*>(p.scale.base)[v] : zero;
+        shift[i] = valid ? reinterpret_cast<const uint4*>(p.shift.base)[v] : zero;
+      }
+    }
+    if (slot >= 0) {
+      const int v = slot * Shape::threads() + threadIdx.x;  // fixed shapes: always valid
+      scale[0] = reinterpret_cast<const uint4*>(p.scale.base)[v];
+      shift[0] = reinterpret_cast<const uint4*>(p.shift.base)[v];
+    }
+  }
+
+  // Loads them and the row's x and residual in the order above.
+  __device__ __forceinline__ void load_with_row(const ResnormArgs& args, int64_t row, int32_t cols, int vecs,
+                                                uint4 (&xv)[VPT], uint4 (&rv)[VPT], int slot = -1) {
+    if constexpr (!kHoistParams<VPT>) {
+      load(args, modulation_row(args, row), cols, vecs, slot);
+      load_row<VPT, Shape>(args, row, xv, rv);
+    } else {
+      load_row<VPT, Shape>(args, row, xv, rv);
+      if (args.form == ModulationForm::kShared) {
+        load(args, 0, cols, vecs, slot);
+      } else {
+        load(args, modulation_row(args, row), cols, vecs, slot);
+      }
+    }
+  }
+};
+
 // Steps 1-5 for one row from its x and residual vectors: d = r, residual_out stored (only vector slot
-// `stored_slot` when >= 0: the split kernel), then the two passes; returns rstd with d = r - mu.
-template <int VPT, class Shape, bool kPlain>
+// `stored_slot` when >= 0: the split kernel), then the two passes; returns rstd with d = r - mu. The plain
+// kernels of the tuned widths pass their gate vectors loaded (kGateGiven: gate_bf16); the others load them
+// from p.
+template <int VPT, class Shape, bool kPlain, bool kGateGiven>
 __device__ __forceinline__ float residual_and_rstd(const ResnormArgs& args, const RowParams<kPlain>& p, int64_t row,
                                                    const uint4 (&xv)[VPT], const uint4 (&rv)[VPT],
-                                                   float (&d)[VPT][kVecElems], int stored_slot = -1) {
+                                                   const uint4 (&gate_bf16)[VPT], float (&d)[VPT][kVecElems],
+                                                   int stored_slot = -1) {
   const int32_t cols = Shape::cols(args.cols);
   const int vecs = Shape::vecs(cols);
   __shared__ __align__(16) float scratch[2][32];  // one per reduction: no barrier before either's writes
@@ -171,7 +234,11 @@ __device__ __forceinline__ float residual_and_rstd(const ResnormArgs& args, cons
     bf16x8_to_float(xv[i], xf);
     bf16x8_to_float(rv[i], resf);
     if (valid) {
-      p.gate.load8(v, gate);
+      if constexpr (kGateGiven) {
+        bf16x8_to_float(gate_bf16[i], gate);
+      } else {
+        p.gate.load8(v, gate);
+      }
       if constexpr (!kPlain) {
         const ParamRow<true> bias_row(args.bias, 0, cols);
         if (bias_row.present()) {
@@ -248,41 +315,42 @@ __device__ __forceinline__ uint4 modulate_vec(const RowParams<kPlain>& p, int v,
   return bf16_round8(y);
 }
 
-// Steps 1-7 for one row from its x and residual vectors; returns y (bf16x8 per vector) and writes
-// residual_out.
+// Steps 1-7 for one row, loading it; returns y (bf16x8 per vector) and writes residual_out.
 template <int VPT, class Shape, bool kPlain>
-__device__ __forceinline__ void resnorm_row_from(const ResnormArgs& args, int64_t row, const uint4 (&xv)[VPT],
-                                                 const uint4 (&rv)[VPT], uint4 (&y_out)[VPT]) {
-  const int vecs = Shape::vecs(Shape::cols(args.cols));
-  const RowParams<kPlain> p(args, modulation_row(args, row), Shape::cols(args.cols));
+__device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row, uint4 (&y_out)[VPT]) {
+  const int32_t cols = Shape::cols(args.cols);
+  const int vecs = Shape::vecs(cols);
+  // The plain kernels of the shapes in kGroupedParams load their parameters in one group (PlainParams); the
+  // others through p: the gate in the first pass, scale and shift before (narrow shapes, __ldg) or after
+  // (wide) the reductions.
+  constexpr bool kGrouped = kPlain && kGroupedParams<VPT, Shape::kFixedWidth>;
   constexpr bool kHoist = kHoistParams<VPT>;
-  uint4 scale_bf16[VPT], shift_bf16[VPT];
-  if constexpr (kPlain && kHoist) {
+  uint4 xv[VPT], rv[VPT];
+  PlainParams<VPT, Shape> pp;  // the parameters where kGrouped (scale and shift also where kPlain && kHoist)
+  if constexpr (kGrouped) {
+    pp.load_with_row(args, row, cols, vecs, xv, rv);
+  } else {
+    load_row<VPT, Shape>(args, row, xv, rv);
+  }
+  const RowParams<kPlain> p(args, kGrouped ? 0 : modulation_row(args, row), cols);
+  if constexpr (kPlain && kHoist && !kGrouped) {
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       const int v = i * Shape::threads() + threadIdx.x;
       if (Shape::valid(v, vecs)) {
-        scale_bf16[i] = p.scale.load_bf16x8(v);
-        shift_bf16[i] = p.shift.load_bf16x8(v);
+        pp.scale[i] = p.scale.load_bf16x8(v);
+        pp.shift[i] = p.shift.load_bf16x8(v);
       }
     }
   }
   float d[VPT][kVecElems];
-  const float rstd = residual_and_rstd<VPT, Shape, kPlain>(args, p, row, xv, rv, d);
+  const float rstd = residual_and_rstd<VPT, Shape, kPlain, kGrouped>(args, p, row, xv, rv, pp.gate, d);
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = i * Shape::threads() + threadIdx.x;
-    y_out[i] = Shape::valid(v, vecs) ? modulate_vec<kPlain, kHoist>(p, v, d[i], rstd, scale_bf16[i], shift_bf16[i])
+    y_out[i] = Shape::valid(v, vecs) ? modulate_vec<kPlain, kHoist || kGrouped>(p, v, d[i], rstd, pp.scale[i], pp.shift[i])
                                      : make_uint4(0, 0, 0, 0);
   }
-}
-
-// Steps 1-7 for one row, loading it first.
-template <int VPT, class Shape, bool kPlain>
-__device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row, uint4 (&y_out)[VPT]) {
-  uint4 xv[VPT], rv[VPT];
-  load_row<VPT, Shape>(args, row, xv, rv);
-  resnorm_row_from<VPT, Shape, kPlain>(args, row, xv, rv, y_out);
 }
 
 // resnorm: writes y. No scales, so no padding rows: grid = rows.
@@ -335,20 +403,21 @@ __global__ void __launch_bounds__(RowShape<2, kFixedCols>::kMaxThreads, 1)
   const int slot = blockIdx.x % VPT;
   const float global_scale = __ldg(args.global_scale);
   uint4 xv[VPT], rv[VPT];
-  load_row<VPT, Shape>(args, row, xv, rv);
-  const RowParams<kPlain> p(args, modulation_row(args, row), cols);
-  const int v = slot * Shape::threads() + threadIdx.x;
-  uint4 scale_bf16 = make_uint4(0, 0, 0, 0), shift_bf16 = make_uint4(0, 0, 0, 0);
+  PlainParams<VPT, Shape> pp;  // the plain kernels' parameters: both slots' gate, this slot's scale and shift
   if constexpr (kPlain) {
-    scale_bf16 = p.scale.load_bf16x8(v);
-    shift_bf16 = p.shift.load_bf16x8(v);
+    static_assert(kGroupedParams<VPT, kFixedCols>, "the split kernel's shapes load their parameters grouped");
+    pp.load_with_row(args, row, cols, Shape::kFixedVecs, xv, rv, slot);
+  } else {
+    load_row<VPT, Shape>(args, row, xv, rv);
   }
+  const RowParams<kPlain> p(args, kPlain ? 0 : modulation_row(args, row), cols);
+  const int v = slot * Shape::threads() + threadIdx.x;
   float d[VPT][kVecElems];
-  const float rstd = residual_and_rstd<VPT, Shape, kPlain>(args, p, row, xv, rv, d, slot);
+  const float rstd = residual_and_rstd<VPT, Shape, kPlain, kPlain>(args, p, row, xv, rv, pp.gate, d, slot);
   float mine[kVecElems];
 #pragma unroll
   for (int j = 0; j < kVecElems; ++j) mine[j] = slot ? d[1][j] : d[0][j];
-  const uint4 y[1] = {modulate_vec<kPlain, true>(p, v, mine, rstd, scale_bf16, shift_bf16)};
+  const uint4 y[1] = {modulate_vec<kPlain, true>(p, v, mine, rstd, pp.scale[0], pp.shift[0])};
   quantize_row_and_store<Quantizer, 1, Shape>(y, row, cols, Shape::kFixedVecs, global_scale, args.packed,
                                               args.scales, slot);
 }
