@@ -128,6 +128,17 @@ def test_modulation_forms_and_options(rows, cols, form, param_dtype, bias, affin
     run_case(rows, cols, fast, batches=4, form=form, param_dtype=param_dtype, bias=bias, affine=affine)
 
 
+# The plain kernels of the tuned widths load a row's gate, scale and shift in one group (PlainParams in
+# csrc/resnorm_kernel.cuh), the shared modulation row in a branch of its own: every form on the one-CTA
+# few-rows kernels (more rows than SMs, fewer than 2048), which the cases above do not reach.
+@pytest.mark.parametrize("rows,cols", ((4 * 65, 3072), (4 * 65, 5120)), ids=("one3072", "one5120"))
+@pytest.mark.parametrize("form", ("shared", "batch", "indexed"))
+def test_plain_modulation_forms_one_cta_rows(rows, cols, form):
+    if rows <= _sms():
+        pytest.skip("needs more rows than SMs (the one-CTA-per-row kernels)")
+    run_case(rows, cols, True, batches=4, form=form)
+
+
 @pytest.mark.parametrize("cols", (3072, 5120))
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 def test_split_kernel_boundary(cols, fast):
