@@ -183,16 +183,16 @@ struct PlainParams {
     for (int i = 0; i < VPT; ++i) {
       const int v = i * Shape::threads() + threadIdx.x;
       const bool valid = Shape::valid(v, vecs);
-      gate[i] = valid ? reinterpret_cast<const uint4*>(p.gate.base)[v] : zero;
+      gate[i] = valid ? p.gate.template load_bf16x8<false>(v) : zero;
       if (slot < 0) {
-        scale[i] = valid ? reinterpret_cast<const uint4*>(p.scale.base)[v] : zero;
-        shift[i] = valid ? reinterpret_cast<const uint4*>(p.shift.base)[v] : zero;
+        scale[i] = valid ? p.scale.template load_bf16x8<false>(v) : zero;
+        shift[i] = valid ? p.shift.template load_bf16x8<false>(v) : zero;
       }
     }
     if (slot >= 0) {
       const int v = slot * Shape::threads() + threadIdx.x;  // fixed shapes: always valid
-      scale[0] = reinterpret_cast<const uint4*>(p.scale.base)[v];
-      shift[0] = reinterpret_cast<const uint4*>(p.shift.base)[v];
+      scale[0] = p.scale.template load_bf16x8<false>(v);
+      shift[0] = p.shift.template load_bf16x8<false>(v);
     }
   }
 
@@ -292,8 +292,8 @@ __device__ __forceinline__ uint4 modulate_vec(const RowParams<kPlain>& p, int v,
       bf16x8_to_float(scale_bf16, scale);
       bf16x8_to_float(shift_bf16, shift);
     } else {  // plain loads: they stay after the barriers (read-only loads may be hoisted above them)
-      bf16x8_to_float(reinterpret_cast<const uint4*>(p.scale.base)[v], scale);
-      bf16x8_to_float(reinterpret_cast<const uint4*>(p.shift.base)[v], shift);
+      bf16x8_to_float(p.scale.template load_bf16x8<false>(v), scale);
+      bf16x8_to_float(p.shift.template load_bf16x8<false>(v), shift);
     }
   } else {
     p.scale.template load8<kHoist>(v, scale);

@@ -53,8 +53,13 @@ struct ParamRow {
         fp32(kMaybeFp32 && p.fp32) {}
   __device__ __forceinline__ bool present() const { return base != nullptr; }
 
-  // The 8 bf16 entries starting at column 8 * vec, still packed (bf16 rows only).
-  __device__ __forceinline__ uint4 load_bf16x8(int vec) const { return __ldg(reinterpret_cast<const uint4*>(base) + vec); }
+  // The 8 bf16 entries starting at column 8 * vec, still packed (bf16 rows only). kReadOnly as in load8:
+  // __ldg, which ptxas may move across barriers, or a plain load, which stays where it is written.
+  template <bool kReadOnly = true>
+  __device__ __forceinline__ uint4 load_bf16x8(int vec) const {
+    const uint4* q = reinterpret_cast<const uint4*>(base) + vec;
+    return kReadOnly ? __ldg(q) : *q;
+  }
 
   // Eight consecutive entries starting at column 8 * vec. kReadOnly uses the non-coherent path (__ldg),
   // which the compiler may hoist across __syncthreads; plain loads stay where they are (fewer registers
@@ -67,8 +72,7 @@ struct ParamRow {
       out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
       out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
     } else {
-      const uint4* q = reinterpret_cast<const uint4*>(base) + vec;
-      bf16x8_to_float(kReadOnly ? __ldg(q) : *q, out);
+      bf16x8_to_float(load_bf16x8<kReadOnly>(vec), out);
     }
   }
 };
