@@ -128,9 +128,10 @@ def test_modulation_forms_and_options(rows, cols, form, param_dtype, bias, affin
     run_case(rows, cols, fast, batches=4, form=form, param_dtype=param_dtype, bias=bias, affine=affine)
 
 
-# The plain kernels of the tuned widths load a row's gate, scale and shift in one group (PlainParams in
-# csrc/resnorm_kernel.cuh), the shared modulation row in a branch of its own: every form on the one-CTA
-# few-rows kernels (more rows than SMs, fewer than 2048), which the cases above do not reach.
+# Most plain kernels of the tuned widths load a row's gate, scale and shift in one group (PlainParams and
+# kGroupedParams in csrc/resnorm_kernel.cuh; here resnorm's at both widths and the fused op's at D = 5120),
+# the shared modulation row in a branch of its own: every form on the one-CTA few-rows kernels (more rows
+# than SMs, fewer than 2048), which the cases above do not reach.
 @pytest.mark.parametrize("rows,cols", ((4 * 65, 3072), (4 * 65, 5120)), ids=("one3072", "one5120"))
 @pytest.mark.parametrize("form", ("shared", "batch", "indexed"))
 def test_plain_modulation_forms_one_cta_rows(rows, cols, form):
