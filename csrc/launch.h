@@ -38,7 +38,7 @@ struct ResnormArgs {
   uint8_t* packed;     // [rows, cols / 2]       (resnorm_quant only)
   uint8_t* scales;     // [round_up(rows, 128), cols / 16], 128x4 swizzled
   const float* global_scale;
-  // First-wave stagger of the many-rows fused kernels (resnorm_kernel.cuh, stagger_first_wave); 0: none.
+  // First-wave stagger of the row kernels (launch_rows.cuh, set_first_wave_stagger); 0: none.
   int32_t sms;              // SMs of the device
   int32_t first_wave_ctas;  // row CTAs resident at once: sms x CTAs per SM
   int32_t stagger_ns;       // first-wave CTA in slot k = blockIdx / sms waits k * stagger_ns

@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "dispatch.cuh"
 #include "launch.h"
@@ -23,8 +24,17 @@ void launch_resnorm(const ResnormArgs& args, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   dispatch_plain(args, [&](auto plain) {
     dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
-      resnorm_kernel<decltype(vpt)::value, decltype(fixed)::value, decltype(min_blocks)::value,
-                     decltype(plain)::value><<<args.rows, threads, 0, s>>>(args);
+      // (std::decay_t: nvcc's launch rewriting sees the captured `plain` as a reference)
+      constexpr int kVpt = decltype(vpt)::value, kFixedCols = decltype(fixed)::value;
+      constexpr int kMinBlocks = decltype(min_blocks)::value;
+      constexpr bool kPlain = std::decay_t<decltype(plain)>::value;
+      constexpr auto kernel = resnorm_kernel<kVpt, kFixedCols, kMinBlocks, kPlain, (kMinBlocks > 1)>;
+      if constexpr (kStaggerable<kFixedCols, kMinBlocks>) {
+        launch_row_kernel<kernel, resnorm_kernel<kVpt, kFixedCols, kMinBlocks, kPlain, true>, kMinBlocks>(
+            args, args.rows, threads, s);
+      } else {
+        kernel<<<args.rows, threads, 0, s>>>(args);
+      }
     });
   });
   check_launch("resnorm");

@@ -42,19 +42,51 @@ int resident_ctas_per_sm(int device, int threads) {
   return ctas;
 }
 
-// 300 ns per first-wave slot at D = 3072, about the time DRAM takes to deliver one slot's loads (SMs x 12 KB
-// at 4 TB/s), scaled with D (500 ns at 5120), for the many-rows shapes (6 resident CTAs per SM at D = 3072,
-// 4 at 5120). Same-run A/B on the H200: D = 3072 1-2% faster at 4096-16384 rows (250-600 ns alike); D =
-// 5120 (500 ns) 2-3% at 2048 rows, 0.5-1.2% at 4096-6889 and 16384, none at 8192 (docs/performance.md).
-template <auto kKernel>
-void set_first_wave_stagger(ResnormArgs& a, int threads) {
+// Sets a's first-wave stagger (stagger_first_wave) for kKernel's launch and returns true, or returns false
+// (no stagger). The many-rows shapes (kMinBlocks > 1: 6 resident CTAs per SM at D = 3072, 4 at 5120): 300 ns per
+// first-wave slot at D = 3072, about the time DRAM takes to deliver one slot's loads (SMs x 12 KB at 4 TB/s),
+// scaled with D (500 ns at 5120). Same-run A/B on the H200: D = 3072 1-2% faster at 4096-16384 rows (250-600
+// ns alike); D = 5120 (500 ns) 2-3% at 2048 rows, 0.5-1.2% at 4096-6889 and 16384, none at 8192.
+// The few-rows one-CTA shapes of the fixed widths (kMinBlocks == 1): only when the rows fill more than one
+// wave (rows > SMs x resident CTAs per SM: 792 rows at D = 3072, 396 at 5120), 300 ns at either width.
+// Same-run A/B on the H200, graph replay (docs/performance.md, "What changed" item 10): D = 3072 8.82 ->
+// 8.62-8.67 us at 1024 rows, 11.76 -> 11.18-11.22 at 1536; D = 5120 8.39-8.42 -> 7.49-7.50 at 512, 12.98 ->
+// 12.04-12.09 at 1024; but within one wave it did not pay (D = 3072, 512 rows: 5.58-5.70 -> 5.84-5.96 us).
+template <auto kKernel, int kMinBlocks>
+bool set_first_wave_stagger(ResnormArgs& a, int threads) {
   const int device = a.device;  // the op's device, current under its device guard
-  if (!has_device_cache(device)) return;  // stagger_ns stays 0
+  if (!has_device_cache(device)) return false;  // stagger_ns stays 0
   const int ctas_per_sm = resident_ctas_per_sm<kKernel>(device, threads);
-  if (ctas_per_sm < 4) return;
-  a.sms = device_sms(device);
-  a.first_wave_ctas = a.sms * ctas_per_sm;
-  a.stagger_ns = a.sms > 0 ? 300 * a.cols / 3072 : 0;
+  const int sms = device_sms(device);
+  if (sms <= 0 || ctas_per_sm < 1) return false;
+  if constexpr (kMinBlocks > 1) {
+    if (ctas_per_sm < 4) return false;
+  } else {
+    if (a.rows <= int64_t(sms) * ctas_per_sm) return false;
+  }
+  a.sms = sms;
+  a.first_wave_ctas = sms * ctas_per_sm;
+  a.stagger_ns = kMinBlocks > 1 ? 300 * a.cols / 3072 : 300;
+  return true;
+}
+
+// The shapes that take the stagger: the many-rows ones (their kernels always have its code) and the
+// few-rows one-CTA shapes of the fixed widths, whose kernels come twice, with and without it: calls within
+// one wave run the one without, since its code alone cost 0.06-0.11 us at 400-512 rows (D = 3072, graph
+// replay, in both the fused op and resnorm). Not the generic widths (not measured).
+template <int kFixedCols, int kMinBlocks>
+constexpr bool kStaggerable = kMinBlocks > 1 || kFixedCols != 0;
+
+// Launches kStaggered with the stagger where set_first_wave_stagger sets one, kKernel otherwise (the same
+// kernel for the many-rows shapes).
+template <auto kKernel, auto kStaggered, int kMinBlocks>
+void launch_row_kernel(const ResnormArgs& args, int64_t grid, int threads, cudaStream_t s) {
+  ResnormArgs a = args;
+  if (set_first_wave_stagger<kStaggered, kMinBlocks>(a, threads)) {
+    kStaggered<<<grid, threads, 0, s>>>(a);
+  } else {
+    kKernel<<<grid, threads, 0, s>>>(a);
+  }
 }
 
 // Two CTAs per row (resnorm_quant_split_kernel) while there is at most one row per SM, in the shapes that
@@ -81,10 +113,13 @@ void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
           return;
         }
       }
-      constexpr auto kernel = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain>;
-      ResnormArgs a = args;
-      if constexpr (kMinBlocks > 1) set_first_wave_stagger<kernel>(a, threads);
-      kernel<<<quantize_grid(args.rows), threads, 0, s>>>(a);
+      constexpr auto kernel = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain, (kMinBlocks > 1)>;
+      if constexpr (kStaggerable<kFixedCols, kMinBlocks>) {
+        constexpr auto staggered = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain, true>;
+        launch_row_kernel<kernel, staggered, kMinBlocks>(args, quantize_grid(args.rows), threads, s);
+      } else {
+        kernel<<<quantize_grid(args.rows), threads, 0, s>>>(args);
+      }
     });
   });
 }

@@ -64,8 +64,8 @@ __device__ __forceinline__ bool zero_scales_if_padding_cta(uint8_t* scales, int6
   return true;
 }
 
-// The first wave of the many-rows shapes. With every resident CTA starting at once, the whole first wave
-// loads at once and then computes at once while DRAM idles: on the H200 (D = 3072, 6 CTAs per SM) no row
+// The first wave (kernels with kStagger; launch_rows.cuh, set_first_wave_stagger says when). With every
+// resident CTA starting at once, the whole first wave loads at once and then computes at once while DRAM idles: on the H200 (D = 3072, 6 CTAs per SM) no row
 // of the first wave finished in the first 5 us of the call and first-wave rows lived 6.1-6.4 us, later ones
 // 3.6 us (scripts/cta_timeline.py). CTA slot k of the first wave (blockIdx / SMs, the order the CTAs are
 // handed to the SMs) sleeps k * stagger_ns before its loads, so each SM computes its early rows while the
@@ -357,10 +357,11 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
   }
 }
 
-// resnorm: writes y. No scales, so no padding rows: grid = rows.
-template <int VPT, int kFixedCols, int kMinBlocks, bool kPlain>
+// resnorm: writes y. No scales, so no padding rows: grid = rows. kStagger: stagger_first_wave compiled in.
+template <int VPT, int kFixedCols, int kMinBlocks, bool kPlain, bool kStagger>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) resnorm_kernel(const ResnormArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
+  if constexpr (kStagger) stagger_first_wave(args);
   const int64_t row = blockIdx.x;
   uint4 y[VPT];
   resnorm_row<VPT, Shape, kPlain, false>(args, row, y);
@@ -373,13 +374,13 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
   }
 }
 
-// resnorm_quant: steps 1-8 in one pass; y never leaves registers.
-template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks, bool kPlain>
+// resnorm_quant: steps 1-8 in one pass; y never leaves registers. kStagger: stagger_first_wave compiled in.
+template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks, bool kPlain, bool kStagger>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) resnorm_quant_kernel(const ResnormArgs args) {
   using Shape = RowShape<VPT, kFixedCols>;
   const int32_t cols = Shape::cols(args.cols);
   if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols, args.rows)) return;
-  if constexpr (kMinBlocks > 1) stagger_first_wave(args);  // the many-rows shapes only
+  if constexpr (kStagger) stagger_first_wave(args);
   const int64_t row = blockIdx.x;
   const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
   uint4 y[VPT];

@@ -5,6 +5,7 @@
 #
 #   OUT=sweep_logs bash scripts/shape_sweep.sh dist_sweep/A dist_sweep/B ...
 #   SKIP_TESTS=1 ...   for diagnostic builds that are not meant to be correct (e.g. arithmetic removed)
+#   SWEEP_TESTS="tests/test_gpu_kernels.py tests/test_special_values.py" ...   other test files (GPU cases only)
 #   GRAPH_ROWS=17,64,256 ...   also CUDA-graph replay times at those row counts (scripts/graph_replay.py),
 #                              at the widths GRAPH_DIMS (default 3072,5120)
 #   SKIP_BENCH=1 ...   no eager benchmark
@@ -28,8 +29,8 @@ for round in $(seq "${ROUNDS:-1}"); do
     fi
     {
       echo "== variant $spec${ROUNDS:+, round $round}"
-      [ -n "${SKIP_TESTS:-}" ] || [ "$round" -gt 1 ] || env $envs python3 -m pytest "$REPO/tests/test_gpu_kernels.py" -p no:cacheprovider -q -x \
-        -k "not exhaustively" 2>&1 | tail -2
+      [ -n "${SKIP_TESTS:-}" ] || [ "$round" -gt 1 ] || env $envs python3 -m pytest $(printf "$REPO/%s " ${SWEEP_TESTS:-tests/test_gpu_kernels.py}) -p no:cacheprovider \
+        -q -x -m gpu -k "not exhaustively" 2>&1 | tail -2
       [ -n "${SKIP_BENCH:-}" ] || env $envs python3 -m qwen_resnorm_fp4 bench --out "/tmp/bench_$name" $BENCH 2>&1 \
         | grep -E "^D=|graph|copy ceiling|overhead"
       [ -z "${GRAPH_ROWS:-}" ] || env $envs python3 "$REPO/scripts/graph_replay.py" --rows "$GRAPH_ROWS" \

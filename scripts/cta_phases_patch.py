@@ -1,0 +1,111 @@
+"""Diagnostic only (docs/performance.md, "Where a few-rows call's time goes"): edits a *copy* of the source tree
+so that every row CTA of resnorm_kernel and of resnorm_quant_kernel (the one-CTA-per-row kernels, not the split
+kernel) records, in thread 0, its SM, its start and end %globaltimer and three SM clock readings: at its start,
+after the first block reduction's barrier (the row's loads, the first pass and the mean) and after the second
+(the variance), and its end (after every store of the CTA and a barrier). It writes them over the first 48
+bytes of its row of residual_out, so outputs are wrong by design. scripts/cta_phases.py reads them.
+
+    git archive HEAD | tar -x -C /tmp/ph && python scripts/cta_phases_patch.py /tmp/ph
+    cd /tmp/ph && QWEN_FP4_CUDA_ARCHS=90a pip wheel --no-build-isolation --no-deps -w dist .
+"""
+import sys
+from pathlib import Path
+
+HELPER_AT = "// Block shape for a row: VPT vectors per thread."
+HELPER = """// DIAGNOSTIC BUILD (scripts/cta_phases_patch.py): thread 0's clock readings of this CTA.
+__device__ __forceinline__ uint64_t* phase_clock() {
+  __shared__ uint64_t clocks[4];
+  return clocks;
+}
+__device__ __forceinline__ uint64_t phase_globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Thread 0 writes (smid, start ns, end ns, cycles to the mean, to the variance, to the end) over the row's
+// first 48 bytes of residual_out, after a barrier that follows every store of the CTA.
+__device__ __forceinline__ void phase_write(const ResnormArgs& args, int64_t row, uint64_t start_ns) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint64_t end_clock = clock64();
+    const uint64_t end_ns = phase_globaltimer();
+    uint32_t smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    const uint64_t* c = phase_clock();
+    uint64_t* out = reinterpret_cast<uint64_t*>(static_cast<char*>(args.residual_out) + row * args.cols * 2);
+    out[0] = smid; out[1] = start_ns; out[2] = end_ns;
+    out[3] = c[1] - c[0]; out[4] = c[2] - c[0]; out[5] = end_clock - c[0];
+  }
+}
+
+"""
+
+EDITS = [
+    (HELPER_AT, HELPER + HELPER_AT),
+    ("""  const float mu = __fmul_rn(block_sum<Shape::kWarps>(sum, scratch[0]), inv_cols);
+""", """  const float mu = __fmul_rn(block_sum<Shape::kWarps>(sum, scratch[0]), inv_cols);
+  if (threadIdx.x == 0) phase_clock()[1] = clock64();
+"""),
+    ("""  const float var = __fmul_rn(block_sum<Shape::kWarps>(sq, scratch[1]), inv_cols);
+""", """  const float var = __fmul_rn(block_sum<Shape::kWarps>(sq, scratch[1]), inv_cols);
+  if (threadIdx.x == 0) phase_clock()[2] = clock64();
+"""),
+    # resnorm_kernel
+    ("""  const int64_t row = blockIdx.x;
+  uint4 y[VPT];
+  resnorm_row<VPT, Shape, kPlain, false>(args, row, y);
+  const int vecs = Shape::vecs(args.cols);
+  uint4* y_row = reinterpret_cast<uint4*>(args.y) + row * vecs;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = i * Shape::threads() + threadIdx.x;
+    if (Shape::valid(v, vecs)) y_row[v] = y[i];
+  }
+""", """  const int64_t row = blockIdx.x;
+  uint64_t start_ns = 0;
+  if (threadIdx.x == 0) { start_ns = phase_globaltimer(); phase_clock()[0] = clock64(); }
+  uint4 y[VPT];
+  resnorm_row<VPT, Shape, kPlain, false>(args, row, y);
+  const int vecs = Shape::vecs(args.cols);
+  uint4* y_row = reinterpret_cast<uint4*>(args.y) + row * vecs;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = i * Shape::threads() + threadIdx.x;
+    if (Shape::valid(v, vecs)) y_row[v] = y[i];
+  }
+  phase_write(args, row, start_ns);
+"""),
+    # resnorm_quant_kernel
+    ("""  const int64_t row = blockIdx.x;
+  const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
+  uint4 y[VPT];
+  resnorm_row<VPT, Shape, kPlain, true>(args, row, y);
+  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, Shape::vecs(cols), global_scale, args.packed,
+                                                args.scales);
+""", """  const int64_t row = blockIdx.x;
+  uint64_t start_ns = 0;
+  if (threadIdx.x == 0) { start_ns = phase_globaltimer(); phase_clock()[0] = clock64(); }
+  const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
+  uint4 y[VPT];
+  resnorm_row<VPT, Shape, kPlain, true>(args, row, y);
+  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, Shape::vecs(cols), global_scale, args.packed,
+                                                args.scales);
+  phase_write(args, row, start_ns);
+"""),
+]
+
+
+def patch(root: Path) -> None:
+    path = root / "csrc" / "resnorm_kernel.cuh"
+    s = path.read_text()
+    for old, new in EDITS:
+        if s.count(old) != 1:
+            sys.exit(f"{path}: the code to replace is not there once (the kernel changed?):\n{old}")
+        s = s.replace(old, new)
+    path.write_text(s)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or Path(sys.argv[1]).resolve() == Path(__file__).resolve().parent.parent:
+        sys.exit("usage: python scripts/cta_phases_patch.py COPY_OF_THE_TREE  (never the checkout itself)")
+    patch(Path(sys.argv[1]))
