@@ -16,29 +16,15 @@ import torch
 
 from qwen_resnorm_fp4 import bench
 
+from cta_timeline import timed_calls  # scripts/ is on sys.path when this script runs
+
 
 def _q(t: torch.Tensor, q: float) -> float:
     return float(torch.quantile(t.double(), q))
 
 
 def phases(rows: int, dim: int, op: str, calls: int = 30) -> None:
-    l2 = bench.l2_bytes()
-    n_sets = bench.n_sets_for(rows, dim, l2)
-    inp = bench.Inputs(rows, dim, n_sets)
-    fn = bench.make_impls(inp, bench._fast_math(), None)[op]
-    timer = bench.GpuTimer()
-    outs = []
-    for i in range(3):
-        fn(i % n_sets)
-    torch.cuda.synchronize()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
-    timer._sleep_us(40.0 * calls + 100.0)
-    events[0].record()
-    for i in range(calls):
-        outs.append(fn(i % n_sets)[-1])  # residual_out is the last output of both ops
-        events[i + 1].record()
-    torch.cuda.synchronize()
-    event_us = [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(calls)]
+    outs, event_us = timed_calls(rows, dim, op, -1, calls)  # residual_out: the last output of both ops
     t = torch.stack([o.reshape(rows, dim)[:, :24].contiguous().view(torch.int64) for o in outs]).cpu()  # calls x rows x 6
     start, end = t[..., 1].double(), t[..., 2].double()
     life_us = (end - start) / 1e3

@@ -7,30 +7,38 @@ does (per-call CUDA events, queue pre-filled, cold L2), then reads the last call
 """
 import argparse
 import statistics
+from typing import List, Tuple
 
 import torch
 
 from qwen_resnorm_fp4 import bench
 
 
-def timeline(rows: int, dim: int, calls: int = 30) -> None:
+def timed_calls(rows: int, dim: int, op: str, output: int, calls: int = 30) -> Tuple[List[torch.Tensor], List[float]]:
+    """Calls `op` (a name of bench.make_impls) `calls` times as the benchmark times it (per-call CUDA events,
+    queue pre-filled, input sets rotated for a cold L2); returns output number `output` of every call and
+    the calls' event times in us."""
     l2 = bench.l2_bytes()
     n_sets = bench.n_sets_for(rows, dim, l2)
     inp = bench.Inputs(rows, dim, n_sets)
-    fused = bench.make_impls(inp, bench._fast_math(), None)["fused"]
+    fn = bench.make_impls(inp, bench._fast_math(), None)[op]
     timer = bench.GpuTimer()
     outs = []
     for i in range(3):
-        fused(i % n_sets)
+        fn(i % n_sets)
     torch.cuda.synchronize()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
     timer._sleep_us(40.0 * calls + 100.0)
     events[0].record()
     for i in range(calls):
-        outs.append(fused(i % n_sets)[0])
+        outs.append(fn(i % n_sets)[output])
         events[i + 1].record()
     torch.cuda.synchronize()
-    event_us = [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(calls)]
+    return outs, [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(calls)]
+
+
+def timeline(rows: int, dim: int, calls: int = 30) -> None:
+    outs, event_us = timed_calls(rows, dim, "fused", 0, calls)
     spans, firsts, lasts, durs_first, durs_mid, tails, gaps = [], [], [], [], [], [], []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for c in range(calls):

@@ -19,7 +19,6 @@ What is asserted:
 from __future__ import annotations
 
 import math
-import platform
 
 import pytest
 import torch
