@@ -43,15 +43,19 @@ int resident_ctas_per_sm(int device, int threads) {
 }
 
 // Sets a's first-wave stagger (stagger_first_wave) for kKernel's launch and returns true, or returns false
-// (no stagger). The many-rows shapes (kMinBlocks > 1: 6 resident CTAs per SM at D = 3072, 4 at 5120): 300 ns per
-// first-wave slot at D = 3072, about the time DRAM takes to deliver one slot's loads (SMs x 12 KB at 4 TB/s),
-// scaled with D (500 ns at 5120). Same-run A/B on the H200: D = 3072 1-2% faster at 4096-16384 rows (250-600
-// ns alike); D = 5120 (500 ns) 2-3% at 2048 rows, 0.5-1.2% at 4096-6889 and 16384, none at 8192.
-// The few-rows one-CTA shapes of the fixed widths (kMinBlocks == 1): only when the rows fill more than one
-// wave (rows > SMs x resident CTAs per SM: 792 rows at D = 3072, 396 at 5120), 300 ns at either width.
-// Same-run A/B on the H200, graph replay (docs/performance.md, "What changed" item 10): D = 3072 8.82 ->
-// 8.62-8.67 us at 1024 rows, 11.76 -> 11.18-11.22 at 1536; D = 5120 8.39-8.42 -> 7.49-7.50 at 512, 12.98 ->
-// 12.04-12.09 at 1024; but within one wave it did not pay (D = 3072, 512 rows: 5.58-5.70 -> 5.84-5.96 us).
+// (no stagger). Same policy for the fused op and resnorm. Measured by same-run A/B on the H200
+// (docs/performance.md, "What changed" items 6 and 10):
+// - the many-rows shapes (kMinBlocks > 1: 6 resident CTAs per SM at D = 3072, 4 at 5120): always, 300 ns
+//   per slot at D = 3072, about the time DRAM takes to deliver one slot's loads (SMs x 12 KB at 4 TB/s),
+//   scaled with D (500 ns at 5120). The fused op 1-2% faster at 4096-16384 rows (D = 3072, 250-600 ns
+//   alike), 2-3% at 2048 rows and 0.5-1.2% at 4096-6889 and 16384 (D = 5120, 500 ns), none at 8192;
+//   resnorm (graph replay, 4096 rows) unchanged at D = 3072, 1% faster at 5120;
+// - the few-rows one-CTA shapes of the fixed widths (kMinBlocks == 1): only when the rows fill more than
+//   one wave (rows > SMs x resident CTAs per SM: 792 rows at D = 3072, 396 at 5120), 300 ns at either
+//   width (the best of 150 / 300 / 500). Graph replay, the fused op: D = 3072 8.75 -> 8.58-8.60 us at 1024
+//   rows, 11.70 -> 11.16-11.18 at 1536; D = 5120 8.33 -> 7.46-7.48 at 512, 12.91 -> 12.04-12.06 at 1024;
+//   resnorm about as much (7.90 -> 7.45 us at 1024 rows, D = 3072). Within one wave it did not pay (D =
+//   3072, 512 rows, 300 ns: 5.58-5.70 -> 5.84-5.96 us).
 template <auto kKernel, int kMinBlocks>
 bool set_first_wave_stagger(ResnormArgs& a, int threads) {
   const int device = a.device;  // the op's device, current under its device guard

@@ -65,11 +65,12 @@ __device__ __forceinline__ bool zero_scales_if_padding_cta(uint8_t* scales, int6
 }
 
 // The first wave (kernels with kStagger; launch_rows.cuh, set_first_wave_stagger says when). With every
-// resident CTA starting at once, the whole first wave loads at once and then computes at once while DRAM idles: on the H200 (D = 3072, 6 CTAs per SM) no row
-// of the first wave finished in the first 5 us of the call and first-wave rows lived 6.1-6.4 us, later ones
-// 3.6 us (scripts/cta_timeline.py). CTA slot k of the first wave (blockIdx / SMs, the order the CTAs are
-// handed to the SMs) sleeps k * stagger_ns before its loads, so each SM computes its early rows while the
-// later ones' bytes arrive. Later waves start as rows finish, already spread out.
+// resident CTA starting at once, the whole first wave loads at once and then computes at once while DRAM
+// idles: on the H200 (D = 3072, 6 CTAs per SM) no row of the first wave finished in the first 5 us of the
+// call and first-wave rows lived 6.1-6.4 us, later ones 3.6 us (scripts/cta_timeline.py). CTA slot k of
+// the first wave (blockIdx / SMs, the order the CTAs are handed to the SMs) sleeps k * stagger_ns before its
+// loads, so each SM computes its early rows while the later ones' bytes arrive. Later waves start as rows
+// finish, already spread out.
 __device__ __forceinline__ void stagger_first_wave(const ResnormArgs& args) {
   const int64_t cta = blockIdx.x;
   if (args.stagger_ns > 0 && cta >= args.sms && cta < args.first_wave_ctas) {

@@ -276,12 +276,12 @@ def test_cuda_graph_replay_matches_eager():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("rows", (4096, 17))
+@pytest.mark.parametrize("rows", (4096, 1024, 17))
 def test_first_launch_inside_graph_capture(rows):
-    """The fused launch asks the device's SM count (both shapes) and, for many rows, its kernel's occupancy
-    on its first call and caches them (the split of few rows and the first-wave stagger,
-    csrc/launch_rows.cuh). In a fresh process that first call may be inside a CUDA-graph capture: the
-    captured call must replay to the eager bytes."""
+    """The fused and resnorm launches ask the device's SM count and, for many rows or few rows above one wave
+    (1024 rows), their kernel's occupancy on their first call and cache them (the split of few rows and the
+    first-wave stagger, csrc/launch_rows.cuh). In a fresh process that first call may be inside a CUDA-graph
+    capture: the captured calls must replay to the eager bytes."""
     code = textwrap.dedent("""
         import torch
         import qwen_resnorm_fp4  # noqa: F401  (registers the ops)
@@ -293,10 +293,12 @@ def test_first_launch_inside_graph_capture(rows):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             captured = torch.ops.qwen_fp4.resnorm_quant(r, x, None, gate, scale, shift, G, 1e-6, True)
+            captured += torch.ops.qwen_fp4.resnorm(r, x, None, gate, scale, shift, 1e-6)
         graph.replay()
         torch.cuda.synchronize()
         eager = torch.ops.qwen_fp4.resnorm_quant(r, x, None, gate, scale, shift, G, 1e-6, True)
-        assert all(torch.equal(a, b) for a, b in zip(captured, eager)), "graph replay differs from eager"
+        eager += torch.ops.qwen_fp4.resnorm(r, x, None, gate, scale, shift, 1e-6)
+        assert len(captured) == 5 and all(torch.equal(a, b) for a, b in zip(captured, eager)), "graph replay differs"
         print("same bytes")
     """).replace("ROWS", str(rows))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
