@@ -29,9 +29,9 @@ void launch_resnorm(const ResnormArgs& args, void* stream) {
       constexpr int kMinBlocks = decltype(min_blocks)::value;
       constexpr bool kPlain = std::decay_t<decltype(plain)>::value;
       constexpr auto kernel = resnorm_kernel<kVpt, kFixedCols, kMinBlocks, kPlain, (kMinBlocks > 1)>;
-      if constexpr (kStaggerable<kFixedCols, kMinBlocks>) {
-        launch_row_kernel<kernel, resnorm_kernel<kVpt, kFixedCols, kMinBlocks, kPlain, true>, kMinBlocks>(
-            args, args.rows, threads, s);
+      if constexpr (kStaggerable<kVpt, kFixedCols, kMinBlocks>) {
+        launch_row_kernel<kernel, resnorm_kernel<kVpt, kFixedCols, kMinBlocks, kPlain, true>, kFixedCols,
+                          kMinBlocks>(args, args.rows, threads, s);
       } else {
         kernel<<<args.rows, threads, 0, s>>>(args);
       }

@@ -44,22 +44,27 @@ int resident_ctas_per_sm(int device, int threads) {
 
 // Sets a's first-wave stagger (stagger_first_wave) for kKernel's launch and returns true, or returns false
 // (no stagger). Same policy for the fused op and resnorm. Measured by same-run A/B on the H200
-// (docs/performance.md, "What changed" items 6 and 10):
+// (docs/performance.md, "What changed" items 6, 10 and 11):
 // - the many-rows shapes (kMinBlocks > 1: 6 resident CTAs per SM at D = 3072, 4 at 5120): always, 300 ns
 //   per slot at D = 3072, about the time DRAM takes to deliver one slot's loads (SMs x 12 KB at 4 TB/s),
 //   scaled with D (500 ns at 5120). The fused op 1-2% faster at 4096-16384 rows (D = 3072, 250-600 ns
 //   alike), 2-3% at 2048 rows and 0.5-1.2% at 4096-6889 and 16384 (D = 5120, 500 ns), none at 8192;
 //   resnorm (graph replay, 4096 rows) unchanged at D = 3072, 1% faster at 5120;
-// - the few-rows one-CTA shapes of the fixed widths (kMinBlocks == 1): only when the rows fill more than
-//   one wave (rows > SMs x resident CTAs per SM: 792 rows at D = 3072, 396 at 5120), 300 ns at either
-//   width (the best of 150 / 300 / 500). Graph replay, the fused op: D = 3072 8.75 -> 8.58-8.60 us at 1024
-//   rows, 11.70 -> 11.16-11.18 at 1536; D = 5120 8.33 -> 7.46-7.48 at 512, 12.91 -> 12.04-12.06 at 1024;
-//   resnorm about as much (7.90 -> 7.45 us at 1024 rows, D = 3072). Within one wave it did not pay (D =
-//   3072, 512 rows, 300 ns: 5.58-5.70 -> 5.84-5.96 us).
-template <auto kKernel, int kMinBlocks>
+// - the one-CTA shapes (kMinBlocks == 1: the few-rows shapes of the fixed widths, every row count of the
+//   generic widths): only when the rows fill more than one wave (rows > SMs x resident CTAs per SM: 792
+//   rows at D = 3072, 396 at 5120, 1320 at 1536, 1056 at 2048, 924 at 4096). Within one wave it did not
+//   pay (D = 3072, 512 rows, 300 ns: 5.58-5.70 -> 5.84-5.96 us).
+//   - fixed widths: 300 ns at either (the best of 150 / 300 / 500). Graph replay, the fused op: D = 3072
+//     8.75 -> 8.58-8.60 us at 1024 rows, 11.70 -> 11.16-11.18 at 1536; D = 5120 8.33 -> 7.46-7.48 at 512,
+//     12.91 -> 12.04-12.06 at 1024; resnorm about as much (7.90 -> 7.45 us at 1024 rows, D = 3072);
+//   - generic widths 1536-4096 (those measured): 300 ns x D / 3072, which beat a flat 300 ns at 1536 and
+//     2048. Graph replay, the fused op: D = 1536 9.36-9.49 -> 8.96-9.03 us at 2048 rows; D = 2048 11.09-11.10
+//     -> 10.72 at 2048; D = 4096 20.41-20.43 -> 19.67-19.78 at 2048, 35.45-35.48 -> 34.78-34.81 at 4096.
+template <auto kKernel, int kFixedCols, int kMinBlocks>
 bool set_first_wave_stagger(ResnormArgs& a, int threads) {
   const int device = a.device;  // the op's device, current under its device guard
   if (!has_device_cache(device)) return false;  // stagger_ns stays 0
+  if (kFixedCols == 0 && (a.cols < 1536 || a.cols > 4096)) return false;  // not measured
   const int ctas_per_sm = resident_ctas_per_sm<kKernel>(device, threads);
   const int sms = device_sms(device);
   if (sms <= 0 || ctas_per_sm < 1) return false;
@@ -70,23 +75,23 @@ bool set_first_wave_stagger(ResnormArgs& a, int threads) {
   }
   a.sms = sms;
   a.first_wave_ctas = sms * ctas_per_sm;
-  a.stagger_ns = kMinBlocks > 1 ? 300 * a.cols / 3072 : 300;
+  a.stagger_ns = kMinBlocks == 1 && kFixedCols != 0 ? 300 : 300 * a.cols / 3072;
   return true;
 }
 
-// The shapes that take the stagger: the many-rows ones (their kernels always have its code) and the
-// few-rows one-CTA shapes of the fixed widths, whose kernels come twice, with and without it: calls within
-// one wave run the one without, since its code alone cost 0.06-0.11 us at 400-512 rows (D = 3072, graph
-// replay, in both the fused op and resnorm). Not the generic widths (not measured).
-template <int kFixedCols, int kMinBlocks>
-constexpr bool kStaggerable = kMinBlocks > 1 || kFixedCols != 0;
+// The shapes that can take the stagger: the many-rows ones (their kernels always have its code) and the
+// one-CTA shapes up to four vectors per thread (every width up to 8192), whose kernels come twice, with and
+// without it: calls within one wave run the one without, since its code alone cost 0.06-0.11 us at 400-512
+// rows (D = 3072, graph replay, in both the fused op and resnorm).
+template <int kVpt, int kFixedCols, int kMinBlocks>
+constexpr bool kStaggerable = kMinBlocks > 1 || kFixedCols != 0 || kVpt <= 4;
 
 // Launches kStaggered with the stagger where set_first_wave_stagger sets one, kKernel otherwise (the same
 // kernel for the many-rows shapes).
-template <auto kKernel, auto kStaggered, int kMinBlocks>
+template <auto kKernel, auto kStaggered, int kFixedCols, int kMinBlocks>
 void launch_row_kernel(const ResnormArgs& args, int64_t grid, int threads, cudaStream_t s) {
   ResnormArgs a = args;
-  if (set_first_wave_stagger<kStaggered, kMinBlocks>(a, threads)) {
+  if (set_first_wave_stagger<kStaggered, kFixedCols, kMinBlocks>(a, threads)) {
     kStaggered<<<grid, threads, 0, s>>>(a);
   } else {
     kKernel<<<grid, threads, 0, s>>>(a);
@@ -118,9 +123,9 @@ void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
         }
       }
       constexpr auto kernel = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain, (kMinBlocks > 1)>;
-      if constexpr (kStaggerable<kFixedCols, kMinBlocks>) {
+      if constexpr (kStaggerable<kVpt, kFixedCols, kMinBlocks>) {
         constexpr auto staggered = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain, true>;
-        launch_row_kernel<kernel, staggered, kMinBlocks>(args, quantize_grid(args.rows), threads, s);
+        launch_row_kernel<kernel, staggered, kFixedCols, kMinBlocks>(args, quantize_grid(args.rows), threads, s);
       } else {
         kernel<<<quantize_grid(args.rows), threads, 0, s>>>(args);
       }

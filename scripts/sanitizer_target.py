@@ -4,8 +4,9 @@
 - every kernel and block shape: D in {64, 2048, 2112, 3072, 5120, 8192, 8256, 16384} (the generic
   paths of csrc/dispatch.cuh switch at D = 2048 and 8192; D = 3072 and 5120 have fixed-width kernels
   with a second shape from 2048 rows on, so 2049 x 3072 and 2048 x 5120 are here too, also with the
-  plain-parameter configuration, the production path at those sizes; and their few-rows shapes' staggered
-  kernels, taken when the rows exceed one wave, at 1024 x 3072 and 512 x 5120; csrc/launch_rows.cuh);
+  plain-parameter configuration, the production path at those sizes; and the staggered one-CTA kernels,
+  taken when the rows exceed one wave, at 1024 x 3072, 512 x 5120, 2048 x 2048 and 1024 x 4096;
+  csrc/launch_rows.cuh);
 - the edge row counts 0, 1, 127, 128, 129 (the scale tensor's padding rows: 127 and 1 pad, 128 none);
 - every modulation form ([D], [B, D], [2B, D] with int32 / int64 / bool modulate_index), bf16 and fp32
   parameters, with and without bias and affine LayerNorm, both quantizer modes, all three ops;
@@ -81,11 +82,13 @@ for cfg in CONFIGS:  # every configuration on one shape with two batches
 # the rotation above gives other configurations
 run(inputs(2049, 3072, CONFIGS[0]))
 run(inputs(2048, 5120, CONFIGS[0]))
-# the few-rows shapes' staggered kernels (rows above one wave on an H200: 792 at D = 3072, 396 at 5120),
-# plain and not
+# the one-CTA shapes' staggered kernels (rows above one wave on an H200: 792 at D = 3072, 396 at 5120, 1056
+# at 2048, 924 at 4096), plain and not
 for cfg in CONFIGS[:2]:
     run(inputs(1024, 3072, cfg))
     run(inputs(512, 5120, cfg))
+    run(inputs(2048, 2048, cfg))
+    run(inputs(1024, 4096, cfg))
 
 # special values: a NaN row, an Inf row, an all-zero row; extreme and invalid global scales
 kw = inputs(129, 1024, CONFIGS[2])

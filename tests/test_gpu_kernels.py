@@ -159,6 +159,15 @@ def test_other_widths(cols):
     run_case(257, cols, True)
 
 
+@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+@pytest.mark.parametrize("rows, cols", ((2048, 1536), (2048, 2048), (1024, 4096), (4096, 2112)))
+def test_generic_widths_above_one_wave(rows, cols, fast):
+    """Rows of the generic widths 1536-4096 beyond one wave of resident CTAs take the staggered kernels
+    (csrc/launch_rows.cuh, set_first_wave_stagger; on the H200 a wave is 1320 rows at D = 1536, 1056 at
+    2048, 924 at 4096); fused == unfused and against the reference."""
+    run_case(rows, cols, fast)
+
+
 def test_zero_rows():
     x = torch.empty(0, 3072, dtype=torch.bfloat16, device="cuda")
     p = torch.zeros(3072, dtype=torch.bfloat16, device="cuda")
