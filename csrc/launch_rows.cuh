@@ -80,9 +80,10 @@ bool set_first_wave_stagger(ResnormArgs& a, int threads) {
 }
 
 // The shapes that can take the stagger: the many-rows ones (their kernels always have its code) and the
-// one-CTA shapes up to four vectors per thread (every width up to 8192), whose kernels come twice, with and
-// without it: calls within one wave run the one without, since its code alone cost 0.06-0.11 us at 400-512
-// rows (D = 3072, graph replay, in both the fused op and resnorm).
+// one-CTA shapes up to four vectors per thread (the few-rows shapes of D = 3072 and 5120, and the generic
+// shapes of the widths up to 8192, of which set_first_wave_stagger staggers 1536-4096), whose kernels come
+// twice, with and without it: calls within one wave run the one without, since its code alone cost
+// 0.06-0.11 us at 400-512 rows (D = 3072, graph replay, in both the fused op and resnorm).
 template <int kVpt, int kFixedCols, int kMinBlocks>
 constexpr bool kStaggerable = kMinBlocks > 1 || kFixedCols != 0 || kVpt <= 4;
 

@@ -6,35 +6,27 @@ scripts/shape_sweep.sh (SKIP_TESTS=1: its outputs are meaningless by design).
     git archive HEAD | tar -x -C /tmp/skel && python scripts/arithmetic_free_patch.py /tmp/skel
     cd /tmp/skel && QWEN_FP4_CUDA_ARCHS=90a pip wheel --no-build-isolation --no-deps -w dist .
 """
-import sys
 from pathlib import Path
+
+from kernel_patch import edit_kernel, main  # scripts/ is on sys.path when this script runs
 
 
 def patch(root: Path) -> None:
-    path = root / "csrc" / "resnorm_kernel.cuh"
-    s = path.read_text()
-    edits = [
+    edit_kernel(root, [
         ("""  uint4 y[VPT];
-  resnorm_row<VPT, Shape, kPlain>(args, row, y);
+  resnorm_row<VPT, Shape, kPlain, true>(args, row, y);
   quantize_row_and_store""",
          """  uint4 y[VPT], rv[VPT];
   load_row<VPT, Shape>(args, row, y, rv);
   for (int i = 0; i < VPT; ++i)
     store_stream(reinterpret_cast<uint4*>(args.residual_out) + row * Shape::vecs(cols) + i * Shape::threads() +
                      threadIdx.x, rv[i]);
-  quantize_row_and_store"""),
+  quantize_row_and_store""", 1),
         ("""    const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);""",
          """    const uint32_t codes = y[i].x ^ y[i].w;
-    if (sf) *sf = uint8_t(y[i].y);"""),
-    ]
-    for old, new in edits:
-        if old not in s:
-            sys.exit(f"{path}: the code to replace is not there (the kernel changed?)")
-        s = s.replace(old, new)
-    path.write_text(s)
+    if (sf) *sf = uint8_t(y[i].y);""", 1),
+    ])
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or Path(sys.argv[1]).resolve() == Path(__file__).resolve().parent.parent:
-        sys.exit("usage: python scripts/arithmetic_free_patch.py COPY_OF_THE_TREE  (never the checkout itself)")
-    patch(Path(sys.argv[1]))
+    main(patch, "arithmetic_free_patch.py")

@@ -8,8 +8,9 @@ bytes of its row of residual_out, so outputs are wrong by design. scripts/cta_ph
     git archive HEAD | tar -x -C /tmp/ph && python scripts/cta_phases_patch.py /tmp/ph
     cd /tmp/ph && QWEN_FP4_CUDA_ARCHS=90a pip wheel --no-build-isolation --no-deps -w dist .
 """
-import sys
 from pathlib import Path
+
+from kernel_patch import edit_kernel, main  # scripts/ is on sys.path when this script runs
 
 HELPER_AT = "// Block shape for a row: VPT vectors per thread."
 HELPER = """// DIAGNOSTIC BUILD (scripts/cta_phases_patch.py): thread 0's clock readings of this CTA.
@@ -40,72 +41,48 @@ __device__ __forceinline__ void phase_write(const ResnormArgs& args, int64_t row
 
 """
 
+ROW = "  const int64_t row = blockIdx.x;\n"
+START = """  uint64_t start_ns = 0;
+  if (threadIdx.x == 0) { start_ns = phase_globaltimer(); phase_clock()[0] = clock64(); }
+"""
+
+
+def start_readings(next_line: str):
+    """The edit that puts the start readings right after `row` in the kernel whose next line starts so."""
+    return (ROW + next_line, ROW + START + next_line, 1)
+
+
 EDITS = [
-    (HELPER_AT, HELPER + HELPER_AT),
+    (HELPER_AT, HELPER + HELPER_AT, 1),
     ("""  const float mu = __fmul_rn(block_sum<Shape::kWarps>(sum, scratch[0]), inv_cols);
 """, """  const float mu = __fmul_rn(block_sum<Shape::kWarps>(sum, scratch[0]), inv_cols);
   if (threadIdx.x == 0) phase_clock()[1] = clock64();
-"""),
+""", 1),
     ("""  const float var = __fmul_rn(block_sum<Shape::kWarps>(sq, scratch[1]), inv_cols);
 """, """  const float var = __fmul_rn(block_sum<Shape::kWarps>(sq, scratch[1]), inv_cols);
   if (threadIdx.x == 0) phase_clock()[2] = clock64();
-"""),
-    # resnorm_kernel
-    ("""  const int64_t row = blockIdx.x;
-  uint4 y[VPT];
-  resnorm_row<VPT, Shape, kPlain, false>(args, row, y);
-  const int vecs = Shape::vecs(args.cols);
-  uint4* y_row = reinterpret_cast<uint4*>(args.y) + row * vecs;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int v = i * Shape::threads() + threadIdx.x;
-    if (Shape::valid(v, vecs)) y_row[v] = y[i];
+""", 1),
+    # the two one-CTA row kernels: the start readings, then (after their stores) the end and the write-out
+    start_readings("  uint4 y[VPT];\n"),  # resnorm_kernel
+    start_readings("  const float global_scale = __ldg(args.global_scale);  // now"),  # resnorm_quant_kernel
+    ("""    if (Shape::valid(v, vecs)) y_row[v] = y[i];
   }
-""", """  const int64_t row = blockIdx.x;
-  uint64_t start_ns = 0;
-  if (threadIdx.x == 0) { start_ns = phase_globaltimer(); phase_clock()[0] = clock64(); }
-  uint4 y[VPT];
-  resnorm_row<VPT, Shape, kPlain, false>(args, row, y);
-  const int vecs = Shape::vecs(args.cols);
-  uint4* y_row = reinterpret_cast<uint4*>(args.y) + row * vecs;
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int v = i * Shape::threads() + threadIdx.x;
-    if (Shape::valid(v, vecs)) y_row[v] = y[i];
+""", """    if (Shape::valid(v, vecs)) y_row[v] = y[i];
   }
   phase_write(args, row, start_ns);
-"""),
-    # resnorm_quant_kernel
-    ("""  const int64_t row = blockIdx.x;
-  const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
-  uint4 y[VPT];
-  resnorm_row<VPT, Shape, kPlain, true>(args, row, y);
-  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, Shape::vecs(cols), global_scale, args.packed,
-                                                args.scales);
-""", """  const int64_t row = blockIdx.x;
-  uint64_t start_ns = 0;
-  if (threadIdx.x == 0) { start_ns = phase_globaltimer(); phase_clock()[0] = clock64(); }
-  const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
-  uint4 y[VPT];
-  resnorm_row<VPT, Shape, kPlain, true>(args, row, y);
-  quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, Shape::vecs(cols), global_scale, args.packed,
-                                                args.scales);
+""", 1),  # resnorm_kernel
+    ("""                                                args.scales);
+}
+""", """                                                args.scales);
   phase_write(args, row, start_ns);
-"""),
+}
+""", 1),  # resnorm_quant_kernel
 ]
 
 
 def patch(root: Path) -> None:
-    path = root / "csrc" / "resnorm_kernel.cuh"
-    s = path.read_text()
-    for old, new in EDITS:
-        if s.count(old) != 1:
-            sys.exit(f"{path}: the code to replace is not there once (the kernel changed?):\n{old}")
-        s = s.replace(old, new)
-    path.write_text(s)
+    edit_kernel(root, EDITS)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or Path(sys.argv[1]).resolve() == Path(__file__).resolve().parent.parent:
-        sys.exit("usage: python scripts/cta_phases_patch.py COPY_OF_THE_TREE  (never the checkout itself)")
-    patch(Path(sys.argv[1]))
+    main(patch, "cta_phases_patch.py")

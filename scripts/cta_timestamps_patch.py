@@ -6,8 +6,9 @@ scripts/cta_timeline.py; its outputs are wrong by design.
     git archive HEAD | tar -x -C /tmp/ts && python scripts/cta_timestamps_patch.py /tmp/ts
     cd /tmp/ts && QWEN_FP4_CUDA_ARCHS=90a pip wheel --no-build-isolation --no-deps -w dist .
 """
-import sys
 from pathlib import Path
+
+from kernel_patch import edit_kernel, main  # scripts/ is on sys.path when this script runs
 
 OLD = """  const int64_t row = blockIdx.x;
   const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
@@ -37,14 +38,8 @@ NEW = """  const int64_t row = blockIdx.x;
 
 
 def patch(root: Path) -> None:
-    path = root / "csrc" / "resnorm_kernel.cuh"
-    s = path.read_text()
-    if OLD not in s:
-        sys.exit(f"{path}: the code to replace is not there (the kernel changed?)")
-    path.write_text(s.replace(OLD, NEW))
+    edit_kernel(root, [(OLD, NEW, 1)])
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or Path(sys.argv[1]).resolve() == Path(__file__).resolve().parent.parent:
-        sys.exit("usage: python scripts/cta_timestamps_patch.py COPY_OF_THE_TREE  (never the checkout itself)")
-    patch(Path(sys.argv[1]))
+    main(patch, "cta_timestamps_patch.py")
