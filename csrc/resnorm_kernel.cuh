@@ -160,16 +160,19 @@ constexpr bool kHoistParams = VPT <= 2;
 //   parameters, the shared modulation row (the common call) in a branch of its own so that nothing between
 //   the two groups waits on x (modulation_row's switch ahead of the x loads cost 0.06 us at 17 rows).
 //   Graph replay, D = 3072: resnorm 2.57 -> 2.39-2.43 us at 17 rows, the fused op 2.77 -> 2.66-2.70; D = 5120:
-//   resnorm 2.91 -> 2.70, fused 3.01 -> 2.95. Not the fused op's one-CTA-per-row kernel of D = 3072 (133-2047
-//   rows): 64 registers instead of 53 leave 5 CTAs per SM instead of 6, and it took 9.16-9.22 us at 1024
-//   rows under graph replay against 8.76 (resnorm, likewise at 5 per SM, still gained: 8.19 -> 7.90 us);
+//   resnorm 2.91 -> 2.70, fused 3.01 -> 2.95. The fused op's one-CTA-per-row kernel of D = 3072 (133-2047
+//   rows) too, since the first-wave stagger above one wave (item 10): the group costs it 11 registers and a
+//   resident CTA (5 per SM, not 6), which made it slower at 768-1024 rows without the stagger (9.16 against
+//   8.76 us at 1024), but with it the group is faster at every row count measured: graph replay 4.07-4.09
+//   -> 4.00-4.04 us at 256 rows, 7.17-7.19 -> 6.72-6.87 at 768, 8.74 -> 7.99 at 1024, 11.20-11.27 -> 10.45
+//   at 1536 (item 12); resnorm's kernel of that shape was grouped already;
 // - the wide D = 3072 shape (2048+ rows): the parameters first, then x and residual: 27.6-27.9 -> 26.9-27.2
-//   us at 4096 rows, 48.0 -> 47.2-47.5 at 8192. Not the wide D = 5120 shape (76.5 -> 77.8 us at 8192 rows),
-//   nor the generic widths, whose wide shapes it would cost 23 registers and a resident CTA.
-// kFusedRowKernel: resnorm_quant_kernel, the fused op's one-CTA-per-row kernel.
-template <int VPT, int kFixedCols, bool kFusedRowKernel>
-constexpr bool kGroupedParams =
-    kFixedCols == 3072 ? !(kFusedRowKernel && VPT <= 2) : (kFixedCols != 0 && VPT <= 2);
+//   us at 4096 rows, 48.0 -> 47.2-47.5 at 8192. Not the wide D = 5120 shape (76.5 -> 77.8 us at 8192 rows in
+//   the eleventh pass; in item 12's round 0.5-2.5% faster at 2048-4096 rows but 1-2% slower at 16384-32768),
+//   nor the generic widths (item 12: at D = 4096 10% faster at 17 rows but 2-6% slower at 4096-8192, at
+//   1536 and 2048 slower at most row counts).
+template <int VPT, int kFixedCols>
+constexpr bool kGroupedParams = kFixedCols == 3072 || (kFixedCols != 0 && VPT <= 2);
 
 template <int VPT, class Shape>
 struct PlainParams {
@@ -250,7 +253,7 @@ __device__ __forceinline__ float residual_and_rstd(const ResnormArgs& args, cons
           bias_row.load8(v, bias);
 #pragma unroll
           for (int j = 0; j < kVecElems; ++j) xf[j] = __fadd_rn(xf[j], bias[j]);
-          bf16_round8(xf);
+          bf16_round8_values(xf);
         }
       }
     } else {
@@ -312,23 +315,22 @@ __device__ __forceinline__ uint4 modulate_vec(const RowParams<kPlain>& p, int v,
       n[j] = __fmaf_rn(n[j], p.weight.present() ? w[j] : 1.0f, p.norm_bias.present() ? nb[j] : 0.0f);
     }
   }
-  bf16_round8(n);
+  bf16_round8_values(n);
   float y[kVecElems];
 #pragma unroll
   for (int j = 0; j < kVecElems; ++j) y[j] = __fmaf_rn(n[j], __fadd_rn(1.0f, scale[j]), shift[j]);
   return bf16_round8(y);
 }
 
-// Steps 1-7 for one row, loading it; returns y (bf16x8 per vector) and writes residual_out. kFusedRowKernel:
-// called by resnorm_quant_kernel (kGroupedParams).
-template <int VPT, class Shape, bool kPlain, bool kFusedRowKernel>
+// Steps 1-7 for one row, loading it; returns y (bf16x8 per vector) and writes residual_out.
+template <int VPT, class Shape, bool kPlain>
 __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row, uint4 (&y_out)[VPT]) {
   const int32_t cols = Shape::cols(args.cols);
   const int vecs = Shape::vecs(cols);
   // The plain kernels of the shapes in kGroupedParams load their parameters in one group (PlainParams); the
   // others through p: the gate in the first pass, scale and shift before (narrow shapes, __ldg) or after
   // (wide) the reductions.
-  constexpr bool kGrouped = kPlain && kGroupedParams<VPT, Shape::kFixedWidth, kFusedRowKernel>;
+  constexpr bool kGrouped = kPlain && kGroupedParams<VPT, Shape::kFixedWidth>;
   constexpr bool kHoist = kHoistParams<VPT>;
   uint4 xv[VPT], rv[VPT];
   PlainParams<VPT, Shape> pp;  // the parameters where kGrouped (scale and shift also where kPlain && kHoist)
@@ -365,7 +367,7 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
   if constexpr (kStagger) stagger_first_wave(args);
   const int64_t row = blockIdx.x;
   uint4 y[VPT];
-  resnorm_row<VPT, Shape, kPlain, false>(args, row, y);
+  resnorm_row<VPT, Shape, kPlain>(args, row, y);
   const int vecs = Shape::vecs(args.cols);
   uint4* y_row = reinterpret_cast<uint4*>(args.y) + row * vecs;
 #pragma unroll
@@ -385,7 +387,7 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
   const int64_t row = blockIdx.x;
   const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
   uint4 y[VPT];
-  resnorm_row<VPT, Shape, kPlain, true>(args, row, y);
+  resnorm_row<VPT, Shape, kPlain>(args, row, y);
   quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, Shape::vecs(cols), global_scale, args.packed,
                                                 args.scales);
 }
@@ -411,7 +413,7 @@ __global__ void __launch_bounds__(RowShape<2, kFixedCols>::kMaxThreads, 1)
   uint4 xv[VPT], rv[VPT];
   PlainParams<VPT, Shape> pp;  // the plain kernels' parameters: both slots' gate, this slot's scale and shift
   if constexpr (kPlain) {
-    static_assert(kGroupedParams<VPT, kFixedCols, false>, "the split kernel's shapes load their parameters grouped");
+    static_assert(kGroupedParams<VPT, kFixedCols>, "the split kernel's shapes load their parameters grouped");
     pp.load_with_row(args, row, cols, Shape::kFixedVecs, xv, rv, slot);
   } else {
     load_row<VPT, Shape>(args, row, xv, rv);

@@ -34,6 +34,17 @@ __device__ __forceinline__ uint4 bf16_round8(float (&f)[kVecElems]) {
   return u;
 }
 
+// bf16(v) on eight values in place where only the rounded fp32 values are needed (not the packed bf16):
+// one conversion per value, into the high half over a zero low half, which is the rounded value's fp32
+// bits; bf16_round8's packing then unpacking costs 1.5 instructions per value on sm_90.
+__device__ __forceinline__ void bf16_round8_values(float (&f)[kVecElems]) {
+#pragma unroll
+  for (int j = 0; j < kVecElems; ++j) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(0.0f, f[j]);  // .x (low half) = 0, .y (high half) = bf16(f)
+    f[j] = __uint_as_float(*reinterpret_cast<const uint32_t*>(&h));
+  }
+}
+
 // Activations are read once and written once. Measured on the H200 (docs/performance.md): plain loads
 // with evict-first (streaming) stores move the most bytes per second; evict-first loads (__ldcs) cost up
 // to 10% at 32768 rows.

@@ -14,7 +14,7 @@ from kernel_patch import edit_kernel, main  # scripts/ is on sys.path when this 
 def patch(root: Path) -> None:
     edit_kernel(root, [
         ("""  uint4 y[VPT];
-  resnorm_row<VPT, Shape, kPlain, true>(args, row, y);
+  resnorm_row<VPT, Shape, kPlain>(args, row, y);
   quantize_row_and_store""",
          """  uint4 y[VPT], rv[VPT];
   load_row<VPT, Shape>(args, row, y, rv);

@@ -13,7 +13,7 @@ from kernel_patch import edit_kernel, main  # scripts/ is on sys.path when this 
 OLD = """  const int64_t row = blockIdx.x;
   const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
   uint4 y[VPT];
-  resnorm_row<VPT, Shape, kPlain, true>(args, row, y);
+  resnorm_row<VPT, Shape, kPlain>(args, row, y);
   quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, Shape::vecs(cols), global_scale, args.packed,
                                                 args.scales);
 }"""
@@ -22,7 +22,7 @@ NEW = """  const int64_t row = blockIdx.x;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_start));
   const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
   uint4 y[VPT];
-  resnorm_row<VPT, Shape, kPlain, true>(args, row, y);
+  resnorm_row<VPT, Shape, kPlain>(args, row, y);
   quantize_row_and_store<Quantizer, VPT, Shape>(y, row, cols, Shape::vecs(cols), global_scale, args.packed,
                                                 args.scales);
   __syncthreads();  // DIAGNOSTIC BUILD: the row's first 24 packed bytes become (smid, start ns, end ns)
