@@ -146,8 +146,9 @@ struct RowParams {
         affine(!kPlain && (weight.present() || norm_bias.present())) {}
 };
 
-// Narrow shapes (few rows, short latency chains) load scale and shift before the reductions, so their
-// latency hides behind them; wide shapes (many rows) only after the reductions, to save registers.
+// The shapes outside kGroupedParams (below): narrow ones (few rows, short latency chains) load scale and
+// shift before the reductions, so their latency hides behind them; wide ones (many rows) only after the
+// reductions, to save registers.
 template <int VPT>
 constexpr bool kHoistParams = VPT <= 2;
 

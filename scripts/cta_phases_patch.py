@@ -1,4 +1,4 @@
-"""Diagnostic only (docs/performance.md, "Where a few-rows call's time goes"): edits a *copy* of the source tree
+"""Diagnostic only (docs/performance.md, "Where a few-rows CTA's time goes"): edits a *copy* of the source tree
 so that every row CTA of resnorm_kernel and of resnorm_quant_kernel (the one-CTA-per-row kernels, not the split
 kernel) records, in thread 0, its SM, its start and end %globaltimer and three SM clock readings: at its start,
 after the first block reduction's barrier (the row's loads, the first pass and the mean) and after the second
@@ -6,8 +6,10 @@ after the first block reduction's barrier (the row's loads, the first pass and t
 bytes of its row of residual_out, so outputs are wrong by design. scripts/cta_phases.py reads them.
 
     git archive HEAD | tar -x -C /tmp/ph && python scripts/cta_phases_patch.py /tmp/ph
+    (CTA_PHASES_NO_SPLIT=1 python scripts/cta_phases_patch.py /tmp/ph: also no split kernel, see below)
     cd /tmp/ph && QWEN_FP4_CUDA_ARCHS=90a pip wheel --no-build-isolation --no-deps -w dist .
 """
+import os
 from pathlib import Path
 
 from kernel_patch import edit_kernel, main  # scripts/ is on sys.path when this script runs
@@ -80,8 +82,16 @@ EDITS = [
 ]
 
 
+# CTA_PHASES_NO_SPLIT=1: no split kernel either, so that rows <= SMs run the one-CTA kernel too (one row CTA
+# per SM: docs/performance.md, "Issue or latency?").
+NO_SPLIT = [("  return has_device_cache(a.device) && a.rows <= device_sms(a.device);",
+             "  return false;  // DIAGNOSTIC BUILD (CTA_PHASES_NO_SPLIT): no split kernel", 1)]
+
+
 def patch(root: Path) -> None:
     edit_kernel(root, EDITS)
+    if os.environ.get("CTA_PHASES_NO_SPLIT") == "1":
+        edit_kernel(root, NO_SPLIT, "csrc/launch_rows.cuh")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #
 #   bash scripts/gpu_check.sh [tests] [bench] [ncu] [sanitizer]     (default: tests)
 #   PYTEST_ARGS="-k fast" bash scripts/gpu_check.sh tests
+#   PYTEST_K="not exhaustively" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
 #   WHEEL=dist_sweep/A/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests     (another wheel than dist/*.whl)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,7 +33,7 @@ cd /tmp  # import the installed package, not the source tree
 for stage in "${stages[@]}"; do
   case "$stage" in
     tests)
-      python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs --durations=15 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
+      python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs --durations=15 ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
     bench)
       python3 -m qwen_resnorm_fp4 bench --out "$OUT/bench" --check-targets ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     ncu)  # scripts/ncu_profile.sh: 4096 rows fused, 256 rows fused and the pair ($OUT/ncu_*.txt)

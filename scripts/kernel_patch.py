@@ -1,5 +1,5 @@
 """What the diagnostic patch scripts share (cta_timestamps_patch.py, cta_phases_patch.py,
-arithmetic_free_patch.py): text edits of csrc/resnorm_kernel.cuh in a *copy* of the source tree, never the
+arithmetic_free_patch.py): text edits of csrc/resnorm_kernel.cuh (or another file) in a *copy* of the source tree, never the
 checkout itself."""
 import sys
 from pathlib import Path
@@ -8,9 +8,9 @@ from typing import Callable, Sequence, Tuple
 Edit = Tuple[str, str, int]  # (old text, new text, how many times old must occur)
 
 
-def edit_kernel(root: Path, edits: Sequence[Edit]) -> None:
-    """Replaces each old text (which must occur exactly its count of times) in root's csrc/resnorm_kernel.cuh."""
-    path = root / "csrc" / "resnorm_kernel.cuh"
+def edit_kernel(root: Path, edits: Sequence[Edit], file: str = "csrc/resnorm_kernel.cuh") -> None:
+    """Replaces each old text (which must occur exactly its count of times) in root's `file`."""
+    path = root / file
     s = path.read_text()
     for old, new, count in edits:
         if s.count(old) != count:
