@@ -3,10 +3,12 @@
 // around each call, the queue pre-filled by a spinning kernel, cold L2 by rotating input sets, medians).
 // Arithmetic-free: every kernel moves the fused op's bytes at D = 3072 (x and residual read; residual_out,
 // packed codes and 128x4 scale bytes written) and computes nothing but XORs, so the figures are the
-// pattern's alone. Outputs are meaningless by design.
+// pattern's alone. Outputs are meaningless by design. A bound for the pattern, not a forecast for the real
+// kernels: its best form here (four rows per CTA) made the real fused kernel 13% slower (docs, item 13).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o memory_pattern_bench scripts/memory_pattern_bench.cu
-//   ROUNDS=2 ./memory_pattern_bench [rows ...]   (default 4096 8192 16384; ROUNDS: the list again, same process)
+//   ROUNDS=2 ./memory_pattern_bench [rows ...]   (multiples of 128; default 4096 8192 16384; ROUNDS: the
+//                                                list again, in the same process)
 // Each variant's scale bytes are compared, once, with the first variant's (the kernels' byte stores):
 // "[same]" in its line; "[-]" where it writes none or not the layout.
 #include <cuda_runtime.h>
@@ -277,6 +279,12 @@ int main(int argc, char** argv) {
   std::vector<int64_t> row_counts;
   for (int i = 1; i < argc; ++i) row_counts.push_back(std::atoll(argv[i]));
   if (row_counts.empty()) row_counts = {4096, 8192, 16384};
+  for (const int64_t rows : row_counts) {
+    if (rows <= 0 || rows % 128 != 0) {  // the multi-row scale modes cover whole 128-row groups only
+      std::fprintf(stderr, "rows must be positive multiples of 128 (got %lld)\n", (long long)rows);
+      return 2;
+    }
+  }
   int dev = 0, sms = 0, l2 = 0, smem_per_sm = 0;
   CHECK(cudaGetDevice(&dev));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
