@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "../csrc/sf_layout.cuh"  // the 128x4 layout of the scale bytes, as the kernels write it
+
 #define CHECK(call)                                                                              \
   do {                                                                                           \
     cudaError_t err_ = (call);                                                                   \
@@ -42,8 +44,8 @@ struct Buffers {
   int64_t rows;
 };
 
-__device__ __forceinline__ int64_t sf_offset(int64_t m, int k) {  // the 128x4 layout (csrc/sf_layout.cuh)
-  return (m / 128) * (int64_t(kCols / 64) * 512) + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k / 4) * 512 + (k % 4);
+__device__ __forceinline__ int64_t sf_offset(int64_t m, int k) {  // scale byte of row m, block k: the kernels' layout
+  return qwen_fp4::sf_row_offset_128x4(m, kCols) + qwen_fp4::sf_block_offset_128x4(k);
 }
 
 template <bool kStream, class T>

@@ -47,17 +47,15 @@ def test_patch_script_refuses_the_checkout() -> None:
     assert run.returncode != 0 and "never the checkout" in run.stdout + run.stderr
 
 
-def _nvcc() -> str | None:
-    home = os.environ.get("CUDA_HOME")
-    if home and (Path(home) / "bin" / "nvcc").is_file():
-        return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
-
-
 def test_memory_pattern_bench_compiles(tmp_path: Path) -> None:
-    nvcc = _nvcc()
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from check_wheel import find_tool  # the wheel check's search for CUDA tools
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    nvcc = find_tool("nvcc")
     if nvcc is None:
-        pytest.skip("no nvcc (set CUDA_HOME)")
+        pytest.skip("no nvcc (CUDA toolkit)")
     out = tmp_path / "memory_pattern_bench"
     run = subprocess.run([nvcc, "-O3", "-std=c++17", "-arch=sm_90a", "-o", str(out),
                           str(SCRIPTS / "memory_pattern_bench.cu")], capture_output=True, text=True)
