@@ -100,18 +100,29 @@ __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], in
   }
 }
 
+// The few-rows shapes of the fixed widths (two vectors per thread, rows < kManyRows) load x and residual
+// without allocating in L1. Same-run A/B on the H200 (docs/performance.md, "What changed" item 14), graph
+// replay, the fused op: D = 3072 2.64 -> 2.45 us at 17 rows, 4.01 -> 3.84 at 256, 7.99 -> 7.78 at 1024,
+// 10.48 -> 10.23 at 1536; D = 5120 2.92 -> 2.70 at 17 rows, 16.9 -> 15.7 at 1536; resnorm alike (3.40 ->
+// 3.21 us at 256 rows, D = 3072). Not the many-rows shapes: 4-6% faster at 3072-4096 rows (D = 3072) but
+// 1-3% slower from 6144 rows on, 3-7% at 16384 (also when only the first waves' rows skip L1); not the
+// generic widths (unmeasured above 1536 rows), nor nvfp4_quantize (slower at 256 rows).
+template <class Shape, int VPT>
+constexpr bool kLoadRowNoL1 = Shape::kFixedWidth != 0 && VPT == 2;
+
 // Loads this thread's vectors of x and residual for one row (zeros past the row's end).
 template <int VPT, class Shape>
 __device__ __forceinline__ void load_row(const ResnormArgs& args, int64_t row, uint4 (&xv)[VPT], uint4 (&rv)[VPT]) {
   const int vecs = Shape::vecs(Shape::cols(args.cols));
   const uint4* x_row = reinterpret_cast<const uint4*>(args.x) + row * vecs;
   const uint4* res_row = reinterpret_cast<const uint4*>(args.residual) + row * vecs;
+  auto load = [](const uint4* p) { return kLoadRowNoL1<Shape, VPT> ? load_stream_no_l1(p) : load_stream(p); };
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = i * Shape::threads() + threadIdx.x;
     if (Shape::valid(v, vecs)) {
-      xv[i] = load_stream(x_row + v);
-      rv[i] = load_stream(res_row + v);
+      xv[i] = load(x_row + v);
+      rv[i] = load(res_row + v);
     } else {
       xv[i] = rv[i] = make_uint4(0, 0, 0, 0);
     }

@@ -49,6 +49,16 @@ __device__ __forceinline__ void bf16_round8_values(float (&f)[kVecElems]) {
 // with evict-first (streaming) stores move the most bytes per second; evict-first loads (__ldcs) cost up
 // to 10% at 32768 rows.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return *p; }
+
+// The same load without allocating in L1 (the data is used once, from registers). Faster for the
+// one-CTA-per-row kernels of few rows, slower for the many-rows ones: load_row says where it is used.
+__device__ __forceinline__ uint4 load_stream_no_l1(const uint4* p) {
+  uint4 v;
+  asm("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
 template <class T>
 __device__ __forceinline__ void store_stream(T* p, const T& v) { __stcs(p, v); }
 
