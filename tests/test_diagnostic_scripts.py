@@ -29,6 +29,8 @@ def copy_of_sources(tmp_path: Path) -> Path:
     ("cta_timestamps_patch.py", {}),
     ("cta_phases_patch.py", {}),
     ("cta_phases_patch.py", {"CTA_PHASES_NO_SPLIT": "1"}),
+    ("load_policy_patch.py", {"LOAD_ROW_NO_L1": "none"}),
+    ("load_policy_patch.py", {"LOAD_ROW_NO_L1": "all", "LOAD_QUALIFIER": "L1::evict_first"}),
 ])
 def test_patch_script_applies_to_a_copy(tmp_path: Path, script: str, env: dict) -> None:
     root = copy_of_sources(tmp_path)
