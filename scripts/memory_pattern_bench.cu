@@ -118,7 +118,8 @@ __device__ __forceinline__ int64_t cta_row(int64_t c, int g) {
 // One row per group of kThreads threads, kRowsPerCta groups per CTA; each thread holds kVpt vectors of x
 // and residual. kBarriers block-wide exchanges (0 or 2: the LayerNorm's two reductions) between the
 // residual_out stores and the packed stores, which depend on their result. kPersistent: grid-stride over
-// the rows instead of one group per row.
+// the rows instead of one group per row (with several groups per CTA, each group walks its own rows and
+// meets only its own barrier, so the groups drift apart).
 template <int kThreads, int kVpt, int kRowsPerCta, int kBarriers, int kScaleMode, bool kStream, bool kPersistent>
 __global__ void __launch_bounds__(kThreads* kRowsPerCta) row_pattern_kernel(Buffers b) {
   static_assert(kThreads * kVpt == kVecs, "one row per group");
@@ -329,6 +330,9 @@ int main(int argc, char** argv) {
       make_variant<192, 2, 1, 2, kBytes, true, false>("R1_192x2_occ5", 5),
       make_variant<192, 2, 1, 2, kNoScales, true, false>("R1_192x2_occ5_noscales", 5),
       make_variant<128, 3, 1, 2, kBytes, true, true>("persistent_128x3_occ6", 6),
+      make_variant<128, 3, 2, 2, kBytes, true, false>("R2_128x3_occ4", 4),
+      make_variant<128, 3, 2, 2, kBytes, true, true>("persistent_R2_128x3_occ4", 4),
+      make_variant<128, 3, 4, 2, kBytes, true, true>("persistent_R4_128x3_occ2", 2),
   };
 
 
