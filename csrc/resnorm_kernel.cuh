@@ -102,11 +102,12 @@ __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], in
 
 // The few-rows shapes of the fixed widths (two vectors per thread, rows < kManyRows) load x and residual
 // without allocating in L1. Same-run A/B on the H200 (docs/performance.md, "What changed" item 14), graph
-// replay, the fused op: D = 3072 2.64 -> 2.45 us at 17 rows, 4.01 -> 3.84 at 256, 7.99 -> 7.78 at 1024,
-// 10.48 -> 10.23 at 1536; D = 5120 2.92 -> 2.70 at 17 rows, 16.9 -> 15.7 at 1536; resnorm alike (3.40 ->
-// 3.21 us at 256 rows, D = 3072). Not the many-rows shapes: 4-6% faster at 3072-4096 rows (D = 3072) but
-// 1-3% slower from 6144 rows on, 3-7% at 16384 (also when only the first waves' rows skip L1); not the
-// generic widths (unmeasured above 1536 rows), nor nvfp4_quantize (slower at 256 rows).
+// replay, the fused op: D = 3072 2.64 -> 2.43-2.45 us at 17 rows, 4.11 -> 3.86-3.96 at 256, 8.15 ->
+// 7.78-7.93 at 1024; D = 5120 2.92 -> 2.70-2.72 at 17 rows, 16.8-17.1 -> 15.8-16.0 at 1536; resnorm alike
+// (3.51 -> 3.23-3.34 us at 256 rows, D = 3072). Not the many-rows shapes: 2-8% faster between about 3.5 and
+// 6 waves (D = 3072 3072-4608 rows) but slower on both sides, 3-7% at 16384 rows (also when only the first
+// waves' rows skip L1); not the generic widths (unmeasured above 1536 rows), nor nvfp4_quantize (slower at
+// 256 rows).
 template <class Shape, int VPT>
 constexpr bool kLoadRowNoL1 = Shape::kFixedWidth != 0 && VPT == 2;
 

@@ -49,8 +49,10 @@ __device__ __forceinline__ void bf16_round8_values(float (&f)[kVecElems]) {
 // with evict-first (streaming) stores move the most bytes per second; evict-first loads (__ldcs) cost up
 // to 10% at 32768 rows.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return *p; }
+template <class T>
+__device__ __forceinline__ void store_stream(T* p, const T& v) { __stcs(p, v); }
 
-// The same load without allocating in L1 (the data is used once, from registers). Faster for the
+// load_stream without allocating in L1 (the data is used once, from registers). Faster for the
 // one-CTA-per-row kernels of few rows, slower for the many-rows ones: load_row says where it is used.
 __device__ __forceinline__ uint4 load_stream_no_l1(const uint4* p) {
   uint4 v;
@@ -59,8 +61,6 @@ __device__ __forceinline__ uint4 load_stream_no_l1(const uint4* p) {
       : "l"(p));
   return v;
 }
-template <class T>
-__device__ __forceinline__ void store_stream(T* p, const T& v) { __stcs(p, v); }
 
 // One row of a per-column parameter (bf16 or fp32), located once per row so that the per-vector loads
 // need only 32-bit offsets. kMaybeFp32 = false: known to be bf16 (the plain kernels), no dtype test.
