@@ -270,12 +270,31 @@ struct Variant {
   std::function<void(dim3, int, size_t, Buffers)> launch;
 };
 
+// cluster > 1: launched in thread-block clusters of that many CTAs (consecutive CTAs, so consecutive rows;
+// a cluster's CTAs start together on SMs of one GPC and share nothing here).
 template <int T, int V, int R, int B, int S, bool ST, bool P>
-Variant make_variant(const std::string& name, int ctas_per_sm) {
+Variant make_variant(const std::string& name, int ctas_per_sm, int cluster = 1) {
   auto k = row_pattern_kernel<T, V, R, B, S, ST, P>;
   CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   return Variant{name, S, B, reinterpret_cast<const void*>(k), T * R, R, P, ctas_per_sm,
-                 [k](dim3 g, int t, size_t smem, Buffers b) { k<<<g, t, smem>>>(b); }};
+                 [k, cluster](dim3 g, int t, size_t smem, Buffers b) {
+                   if (cluster <= 1) {
+                     k<<<g, t, smem>>>(b);
+                     return;
+                   }
+                   cudaLaunchConfig_t config = {};
+                   config.gridDim = g;
+                   config.blockDim = dim3(t);
+                   config.dynamicSmemBytes = smem;
+                   cudaLaunchAttribute attr;
+                   attr.id = cudaLaunchAttributeClusterDimension;
+                   attr.val.clusterDim.x = cluster;
+                   attr.val.clusterDim.y = 1;
+                   attr.val.clusterDim.z = 1;
+                   config.attrs = &attr;
+                   config.numAttrs = 1;
+                   CHECK(cudaLaunchKernelEx(&config, k, b));
+                 }};
 }
 
 int main(int argc, char** argv) {
@@ -333,6 +352,10 @@ int main(int argc, char** argv) {
       make_variant<128, 3, 2, 2, kBytes, true, false>("R2_128x3_occ4", 4),
       make_variant<128, 3, 2, 2, kBytes, true, true>("persistent_R2_128x3_occ4", 4),
       make_variant<128, 3, 4, 2, kBytes, true, true>("persistent_R4_128x3_occ2", 2),
+      make_variant<128, 3, 1, 2, kBytes, true, false>("R1_128x3_occ6_cluster2", 6, 2),
+      make_variant<128, 3, 1, 2, kBytes, true, false>("R1_128x3_occ6_cluster4", 6, 4),
+      make_variant<128, 3, 1, 2, kBytes, true, false>("R1_128x3_occ6_cluster8", 6, 8),
+      make_variant<128, 3, 1, 2, kNoScales, true, false>("R1_128x3_occ6_noscales_cluster4", 6, 4),
   };
 
 
