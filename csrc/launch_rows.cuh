@@ -116,7 +116,7 @@ void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
       constexpr int kVpt = decltype(vpt)::value, kFixedCols = decltype(fixed)::value;
       constexpr int kMinBlocks = decltype(min_blocks)::value;
       constexpr bool kPlain = std::decay_t<decltype(plain)>::value;
-      if constexpr (kVpt == 2 && kFixedCols != 0) {
+      if constexpr (RowShape<kVpt, kFixedCols>::kFixedFewRows) {
         if (split_rows(args)) {
           constexpr auto split = resnorm_quant_split_kernel<Quantizer, kFixedCols, kPlain>;
           split<<<quantize_grid(args.rows, kVpt), threads, 0, s>>>(args);  // one CTA per vector slot

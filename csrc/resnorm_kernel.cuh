@@ -34,6 +34,9 @@ struct RowShape {
   static constexpr int kFixedThreads = kFixedVecs / VPT;
   static constexpr int kMaxThreads = kFixedCols ? kFixedThreads : 256;
   static constexpr int kWarps = kFixedCols ? kFixedThreads / 32 : 0;  // 0: known at run time only
+  // The few-rows shape of a fixed width (dispatch_row_shape: two vectors per thread below kManyRows rows),
+  // the one with the split kernel and the loads without L1.
+  static constexpr bool kFixedFewRows = kFixedCols != 0 && VPT == 2;
   static_assert(kFixedCols == 0 || (kFixedVecs % VPT == 0 && kFixedThreads % 32 == 0), "bad fixed shape");
   static __device__ __forceinline__ int32_t cols(int32_t runtime_cols) { return kFixedCols ? kFixedCols : runtime_cols; }
   static __device__ __forceinline__ int vecs(int32_t cols) { return kFixedCols ? kFixedVecs : cols / kVecElems; }
@@ -108,8 +111,8 @@ __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], in
 // 6 waves (D = 3072 3072-4608 rows) but slower on both sides, 3-7% at 16384 rows (also when only the first
 // waves' rows skip L1); not the generic widths (unmeasured above 1536 rows), nor nvfp4_quantize (slower at
 // 256 rows).
-template <class Shape, int VPT>
-constexpr bool kLoadRowNoL1 = Shape::kFixedWidth != 0 && VPT == 2;
+template <class Shape>
+constexpr bool kLoadRowNoL1 = Shape::kFixedFewRows;
 
 // Loads this thread's vectors of x and residual for one row (zeros past the row's end).
 template <int VPT, class Shape>
@@ -117,7 +120,7 @@ __device__ __forceinline__ void load_row(const ResnormArgs& args, int64_t row, u
   const int vecs = Shape::vecs(Shape::cols(args.cols));
   const uint4* x_row = reinterpret_cast<const uint4*>(args.x) + row * vecs;
   const uint4* res_row = reinterpret_cast<const uint4*>(args.residual) + row * vecs;
-  auto load = [](const uint4* p) { return kLoadRowNoL1<Shape, VPT> ? load_stream_no_l1(p) : load_stream(p); };
+  auto load = [](const uint4* p) { return kLoadRowNoL1<Shape> ? load_stream_no_l1(p) : load_stream(p); };
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = i * Shape::threads() + threadIdx.x;
@@ -417,7 +420,7 @@ __global__ void __launch_bounds__(RowShape<2, kFixedCols>::kMaxThreads, 1)
     resnorm_quant_split_kernel(const ResnormArgs args) {
   constexpr int VPT = 2;
   using Shape = RowShape<VPT, kFixedCols>;
-  static_assert(kFixedCols != 0 && kHoistParams<VPT>, "fixed two-vector shapes only");
+  static_assert(Shape::kFixedFewRows, "the few-rows shapes of the fixed widths only");
   constexpr int32_t cols = kFixedCols;
   if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols, VPT * args.rows)) return;
   const int64_t row = blockIdx.x / VPT;  // one CTA per vector slot: quantize_grid(rows, VPT)

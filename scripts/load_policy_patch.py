@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kernel_patch import edit_kernel, main  # scripts/ is on sys.path when this script runs
 
-RULE = "constexpr bool kLoadRowNoL1 = Shape::kFixedWidth != 0 && VPT == 2;"
+RULE = "constexpr bool kLoadRowNoL1 = Shape::kFixedFewRows;"
 QUALIFIER = 'asm("ld.global.L1::no_allocate.v4.u32'
 
 
@@ -28,7 +28,7 @@ def patch(root: Path) -> None:
     if not which and not qualifier:
         sys.exit("nothing to do: set LOAD_ROW_NO_L1 and/or LOAD_QUALIFIER")
     if which:
-        edit_kernel(root, [(RULE, RULE.replace("Shape::kFixedWidth != 0 && VPT == 2", "true" if which == "all" else "false"), 1)])
+        edit_kernel(root, [(RULE, RULE.replace("Shape::kFixedFewRows", "true" if which == "all" else "false"), 1)])
     if qualifier:
         edit_kernel(root, [(QUALIFIER, f'asm("ld.global.{qualifier}.v4.u32', 1)], file="csrc/vec.cuh")
 
