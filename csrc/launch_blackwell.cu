@@ -25,7 +25,7 @@ bool blackwell_kernels_usable(int device_index) {
     // ptxVersion < 100 means the driver would run the compute_90 PTX of this TU, where FlashInfer's
     // conversion is compiled out: only a real Blackwell cubin will do.
     const cudaError_t err =
-        cudaFuncGetAttributes(&attr, resnorm_quant_kernel<FlashInferNvfp4<true>, 4, 0, 1, false, false>);
+        cudaFuncGetAttributes(&attr, resnorm_quant_kernel<FlashInferNvfp4<true>, 4, 0, 1, false, false, false>);
     cudaSetDevice(previous);
     cudaGetLastError();  // clear a "no kernel image" error: that is an answer, not a failure
     usable[device_index] = major >= 10 && err == cudaSuccess && attr.ptxVersion >= 100;

@@ -23,14 +23,14 @@ void launch_resnorm(const ResnormArgs& args, void* stream) {
   if (args.rows == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
   dispatch_plain(args, [&](auto plain) {
-    dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
+    dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, auto few, int threads) {
       // (std::decay_t: nvcc's launch rewriting sees the captured `plain` as a reference)
       constexpr int kVpt = decltype(vpt)::value, kFixedCols = decltype(fixed)::value;
       constexpr int kMinBlocks = decltype(min_blocks)::value;
-      constexpr bool kPlain = std::decay_t<decltype(plain)>::value;
-      constexpr auto kernel = resnorm_kernel<kVpt, kFixedCols, kMinBlocks, kPlain, (kMinBlocks > 1)>;
+      constexpr bool kPlain = std::decay_t<decltype(plain)>::value, kFew = decltype(few)::value;
+      constexpr auto kernel = resnorm_kernel<kVpt, kFixedCols, kMinBlocks, kPlain, (kMinBlocks > 1), kFew>;
       if constexpr (kStaggerable<kVpt, kFixedCols, kMinBlocks>) {
-        launch_row_kernel<kernel, resnorm_kernel<kVpt, kFixedCols, kMinBlocks, kPlain, true>, kFixedCols,
+        launch_row_kernel<kernel, resnorm_kernel<kVpt, kFixedCols, kMinBlocks, kPlain, true, kFew>, kFixedCols,
                           kMinBlocks>(args, args.rows, threads, s);
       } else {
         kernel<<<args.rows, threads, 0, s>>>(args);

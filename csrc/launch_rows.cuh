@@ -111,21 +111,21 @@ inline bool split_rows(const ResnormArgs& a) {
 template <class Quantizer>
 void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
   dispatch_plain(args, [&](auto plain) {
-    dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
+    dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, auto few, int threads) {
       // (std::decay_t: nvcc's launch rewriting sees the captured `plain` as a reference)
       constexpr int kVpt = decltype(vpt)::value, kFixedCols = decltype(fixed)::value;
       constexpr int kMinBlocks = decltype(min_blocks)::value;
-      constexpr bool kPlain = std::decay_t<decltype(plain)>::value;
-      if constexpr (RowShape<kVpt, kFixedCols>::kFixedFewRows) {
+      constexpr bool kPlain = std::decay_t<decltype(plain)>::value, kFew = decltype(few)::value;
+      if constexpr (RowShape<kVpt, kFixedCols, kFew>::kFixedFewRows) {
         if (split_rows(args)) {
           constexpr auto split = resnorm_quant_split_kernel<Quantizer, kFixedCols, kPlain>;
           split<<<quantize_grid(args.rows, kVpt), threads, 0, s>>>(args);  // one CTA per vector slot
           return;
         }
       }
-      constexpr auto kernel = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain, (kMinBlocks > 1)>;
+      constexpr auto kernel = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain, (kMinBlocks > 1), kFew>;
       if constexpr (kStaggerable<kVpt, kFixedCols, kMinBlocks>) {
-        constexpr auto staggered = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain, true>;
+        constexpr auto staggered = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain, true, kFew>;
         launch_row_kernel<kernel, staggered, kFixedCols, kMinBlocks>(args, quantize_grid(args.rows), threads, s);
       } else {
         kernel<<<quantize_grid(args.rows), threads, 0, s>>>(args);
@@ -136,7 +136,9 @@ void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
 
 template <class Quantizer>
 void launch_nvfp4_quantize_rows(const QuantizeArgs& args, cudaStream_t s) {
-  dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, int threads) {
+  // (one kernel for both row-count copies of a generic shape: only load_row, which this kernel does not use,
+  // tells them apart)
+  dispatch_row_shape(args.cols, args.rows, [&](auto vpt, auto fixed, auto min_blocks, auto, int threads) {
     nvfp4_quantize_kernel<Quantizer, decltype(vpt)::value, decltype(fixed)::value, decltype(min_blocks)::value>
         <<<quantize_grid(args.rows), threads, 0, s>>>(args);
   });

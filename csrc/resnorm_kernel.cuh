@@ -27,17 +27,20 @@ namespace qwen_fp4 {
 
 // Block shape for a row: VPT vectors per thread. kFixedCols != 0 specialises one width exactly
 // (threads = kFixedCols / 8 / VPT, no bounds checks); 0 handles any multiple of 64 at run time.
-template <int VPT, int kFixedCols>
+// kFewRowsShape: the shape dispatch_row_shape picks below kManyRows rows (a fixed width's two-vector shape;
+// a generic shape's few-rows copy).
+template <int VPT, int kFixedCols, bool kFewRowsShape = (kFixedCols != 0 && VPT == 2)>
 struct RowShape {
   static constexpr int kFixedWidth = kFixedCols;
   static constexpr int kFixedVecs = kFixedCols / kVecElems;
   static constexpr int kFixedThreads = kFixedVecs / VPT;
   static constexpr int kMaxThreads = kFixedCols ? kFixedThreads : 256;
   static constexpr int kWarps = kFixedCols ? kFixedThreads / 32 : 0;  // 0: known at run time only
-  // The few-rows shape of a fixed width (dispatch_row_shape: two vectors per thread below kManyRows rows),
-  // the one with the split kernel and the loads without L1.
-  static constexpr bool kFixedFewRows = kFixedCols != 0 && VPT == 2;
+  static constexpr bool kFewRows = kFewRowsShape;  // loads x and residual without L1 (kLoadRowNoL1)
+  // The few-rows shape of a fixed width (two vectors per thread), the one with the split kernel.
+  static constexpr bool kFixedFewRows = kFixedCols != 0 && kFewRows;
   static_assert(kFixedCols == 0 || (kFixedVecs % VPT == 0 && kFixedThreads % 32 == 0), "bad fixed shape");
+  static_assert(kFixedCols == 0 || kFewRows == (VPT == 2), "a fixed width's few-rows shape has two vectors");
   static __device__ __forceinline__ int32_t cols(int32_t runtime_cols) { return kFixedCols ? kFixedCols : runtime_cols; }
   static __device__ __forceinline__ int vecs(int32_t cols) { return kFixedCols ? kFixedVecs : cols / kVecElems; }
   static __device__ __forceinline__ int threads() { return kFixedCols ? kFixedThreads : blockDim.x; }
@@ -103,16 +106,16 @@ __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], in
   }
 }
 
-// The few-rows shapes of the fixed widths (two vectors per thread, rows < kManyRows) load x and residual
-// without allocating in L1. Same-run A/B on the H200 (docs/performance.md, "What changed" item 14), graph
-// replay, the fused op: D = 3072 2.64 -> 2.43-2.45 us at 17 rows, 4.11 -> 3.86-3.96 at 256, 8.15 ->
-// 7.78-7.93 at 1024; D = 5120 2.92 -> 2.70-2.72 at 17 rows, 16.8-17.1 -> 15.8-16.0 at 1536; resnorm alike
-// (3.51 -> 3.23-3.34 us at 256 rows, D = 3072). Not the many-rows shapes: 2-8% faster between about 3.5 and
-// 6 waves (D = 3072 3072-4608 rows) but slower on both sides, 3-7% at 16384 rows (also when only the first
-// waves' rows skip L1); not the generic widths (unmeasured above 1536 rows), nor nvfp4_quantize (slower at
-// 256 rows).
+// The few-rows shapes (rows < kManyRows) load x and residual without allocating in L1. Same-run A/B on
+// the H200 (docs/performance.md, "What changed" items 14 and 15), graph replay, the fused op: D = 3072
+// 2.64 -> 2.43-2.45 us at 17 rows, 4.11 -> 3.86-3.96 at 256, 8.15 -> 7.78-7.93 at 1024; D = 5120 2.92 ->
+// 2.70-2.72 at 17 rows, 16.8-17.1 -> 15.8-16.0 at 1536; resnorm alike (3.51 -> 3.23-3.34 us at 256 rows,
+// D = 3072); the generic widths 3-9% (D = 1536 2.88 -> 2.71 us at 17 rows, 4096 4.41 -> 4.28-4.31, 8192
+// 22.31 -> 20.23-20.32 at 1024). Not the many-rows shapes: faster in places (D = 3072 3072-4608 rows, 2-8%)
+// but slower at the most rows, 3-7% at 16384 at D = 3072, and resnorm 3-8% at D = 1536-8192 (also when
+// only the first waves' rows skip L1); nor nvfp4_quantize (slower at 256 rows).
 template <class Shape>
-constexpr bool kLoadRowNoL1 = Shape::kFixedFewRows;
+constexpr bool kLoadRowNoL1 = Shape::kFewRows;
 
 // Loads this thread's vectors of x and residual for one row (zeros past the row's end).
 template <int VPT, class Shape>
@@ -376,10 +379,11 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
   }
 }
 
-// resnorm: writes y. No scales, so no padding rows: grid = rows. kStagger: stagger_first_wave compiled in.
-template <int VPT, int kFixedCols, int kMinBlocks, bool kPlain, bool kStagger>
+// resnorm: writes y. No scales, so no padding rows: grid = rows. kStagger: stagger_first_wave compiled in;
+// kFewRows: the few-rows shape (RowShape).
+template <int VPT, int kFixedCols, int kMinBlocks, bool kPlain, bool kStagger, bool kFewRows>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) resnorm_kernel(const ResnormArgs args) {
-  using Shape = RowShape<VPT, kFixedCols>;
+  using Shape = RowShape<VPT, kFixedCols, kFewRows>;
   if constexpr (kStagger) stagger_first_wave(args);
   const int64_t row = blockIdx.x;
   uint4 y[VPT];
@@ -393,10 +397,10 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
   }
 }
 
-// resnorm_quant: steps 1-8 in one pass; y never leaves registers. kStagger: stagger_first_wave compiled in.
-template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks, bool kPlain, bool kStagger>
+// resnorm_quant: steps 1-8 in one pass; y never leaves registers. kStagger and kFewRows as in resnorm_kernel.
+template <class Quantizer, int VPT, int kFixedCols, int kMinBlocks, bool kPlain, bool kStagger, bool kFewRows>
 __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBlocks) resnorm_quant_kernel(const ResnormArgs args) {
-  using Shape = RowShape<VPT, kFixedCols>;
+  using Shape = RowShape<VPT, kFixedCols, kFewRows>;
   const int32_t cols = Shape::cols(args.cols);
   if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols, args.rows)) return;
   if constexpr (kStagger) stagger_first_wave(args);

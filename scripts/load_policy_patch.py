@@ -1,8 +1,8 @@
-"""Diagnostic only (docs/performance.md, "What changed" item 14): edits a *copy* of the source tree to change
+"""Diagnostic only (docs/performance.md, "What changed" items 14 and 15): edits a *copy* of the source tree to change
 which row kernels load x and residual without allocating in L1, and with which PTX qualifier, for same-run
 A/B by scripts/shape_sweep.sh. The output bytes do not change (only the cache policy of the loads).
 
-    LOAD_ROW_NO_L1=all|none   every row kernel (the many-rows and generic shapes too) / none of them
+    LOAD_ROW_NO_L1=all|none   every row kernel (the many-rows shapes too) / none of them
                               (default: keep the shipped rule, kLoadRowNoL1)
     LOAD_QUALIFIER=...        the qualifier of load_stream_no_l1's ld.global (default: keep
                               "L1::no_allocate"; e.g. "L1::evict_first", "L2::256B")
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kernel_patch import edit_kernel, main  # scripts/ is on sys.path when this script runs
 
-RULE = "constexpr bool kLoadRowNoL1 = Shape::kFixedFewRows;"
+RULE = "constexpr bool kLoadRowNoL1 = Shape::kFewRows;"
 QUALIFIER = 'asm("ld.global.L1::no_allocate.v4.u32'
 
 
@@ -28,7 +28,7 @@ def patch(root: Path) -> None:
     if not which and not qualifier:
         sys.exit("nothing to do: set LOAD_ROW_NO_L1 and/or LOAD_QUALIFIER")
     if which:
-        edit_kernel(root, [(RULE, RULE.replace("Shape::kFixedFewRows", "true" if which == "all" else "false"), 1)])
+        edit_kernel(root, [(RULE, RULE.replace("Shape::kFewRows", "true" if which == "all" else "false"), 1)])
     if qualifier:
         edit_kernel(root, [(QUALIFIER, f'asm("ld.global.{qualifier}.v4.u32', 1)], file="csrc/vec.cuh")
 

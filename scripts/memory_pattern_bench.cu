@@ -9,6 +9,8 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o memory_pattern_bench scripts/memory_pattern_bench.cu
 //   ROUNDS=2 ./memory_pattern_bench [rows ...]   (multiples of 128; default 4096 8192 16384; ROUNDS: the
 //                                                list again, in the same process)
+//   ONLY=R1_128x3_occ6,R4_128x3_occ2 REPS=4 ...  only the variants named (comma-separated, exact names), and
+//                                                REPS timed calls each instead of 100 (for profilers)
 // Each variant's scale bytes are compared, once, with the first variant's (the kernels' byte stores):
 // "[same]" in its line; "[-]" where it writes none or not the layout.
 #include <cuda_runtime.h>
@@ -361,6 +363,15 @@ int main(int argc, char** argv) {
 
 
 
+  if (const char* only = std::getenv("ONLY")) {  // keep the variants named, in the table's order
+    const std::string list = std::string(",") + only + ",";
+    variants.erase(std::remove_if(variants.begin(), variants.end(),
+                                  [&](const Variant& v) { return list.find("," + v.name + ",") == std::string::npos; }),
+                   variants.end());
+  }
+  const int reps = std::getenv("REPS") ? std::max(1, std::atoi(std::getenv("REPS"))) : 100;
+  const int batch = std::min(reps, 25);
+
   std::printf("%-36s %6s %5s %10s %9s %8s %10s\n", "pattern", "rows", "occ", "us", "GB/s", "%copy", "%same-copy");
   for (const int64_t rows : row_counts) {
     const int64_t sf_rows = (rows + 127) / 128 * 128;
@@ -404,13 +415,13 @@ int main(int argc, char** argv) {
     for (int round = 1; round <= rounds; ++round) {
       std::printf("-- round %d of %d\n", round, rounds);
       const double memcpy_us = timer.per_call_us(
-          [&](int i) { CHECK(cudaMemcpyAsync(dst[i], src[i], half, cudaMemcpyDeviceToDevice)); }, n_sets);
+          [&](int i) { CHECK(cudaMemcpyAsync(dst[i], src[i], half, cudaMemcpyDeviceToDevice)); }, n_sets, reps, batch);
       report("memcpy_same_bytes", 0, memcpy_us, memcpy_us);
       const double own_copy_us = timer.per_call_us(
           [&](int i) {
             copy_kernel<<<sms * 8, 256>>>(static_cast<const uint4*>(src[i]), static_cast<uint4*>(dst[i]), half / 16);
           },
-          n_sets);
+          n_sets, reps, batch);
       report("copy_kernel_same_bytes", 8, own_copy_us, memcpy_us);
       for (const auto& v : variants) {
         // The largest dynamic shared memory at which exactly ctas_per_sm CTAs fit (0: as many as fit).
@@ -437,7 +448,7 @@ int main(int argc, char** argv) {
           if (reference.empty()) reference = got;
           check = got == reference ? "same" : "DIFFERENT";
         }
-        const double us = timer.per_call_us([&](int i) { v.launch(dim3(unsigned(grid)), v.threads, smem, sets[i]); }, n_sets);
+        const double us = timer.per_call_us([&](int i) { v.launch(dim3(unsigned(grid)), v.threads, smem, sets[i]); }, n_sets, reps, batch);
         report(v.name + " [" + check + "]", occ, us, memcpy_us);
       }
     }  // rounds

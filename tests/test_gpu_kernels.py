@@ -168,6 +168,18 @@ def test_generic_widths_above_one_wave(rows, cols, fast):
     run_case(rows, cols, fast)
 
 
+@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+@pytest.mark.parametrize("plain", (True, False), ids=("plain", "options"))
+@pytest.mark.parametrize("cols", (1536, 4096))
+@pytest.mark.parametrize("rows", (2047, 2048))
+def test_generic_widths_few_rows_switch(rows, cols, plain, fast):
+    """A generic width's shape comes twice, the copy below 2048 rows loading x and residual without L1
+    (csrc/dispatch.cuh, RowShape::kFewRows): both sides of the switch, plain and with every option (bias,
+    LayerNorm affine, fp32 parameters); fused == unfused and against the reference."""
+    opts = {} if plain else dict(bias=True, affine=True, param_dtype=torch.float32)
+    run_case(rows, cols, fast, **opts)
+
+
 def test_zero_rows():
     x = torch.empty(0, 3072, dtype=torch.bfloat16, device="cuda")
     p = torch.zeros(3072, dtype=torch.bfloat16, device="cuda")
