@@ -123,7 +123,8 @@ void launch_resnorm_quant_rows(const ResnormArgs& args, cudaStream_t s) {
           return;
         }
       }
-      constexpr auto kernel = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain, (kMinBlocks > 1), kFew>;
+      constexpr auto kernel =
+          resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain, (kMinBlocks > 1), kFew>;
       if constexpr (kStaggerable<kVpt, kFixedCols, kMinBlocks>) {
         constexpr auto staggered = resnorm_quant_kernel<Quantizer, kVpt, kFixedCols, kMinBlocks, kPlain, true, kFew>;
         launch_row_kernel<kernel, staggered, kFixedCols, kMinBlocks>(args, quantize_grid(args.rows), threads, s);

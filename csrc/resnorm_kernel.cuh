@@ -110,10 +110,11 @@ __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], in
 // the H200 (docs/performance.md, "What changed" items 14 and 15), graph replay, the fused op: D = 3072
 // 2.64 -> 2.43-2.45 us at 17 rows, 4.11 -> 3.86-3.96 at 256, 8.15 -> 7.78-7.93 at 1024; D = 5120 2.92 ->
 // 2.70-2.72 at 17 rows, 16.8-17.1 -> 15.8-16.0 at 1536; resnorm alike (3.51 -> 3.23-3.34 us at 256 rows,
-// D = 3072); the generic widths 3-9% (D = 1536 2.88 -> 2.71 us at 17 rows, 4096 4.41 -> 4.28-4.31, 8192
-// 22.31 -> 20.23-20.32 at 1024). Not the many-rows shapes: faster in places (D = 3072 3072-4608 rows, 2-8%)
-// but slower at the most rows, 3-7% at 16384 at D = 3072, and resnorm 3-8% at D = 1536-8192 (also when
-// only the first waves' rows skip L1); nor nvfp4_quantize (slower at 256 rows).
+// D = 3072); the generic widths 3-6% at 17 rows and up to 9% (D = 1536 2.85-2.87 -> 2.69 us at 17 rows,
+// 8192 22.20-22.25 -> 20.25-20.27 at 1024). Not the many-rows shapes: faster in places (D = 3072, 3072-4608
+// rows, 2-8%) but slower with the most rows: the fused op 3-7% at 16384 rows (D = 3072), resnorm 3-8% from
+// 8192 rows on at every generic width (also when only the first waves' rows skip L1); nor nvfp4_quantize
+// (slower at 256 rows).
 template <class Shape>
 constexpr bool kLoadRowNoL1 = Shape::kFewRows;
 

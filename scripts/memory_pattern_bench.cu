@@ -365,6 +365,14 @@ int main(int argc, char** argv) {
 
   if (const char* only = std::getenv("ONLY")) {  // keep the variants named, in the table's order
     const std::string list = std::string(",") + only + ",";
+    for (size_t start = 1, comma; (comma = list.find(',', start)) != std::string::npos; start = comma + 1) {
+      const std::string name = list.substr(start, comma - start);
+      if (name.empty()) continue;
+      if (std::none_of(variants.begin(), variants.end(), [&](const Variant& v) { return v.name == name; })) {
+        std::fprintf(stderr, "ONLY: no variant named %s\n", name.c_str());
+        return 2;
+      }
+    }
     variants.erase(std::remove_if(variants.begin(), variants.end(),
                                   [&](const Variant& v) { return list.find("," + v.name + ",") == std::string::npos; }),
                    variants.end());

@@ -63,3 +63,17 @@ def test_memory_pattern_bench_compiles(tmp_path: Path) -> None:
                           str(SCRIPTS / "memory_pattern_bench.cu")], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert out.stat().st_size > 0
+
+
+def test_ncu_traffic_script_names_existing_patterns() -> None:
+    """scripts/ncu_traffic.sh is valid bash and its default PATTERNS are variants the pattern program has
+    (the program refuses unknown names in ONLY; this catches a rename here, on the CPU)."""
+    script = SCRIPTS / "ncu_traffic.sh"
+    run = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    default = next(line for line in script.read_text().splitlines() if line.startswith("PATTERNS="))
+    names = default.split(":-", 1)[1].rstrip("}").split(",")
+    bench = (SCRIPTS / "memory_pattern_bench.cu").read_text()
+    assert len(names) >= 2
+    for name in names:
+        assert f'("{name}"' in bench, f"{name} is not a variant of memory_pattern_bench.cu"
