@@ -346,6 +346,9 @@ int main(int argc, char** argv) {
       make_variant<128, 3, 3, 2, kBytes, true, false>("R3_128x3_occ2", 2),
       make_variant<128, 3, 4, 2, kBytes, true, false>("R4_128x3_occ2", 2),
       make_variant<128, 3, 4, 2, kNoScales, true, false>("R4_128x3_occ2_noscales", 2),
+      // every store write-back (no evict-first hint): what a call leaves dirty in L2 is written back after it
+      make_variant<128, 3, 1, 2, kBytesPlain, false, false>("R1_128x3_occ6_plain_stores", 6),
+      make_variant<128, 3, 4, 2, kBytesPlain, false, false>("R4_128x3_occ2_plain_stores", 2),
       make_variant<128, 3, 4, 2, kChunks4Rows, true, false>("R4_128x3_occ2_chunks", 2),
       make_variant<128, 3, 8, 2, kSectors8Rows, true, false>("R8_128x3_occ1_sectors", 1),
       make_variant<192, 2, 1, 2, kBytes, true, false>("R1_192x2_occ5", 5),
@@ -359,9 +362,6 @@ int main(int argc, char** argv) {
       make_variant<128, 3, 1, 2, kBytes, true, false>("R1_128x3_occ6_cluster8", 6, 8),
       make_variant<128, 3, 1, 2, kNoScales, true, false>("R1_128x3_occ6_noscales_cluster4", 6, 4),
   };
-
-
-
 
   if (const char* only = std::getenv("ONLY")) {  // keep the variants named, in the table's order
     const std::string list = std::string(",") + only + ",";
