@@ -13,7 +13,7 @@ namespace qwen_fp4 {
 template <int N>
 using Int = std::integral_constant<int, N>;
 
-// Shapes measured on an H200 (docs/performance.md): few rows want many threads per row (short latency
+// Shapes measured on an H200 (docs/perf/tuning_history.md): few rows want many threads per row (short latency
 // chains); many rows want fewer threads per row with a register cap (more rows resident per SM).
 template <class F>
 void dispatch_row_shape(int32_t cols, int64_t rows, F&& f) {

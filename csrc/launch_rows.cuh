@@ -44,7 +44,7 @@ int resident_ctas_per_sm(int device, int threads) {
 
 // Sets a's first-wave stagger (stagger_first_wave) for kKernel's launch and returns true, or returns false
 // (no stagger). Same policy for the fused op and resnorm. Measured by same-run A/B on the H200
-// (docs/performance.md, "What changed" items 6, 10 and 11):
+// (docs/perf/tuning_history.md, items 6, 10 and 11):
 // - the many-rows shapes (kMinBlocks > 1: 6 resident CTAs per SM at D = 3072, 4 at 5120): always, 300 ns
 //   per slot at D = 3072, about the time DRAM takes to deliver one slot's loads (SMs x 12 KB at 4 TB/s),
 //   scaled with D (500 ns at 5120). The fused op 1-2% faster at 4096-16384 rows (D = 3072, 250-600 ns

@@ -107,7 +107,7 @@ __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[VPT], in
 }
 
 // The few-rows shapes (rows < kManyRows) load x and residual without allocating in L1. Same-run A/B on
-// the H200 (docs/performance.md, "What changed" items 14 and 15), graph replay, the fused op: D = 3072
+// the H200 (docs/perf/tuning_history.md, items 14 and 15), graph replay, the fused op: D = 3072
 // 2.64 -> 2.43-2.45 us at 17 rows, 4.11 -> 3.86-3.96 at 256, 8.15 -> 7.78-7.93 at 1024; D = 5120 2.92 ->
 // 2.70-2.72 at 17 rows, 16.8-17.1 -> 15.8-16.0 at 1536; resnorm alike (3.51 -> 3.23-3.34 us at 256 rows,
 // D = 3072); the generic widths 3-6% at 17 rows and up to 9% (D = 1536 2.85-2.87 -> 2.69 us at 17 rows,
@@ -175,7 +175,7 @@ constexpr bool kHoistParams = VPT <= 2;
 // by plain loads, which ptxas keeps where they are written. Before, the gate's __ldg was issued only after
 // the first x unpack, which waits for the row's DRAM loads: an L2 round trip added to every row's latency
 // chain (and the wide shapes loaded scale and shift after the reductions: a second one). Where it pays, by
-// same-run A/B on the H200 (docs/performance.md, "What changed" item 9):
+// same-run A/B on the H200 (docs/perf/tuning_history.md, item 9):
 // - narrow fixed shapes (few rows): x and residual first (their DRAM latency is the time), then the
 //   parameters, the shared modulation row (the common call) in a branch of its own so that nothing between
 //   the two groups waits on x (modulation_row's switch ahead of the x loads cost 0.06 us at 17 rows).
@@ -417,7 +417,7 @@ __global__ void __launch_bounds__(RowShape<VPT, kFixedCols>::kMaxThreads, kMinBl
 // CTA 2m + h reads all of row m and computes its statistics exactly as the one-CTA kernel and resnorm do
 // (same shape, same sums, so the same bits), then modulates, quantizes and stores only vector slot h of
 // each thread: half the columns. So a row's modulation, quantization and stores are spread over two SMs
-// (the same split inside one CTA, on one SM, gained nothing: docs/performance.md); the price is a second
+// (the same split inside one CTA, on one SM, gained nothing: docs/perf/tuning_history.md); the price is a second
 // read of the row and the statistics computed twice, which pays only while every CTA has an SM to itself
 // (split_rows in launch_rows.cuh).
 template <class Quantizer, int kFixedCols, bool kPlain>

@@ -1,4 +1,4 @@
-"""Diagnostic only (docs/performance.md, "Why 90% of copy cannot hold"): edits a *copy* of the source tree
+"""Diagnostic only (docs/performance.md, "Why 90% of copy does not hold"): edits a *copy* of the source tree
 so that resnorm_quant_kernel keeps its grid, block shapes, loads and stores (residual_out, packed codes,
 scale bytes) but does none of the op's arithmetic. The wheel built from it is timed by
 scripts/shape_sweep.sh (SKIP_TESTS=1: its outputs are meaningless by design).

@@ -1,4 +1,4 @@
-"""Diagnostic only (docs/performance.md, "Where a few-rows CTA's time goes"): edits a *copy* of the source tree
+"""Diagnostic only (docs/perf/tuning_history.md, "Where a few-rows CTA's time goes"): edits a *copy* of the source tree
 so that every row CTA of resnorm_kernel and of resnorm_quant_kernel (the one-CTA-per-row kernels, not the split
 kernel) records, in thread 0, its SM, its start and end %globaltimer and three SM clock readings: at its start,
 after the first block reduction's barrier (the row's loads, the first pass and the mean) and after the second
@@ -83,7 +83,7 @@ EDITS = [
 
 
 # CTA_PHASES_NO_SPLIT=1: no split kernel either, so that rows <= SMs run the one-CTA kernel too (one row CTA
-# per SM: docs/performance.md, "Issue or latency?").
+# per SM: docs/perf/tuning_history.md, "Issue or latency?").
 NO_SPLIT = [("  return has_device_cache(a.device) && a.rows <= device_sms(a.device);",
              "  return false;  // DIAGNOSTIC BUILD (CTA_PHASES_NO_SPLIT): no split kernel", 1)]
 

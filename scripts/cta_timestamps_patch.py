@@ -1,4 +1,4 @@
-"""Diagnostic only (docs/performance.md, "Where a call's time goes"): edits a *copy* of the source tree so that
+"""Diagnostic only (docs/perf/tuning_history.md, "Where a call's time goes"): edits a *copy* of the source tree so that
 each row CTA of resnorm_quant_kernel writes (SM id, start %globaltimer, end %globaltimer) into the first 24
 bytes of its row's packed output, after all of its stores. The wheel built from it is read by
 scripts/cta_timeline.py; its outputs are wrong by design.

@@ -1,4 +1,4 @@
-"""Diagnostic only (docs/performance.md, "What changed" items 14 and 15): edits a *copy* of the source tree to change
+"""Diagnostic only (docs/perf/tuning_history.md, items 14 and 15): edits a *copy* of the source tree to change
 which row kernels load x and residual without allocating in L1, and with which PTX qualifier, for same-run
 A/B by scripts/shape_sweep.sh. The output bytes do not change (only the cache policy of the loads).
 

@@ -1,6 +1,6 @@
-"""The diagnostic tools under scripts/ that docs/performance.md cites stay usable as the kernels change: the
-patch scripts still find the code they edit (on a copy of csrc/), and the memory-pattern benchmark still
-compiles (where nvcc is installed). CPU only; nothing here runs on a GPU."""
+"""The diagnostic tools under scripts/ that docs/performance.md and docs/perf/tuning_history.md cite stay
+usable as the kernels change: the patch scripts still find the code they edit (on a copy of csrc/), and the
+memory-pattern benchmark still compiles (where nvcc is installed). CPU only; nothing here runs on a GPU."""
 
 from __future__ import annotations
 
