@@ -257,3 +257,46 @@ def test_bench_names_the_commit_the_build_recorded(monkeypatch):
     assert bench.git_commit() == "abc1234-dirty"
     monkeypatch.setattr(cli, "build_info", lambda: {"build_commit": None})
     assert bench.git_commit() == "n/a"
+
+
+def test_copy_ceiling_is_the_best_pair(monkeypatch):
+    """The ceiling is the highest of the buffer pairs' figures, each pair timed on its own buffers."""
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    seen = []
+
+    def fake_measure(src, dst, reps):
+        seen.append((src.data_ptr(), dst.data_ptr(), src.numel(), reps))
+        return [4051.0, 4178.0, 4100.0][len(seen) - 1]
+
+    ceiling, per_pair = bench.copy_ceiling_gbps(nbytes=4096, reps=7, pairs=3, measure=fake_measure)
+    assert ceiling == 4178.0 and per_pair == [4051.0, 4178.0, 4100.0]
+    assert len({ptr for s, d, _, _ in seen for ptr in (s, d)}) == 6  # six distinct buffers, all alive together
+    assert all(n == 4096 and reps == 7 for _, _, n, reps in seen)
+
+
+def test_copy_ceiling_uses_fewer_pairs_when_memory_runs_out(monkeypatch):
+    """Where a third pair does not fit, the ceiling comes from the two that do."""
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    real_empty, calls = torch.empty, []
+
+    def empty(*args, **kwargs):  # the third source buffer does not fit
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.cuda.OutOfMemoryError("out of memory")
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    ceiling, per_pair = bench.copy_ceiling_gbps(nbytes=64, pairs=3, measure=lambda s, d, r: 1000.0)
+    assert per_pair == [1000.0, 1000.0] and ceiling == 1000.0
+
+
+def test_copy_ceiling_needs_one_pair(monkeypatch):
+    """Not even one pair fits: the out-of-memory error reaches the caller."""
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+
+    def empty(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("out of memory")
+
+    monkeypatch.setattr(torch, "empty", empty)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        bench.copy_ceiling_gbps(nbytes=64, pairs=3, measure=lambda s, d, r: 1.0)
