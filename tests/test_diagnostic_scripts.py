@@ -77,3 +77,18 @@ def test_ncu_traffic_script_names_existing_patterns() -> None:
     assert len(names) >= 2
     for name in names:
         assert f'("{name}"' in bench, f"{name} is not a variant of memory_pattern_bench.cu"
+
+
+def test_placement_probe_help_and_gpu_check() -> None:
+    """The placement probe parses its options on any machine and refuses to run without a GPU."""
+    run = subprocess.run([sys.executable, str(SCRIPTS / "placement_probe.py"), "--help"], capture_output=True,
+                         text=True, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    assert "--gemm-between" in run.stdout and "--before" in run.stdout
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    run = subprocess.run([sys.executable, str(SCRIPTS / "placement_probe.py"), "--first-only"], capture_output=True,
+                         text=True, cwd=REPO)
+    assert run.returncode != 0 and "CUDA GPU" in run.stderr
