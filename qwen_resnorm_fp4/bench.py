@@ -228,11 +228,14 @@ def copy_ceiling_gbps(nbytes: int = COPY_BYTES, reps: int = 20, pairs: int = COP
     between two processes on the H200 minutes apart (4,178 and 4,051 GB/s) while the kernels' times did not
     (docs/performance.md, Method); the highest of several is the best a copy reaches, never a dip, which is
     the conservative ceiling for the fractions against it. Fewer pairs where memory runs out (at least one)."""
+    def pair() -> Tuple[torch.Tensor, torch.Tensor]:  # (no name outside `buffers` keeps a buffer alive)
+        src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE).fill_(1)
+        return src, torch.empty_like(src)
+
     buffers = []
     try:
         for _ in range(max(1, pairs)):
-            src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE).fill_(1)
-            buffers.append((src, torch.empty_like(src)))
+            buffers.append(pair())
     except torch.cuda.OutOfMemoryError:
         if not buffers:
             raise
