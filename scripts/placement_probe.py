@@ -10,8 +10,11 @@ filled; one input set, which at 8192 x 3072 is 2.6x the L2). GPU only.
             tensors one after the other / four 2x-sized ones held together / one of 256 MiB; or the benchmark's
             eager chain compiled and run once at the probe's shape (as the benchmark does before timing)
         [--gemm-between]   also each call right after a bf16 4096^3 matmul (a large-shared-memory kernel)
+        [--hold K]   keep each call's outputs alive for K more calls (default 0: freed at once, so the caching
+            allocator hands the next call the same output blocks, as in the benchmark's timing loop)
 """
 import argparse
+import collections
 import sys
 
 import torch
@@ -32,6 +35,8 @@ def main() -> None:
     ap.add_argument("--before", choices=["compile", "alloc", "alloc-together", "alloc-one", "bench-chain"])
     ap.add_argument("--gemm-between", action="store_true",
                     help="also time each call right after a 4096^3 bf16 matmul (cuBLAS: a large-shared-memory kernel)")
+    ap.add_argument("--hold", type=int, default=0, metavar="K",
+                    help="keep each call's outputs alive for K more calls (0: the next call reuses their blocks)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("placement_probe.py times the op on a CUDA GPU; none is available here")
@@ -69,7 +74,8 @@ def main() -> None:
     gs = torch.ones(1, device="cuda")
     timer = bench.GpuTimer()
     ops = torch.ops.qwen_fp4
-    print(f"{a.rows} x {a.dim}, per-call us (median of {a.reps}); offsets in bytes from a 256-byte aligned pool")
+    print(f"{a.rows} x {a.dim}, per-call us (median of {a.reps}); offsets in bytes from a 256-byte aligned pool; "
+          f"outputs held for {a.hold} more calls")
     for rnd in range(a.rounds):
         for ox, orr in placements:
             x = pool[ox:ox + n].view(torch.bfloat16).view(1, a.rows, a.dim)
@@ -77,8 +83,13 @@ def main() -> None:
             x.copy_(src_x.view_as(x))
             r.copy_(src_r.view_as(r))
 
+            held = collections.deque(maxlen=max(a.hold, 1))
+
             def fused(_):
-                return ops.resnorm_quant(r, x, None, gate, scale, shift, gs, bench.EPS, True)
+                out = ops.resnorm_quant(r, x, None, gate, scale, shift, gs, bench.EPS, True)
+                if a.hold > 0:
+                    held.append(out)
+                return out
 
             us = timer.per_call_us(fused, 1, a.reps)
             print(f"round {rnd + 1}: x at {ox:>11}, residual at {orr:>11} (x + {orr - ox:>11}): {us:7.2f} us")

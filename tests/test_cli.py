@@ -248,6 +248,10 @@ def test_graph_table_and_big_rows_detail():
     verdicts = {n: (v, d) for n, v, d in bench.check_targets(rows, {})}
     v, detail = verdicts["fused >= 90% of copy bandwidth at rows >= 4096"]
     assert v == "FAIL" and "per-call events: 4096 rows 85.0%" in detail and "graph replay (not judged): 4096 rows 95.0%" in detail
+    assert "copy of the same bytes" not in detail  # not measured in these rows: nothing claimed
+    rows[0]["copy_same_bytes_frac"] = 0.86
+    v, detail = {n: (v, d) for n, v, d in bench.check_targets(rows, {})}["fused >= 90% of copy bandwidth at rows >= 4096"]
+    assert v == "FAIL" and "a copy of the same bytes, per call (not judged): 4096 rows 86.0%" in detail
 
 
 def test_bench_names_the_commit_the_build_recorded(monkeypatch):
