@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--hold", type=int, default=0, metavar="K",
                     help="keep each call's outputs alive for K more calls (0: the next call reuses their blocks)")
     a = ap.parse_args()
+    if a.hold < 0:
+        ap.error(f"--hold must be 0 or more calls, got {a.hold}")
     if not torch.cuda.is_available():
         sys.exit("placement_probe.py times the op on a CUDA GPU; none is available here")
     if a.before == "compile":

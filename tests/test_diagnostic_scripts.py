@@ -84,7 +84,10 @@ def test_placement_probe_help_and_gpu_check() -> None:
     run = subprocess.run([sys.executable, str(SCRIPTS / "placement_probe.py"), "--help"], capture_output=True,
                          text=True, cwd=REPO)
     assert run.returncode == 0, run.stderr
-    assert "--gemm-between" in run.stdout and "--before" in run.stdout
+    assert "--gemm-between" in run.stdout and "--before" in run.stdout and "--hold" in run.stdout
+    run = subprocess.run([sys.executable, str(SCRIPTS / "placement_probe.py"), "--hold", "-1"], capture_output=True,
+                         text=True, cwd=REPO)
+    assert run.returncode == 2 and "--hold must be 0 or more" in run.stderr
     import torch
 
     if torch.cuda.is_available():
