@@ -13,9 +13,13 @@ export PYTHONUNBUFFERED=1
 status=0
 PYTEST_ARGS=${PYTEST_ARGS:--m gpu} OUT=$OUT bash "$REPO/scripts/gpu_check.sh" ${STAGES:-tests bench} || status=1
 cd /tmp  # the installed package
-for rows in ${PROBE_ROWS:-8192 6889 4096}; do
-  for hold in 0 "${HOLD:-8}" 0 "${HOLD:-8}"; do
-    python3 "$REPO/scripts/placement_probe.py" --rows "$rows" --first-only --rounds 2 --hold "$hold" || status=1
+{  # a pipeline's left side runs in a subshell: it reports its failures by its exit code
+  rc=0
+  for rows in ${PROBE_ROWS:-8192 6889 4096}; do
+    for hold in 0 "${HOLD:-8}" 0 "${HOLD:-8}"; do
+      python3 "$REPO/scripts/placement_probe.py" --rows "$rows" --first-only --rounds 2 --hold "$hold" || rc=1
+    done
   done
-done 2>&1 | tee "$OUT/probe.log"
+  exit $rc
+} 2>&1 | tee "$OUT/probe.log" || status=1
 exit $status
