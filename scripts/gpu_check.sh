@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The one command for a GPU machine: installs the wheel built elsewhere (dist/*.whl), runs the GPU tests
-# from the installed wheel (not the source tree), and optionally the benchmark, Nsight Compute and
-# compute-sanitizer. Logs go to $OUT (default ./gpu_logs).
+# The GPU check: the test suite (GPU tests included), and optionally the benchmark, Nsight Compute and
+# compute-sanitizer, with logs in $OUT (default ./gpu_logs). By default it runs from the checkout, which
+# must hold the in-place build (the README's quickstart, or a qwen_resnorm_fp4/_C*.so copied in); with
+# WHEEL=path it installs that wheel and runs everything against the installed package instead.
 #
 #   bash scripts/gpu_check.sh [tests] [bench] [ncu] [sanitizer]     (default: tests)
-#   PYTEST_ARGS="-k fast" bash scripts/gpu_check.sh tests
+#   PYTEST_ARGS="-m gpu" bash scripts/gpu_check.sh tests
 #   PYTEST_K="not exhaustively" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
-#   WHEEL=dist_sweep/A/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests     (another wheel than dist/*.whl)
+#   WHEEL=dist/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests bench
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$REPO/gpu_logs}
@@ -15,15 +16,19 @@ stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(tests)
 export PYTHONUNBUFFERED=1
 status=0
 
-wheel=${WHEEL:-$(ls -t "$REPO"/dist/qwen_resnorm_fp4-*.whl 2>/dev/null | head -1)}
-[ -n "$wheel" ] || { echo "no wheel in $REPO/dist: build one first (see README)"; exit 2; }
-bash "$REPO/scripts/install_wheel.sh" "$wheel" || { echo "installing $wheel failed"; exit 2; }
+if [ -n "${WHEEL:-}" ]; then
+  bash "$REPO/scripts/install_wheel.sh" "$WHEEL" || { echo "installing $WHEEL failed"; exit 2; }
+  RUN_DIR=/tmp  # import the installed package, not the source tree
+else
+  ls "$REPO"/qwen_resnorm_fp4/_C*.so >/dev/null 2>&1 || { echo "no in-place build in $REPO/qwen_resnorm_fp4 (run the README's quickstart, or pass WHEEL=)"; exit 2; }
+  RUN_DIR=$REPO
+fi
 # Optional extras carried as wheels (no network there), e.g. .whl/diffusers-*.whl, into a private target.
 if ls "$REPO"/.whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$REPO"/.whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-cd /tmp  # import the installed package, not the source tree
+cd "$RUN_DIR"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
@@ -37,7 +42,7 @@ for stage in "${stages[@]}"; do
     bench)
       python3 -m qwen_resnorm_fp4 bench --out "$OUT/bench" --check-targets ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     ncu)  # scripts/ncu_profile.sh: 4096 rows fused, 256 rows fused and the pair ($OUT/ncu_*.txt)
-      INSTALLED=1 OUT=$OUT bash "$REPO/scripts/ncu_profile.sh" 2>&1 | tee "$OUT/ncu.log" || status=1 ;;
+      INSTALLED=1 OUT=$OUT RUN_DIR=$RUN_DIR bash "$REPO/scripts/ncu_profile.sh" 2>&1 | tee "$OUT/ncu.log" || status=1 ;;
     sanitizer)
       for tool in memcheck racecheck initcheck synccheck; do
         echo "== compute-sanitizer --tool $tool" >> "$OUT/sanitizer.log"

@@ -11,7 +11,7 @@ OUT=${OUT:-$REPO/gpu_logs}
 mkdir -p "$OUT"
 [ -n "${INSTALLED:-}" ] || bash "$REPO/scripts/install_wheel.sh" \
   "${WHEEL:-$(ls "$REPO"/dist/qwen_resnorm_fp4-*.whl | head -1)}" || exit 2
-cd /tmp  # the installed package, not the source tree
+cd "${RUN_DIR:-/tmp}"  # the package under test: the installed one, or the checkout (gpu_check.sh)
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats
           --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats
           --section MemoryWorkloadAnalysis --print-details all)

@@ -356,3 +356,45 @@ def layer_norm_f64(inp: Dict[str, object]):
         n = n + inp["norm_bias"].double()
     y = n * (1.0 + scale) + shift
     return y, n, scale, r
+
+
+# ----------------------------------------------------------------------------------------------------
+# Session guard: on a GPU machine the compiled kernels must be what is tested
+# ----------------------------------------------------------------------------------------------------
+
+#: Set to "1" for a deliberate CPU-only run on a machine that has a GPU (the GPU tests then skip).
+CPU_ONLY_VAR = "QWEN_FP4_TEST_CPU_ONLY"
+
+
+def _what_runs() -> tuple:
+    """(one-line description of what this session tests, reason to refuse it or None)."""
+    import os
+
+    import qwen_resnorm_fp4
+    from qwen_resnorm_fp4 import _library
+
+    where = f"qwen_resnorm_fp4 from {os.path.dirname(qwen_resnorm_fp4.__file__)}: {_library.status()}"
+    if not torch.cuda.is_available():
+        return f"{where}; no CUDA GPU: CPU tests only", None
+    gpu = torch.cuda.get_device_name()
+    if os.environ.get(CPU_ONLY_VAR) == "1":
+        return f"{where}; GPU {gpu} present but {CPU_ONLY_VAR}=1: CPU tests only", None
+    if not _library.cuda_available():
+        return where, (
+            f"a CUDA GPU ({gpu}) is present but the compiled library is not loaded ({_library.status()}), so "
+            f"every GPU test would skip. Build it in place (the README's quickstart: pip install -e .) or run "
+            f"from outside the checkout against an installed wheel; set {CPU_ONLY_VAR}=1 for a deliberate "
+            "CPU-only run.")
+    return f"{where}; GPU {gpu}: CPU and GPU tests", None
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    terminalreporter.write_line(_what_runs()[0])
+
+
+def pytest_sessionstart(session) -> None:
+    refusal = _what_runs()[1]
+    if refusal is not None:
+        import pytest
+
+        pytest.exit(f"qwen-resnorm-fp4 tests: {refusal}", returncode=3)

@@ -1,0 +1,41 @@
+"""The README's promises: its quickstart and test command are what CI runs, word for word, and its
+"API in brief" example runs as written (on the GPU where there is one, else on the CPU)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+CI = REPO / ".ci" / "run"
+if not README.is_file():
+    pytest.skip("README.md not in this copy of the tests", allow_module_level=True)
+
+
+def _section_blocks(heading: str, lang: str) -> list:
+    """The fenced code blocks of language ``lang`` in the README section ``## heading``."""
+    text = README.read_text()
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert match, f"README has no section '## {heading}'"
+    return re.findall(rf"```{lang}\n(.*?)```", match.group(1), re.S)
+
+
+def test_quickstart_and_test_command_are_what_ci_runs() -> None:
+    """.ci/run runs the README's quickstart command and its test command unchanged, as lines of their own."""
+    blocks = _section_blocks("Quickstart", "bash")
+    assert len(blocks) >= 2, "the quickstart section has the install command and the test command"
+    quickstart, test_command = blocks[0].strip(), blocks[1].strip()
+    assert "\n" not in quickstart, "the quickstart is one command"
+    assert test_command == "python -m pytest tests -q"
+    ci_lines = [line.strip() for line in CI.read_text().splitlines()]
+    assert quickstart in ci_lines
+    assert test_command in ci_lines
+
+
+def test_api_in_brief_runs_as_written() -> None:
+    """The README's Python example executes without error and its own assertions hold."""
+    (code,) = _section_blocks("API in brief", "python")
+    exec(compile(code, "README.md (API in brief)", "exec"), {})
