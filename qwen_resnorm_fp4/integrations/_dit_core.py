@@ -186,7 +186,8 @@ def _block_linear_names(block: torch.nn.Module, spec: ModelSpec, linears: str, s
     of 64."""
     names = [n for s in spec.streams for n in s.input_linears()] if segment else []
     if linears == "all":
-        names += [n for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)
+        # NVFP4Linear too: the same names before and after a conversion
+        names += [n for n, m in block.named_modules() if isinstance(m, (torch.nn.Linear, NVFP4Linear))
                   and m.in_features % WIDTH_MULTIPLE == 0 and n not in names]
     return names
 
