@@ -75,13 +75,17 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     reference on CPU tensors. ``fast_math``: the quantizer's mode (None: the environment)."""
     if gate is None or (type(gate) is int and gate == 1):  # an ungated update: fma(a, 1, residual)
         gate = torch.ones(scale.shape, dtype=scale.dtype, device=scale.device) if isinstance(scale, Tensor) else 1
-    kind = "layernorm" if norm_type == LAYER_NORM_TYPE else norm_type  # anything else declines as a non-LayerNorm
-    norm = {"type": kind, "weight": weight, "bias": bias, "eps": eps}
+    if norm_type == LAYER_NORM_TYPE and weight is None and bias is None:
+        norm = None  # the common case: a LayerNorm without affine parameters, epsilon eps
+    else:  # any other norm_type (e.g. "rms") declines as a non-LayerNorm
+        kind = "layernorm" if norm_type == LAYER_NORM_TYPE else norm_type
+        norm = {"type": kind, "weight": weight, "bias": bias, "eps": eps}
     if isinstance(global_scale, Tensor) and global_scale.dim() != 1 and global_scale.numel() == 1:
         global_scale = global_scale.reshape(1)
     width = x.shape[-1] if isinstance(x, Tensor) and x.dim() > 0 else 0
     result = _q.try_fused_resnorm_quant(residual, x, gate, scale, shift, _PrequantizedFC1(width, global_scale),
-                                        bias=input_bias, norm=norm, allow_cpu=allow_cpu, fast_math=fast_math)
+                                        bias=input_bias, eps=eps, norm=norm, allow_cpu=allow_cpu,
+                                        fast_math=fast_math)
     if result is None:
         return None
     packed_scales, residual_out, _ = result
