@@ -1,0 +1,565 @@
+"""The conversion core shared by every DiT integration: NVFP4 layers in the blocks, the fused (or unfused)
+residual + norm + modulation + quantization segment in front of each FFN, calibration, restore, statistics.
+
+A model integration (``_qwen_image.py``, ``_qwen_image21.py``, ``_flux.py``, ``_wan.py``) gives a
+:class:`ModelSpec`: which class is the model and which its block, where each stream's norm and FFN are, and
+a copy of the block's ``forward`` in which the segment::
+
+    residual = residual + gate * x          # gated (or ungated: gate of ones) residual update
+    y = norm(residual) * (1 + scale) + shift
+    h = ffn(y)
+
+is one call of :func:`ffn_segment`. Everything else in the forward is the model library's own code.
+
+Both modes compute the library's numerics contract for the segment: ``mode="fused"`` through
+``try_fused_resnorm_quant`` (where it declines, the unfused chain runs and the decline is counted), and
+``mode="unfused"`` through ``resnorm`` + the FFN input layer's quantizer. They write the same bytes.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from .. import NVFP4Linear, _library, last_decline_reason, reference, resnorm, try_fused_resnorm_quant
+from ..env import resolve_fast_math
+
+Tensor = torch.Tensor
+
+logger = logging.getLogger("qwen_resnorm_fp4")
+
+MODES = ("fused", "unfused")
+#: "fc1": the FFN input layers only; "all": every block Linear whose in_features is a multiple of 64.
+LINEARS = ("fc1", "all")
+#: The block attribute that holds the conversion state.
+STATE_ATTR = "_qwen_fp4"
+#: The model attribute that holds the model-level conversion record.
+MODEL_ATTR = "_qwen_fp4_conversion"
+#: NVFP4 rows are blocks of 16 and the swizzled scales come in groups of 4 blocks.
+WIDTH_MULTIPLE = 64
+FFN_KINDS = ("gelu", "swiglu")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Specs
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """One stream's segment in a block: ``norm`` and ``ffn`` are block attribute names.
+
+    ffn_kind "gelu": diffusers' ``FeedForward`` (``net[0].proj`` is FC1, then ``net[0].gelu`` and ``net[1:]``);
+    "swiglu": ``ffn.proj`` and ``ffn.gate_layer`` both read the modulated activation, then
+    ``ffn.out(ffn.activation_fn(gate_layer) * proj)``.
+    """
+
+    name: str
+    norm: str
+    ffn: str
+    ffn_kind: str = "gelu"
+
+    def input_linears(self) -> Tuple[str, ...]:
+        """The FFN layers that read the modulated activation (names relative to the block)."""
+        if self.ffn_kind == "gelu":
+            return (f"{self.ffn}.net.0.proj",)
+        return (f"{self.ffn}.proj", f"{self.ffn}.gate_layer")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where the segment is in one model family. ``block_forward`` is the copied forward, bound to each
+    converted block; ``block_attrs`` are the attributes it uses (checked before converting)."""
+
+    label: str
+    model_class: str
+    block_class: str
+    streams: Tuple[StreamSpec, ...]
+    block_forward: Callable
+    block_attrs: Tuple[str, ...] = ()
+    #: Other block classes whose Linears ``linears="all"`` converts (their forward stays the library's).
+    linear_only_blocks: Tuple[str, ...] = ()
+
+
+def _is_diffusers_class(obj: Any, class_name: str) -> bool:
+    return any(c.__name__ == class_name and c.__module__.startswith("diffusers.") for c in type(obj).__mro__)
+
+
+def is_model(model: Any, spec: ModelSpec) -> bool:
+    return _is_diffusers_class(model, spec.model_class)
+
+
+def blocks(model: torch.nn.Module, spec: ModelSpec) -> List[Tuple[str, torch.nn.Module]]:
+    return [(name, m) for name, m in model.named_modules() if _is_diffusers_class(m, spec.block_class)]
+
+
+def _linear_only_blocks(model: torch.nn.Module, spec: ModelSpec, linears: str) -> List[Tuple[str, torch.nn.Module]]:
+    if linears != "all":
+        return []
+    return [(name, m) for name, m in model.named_modules()
+            if any(_is_diffusers_class(m, c) for c in spec.linear_only_blocks)]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# State
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamStats:
+    """How one stream of one block ran: the fused kernel, the unfused chain because the mode says so, or the
+    unfused chain because the fused path declined (``fallback``, with the reasons counted)."""
+
+    fused: int = 0
+    unfused: int = 0
+    fallback: int = 0
+    decline_reasons: collections.Counter = field(default_factory=collections.Counter)
+
+    def reset(self) -> None:
+        self.fused = self.unfused = self.fallback = 0
+        self.decline_reasons.clear()
+
+
+class BlockState:
+    """Per block: the spec, the mode, the original Linear layers (for restore) and the statistics. A plain
+    object, not a module: the original layers stay out of ``state_dict`` and ``.to()``."""
+
+    def __init__(self, name: str, spec: ModelSpec, mode: str, allow_cpu: bool,
+                 originals: Dict[str, Optional[torch.nn.Linear]]):
+        self.name = name
+        self.spec = spec
+        self.mode = mode
+        self.allow_cpu = allow_cpu
+        self.originals = originals  # block-relative module name -> the nn.Linear it replaced (None: freed)
+        self.stats = {s.name: StreamStats() for s in spec.streams}
+        self.forward = None  # the bound method installed on the block
+
+
+@dataclass
+class DiTConversion:
+    """What a conversion did (``conversion_info(model)``).
+
+    model_type: the diffusers model class; mode: "fused" or "unfused"; linears: "fc1" or "all";
+    fast_math: as passed (None: the environment at each call); allow_cpu;
+    input_amax: converted Linear module name -> the amax its input global scale was made from (448 * 6 / amax);
+    diffusers_version; block_names: the converted blocks' module names; kept_original: whether restore works.
+    """
+
+    mode: str
+    fast_math: Optional[bool]
+    allow_cpu: bool
+    input_amax: Dict[str, float]
+    diffusers_version: str
+    block_names: List[str]
+    kept_original: bool
+    model_type: str = "QwenImageTransformer2DModel"
+    linears: str = "fc1"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Which layers
+# ------------------------------------------------------------------------------------------------------------
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def check_linears(linears: str) -> str:
+    if linears not in LINEARS:
+        raise ValueError(f"linears must be one of {LINEARS}, got {linears!r}")
+    return linears
+
+
+def _block_linear_names(block: torch.nn.Module, spec: ModelSpec, linears: str, segment: bool = True) -> List[str]:
+    """Block-relative names of the layers to convert: the FFN input layers (``segment``: a block with the
+    segment), plus with ``linears="all"`` every other nn.Linear of the block whose in_features is a multiple
+    of 64."""
+    names = [n for s in spec.streams for n in s.input_linears()] if segment else []
+    if linears == "all":
+        # NVFP4Linear too: the same names before and after a conversion
+        names += [n for n, m in block.named_modules() if isinstance(m, (torch.nn.Linear, NVFP4Linear))
+                  and m.in_features % WIDTH_MULTIPLE == 0 and n not in names]
+    return names
+
+
+def linear_names(model: torch.nn.Module, spec: ModelSpec, linears: str = "fc1") -> List[str]:
+    """Module names of the layers a conversion makes NVFP4 (the keys of an ``input_amax`` dict)."""
+    check_linears(linears)
+    return ([f"{b}.{n}" for b, block in blocks(model, spec) for n in _block_linear_names(block, spec, linears)]
+            + [f"{b}.{n}" for b, block in _linear_only_blocks(model, spec, linears)
+               for n in _block_linear_names(block, spec, linears, segment=False)])
+
+
+def _shared_input_groups(model: torch.nn.Module, spec: ModelSpec) -> List[Tuple[str, ...]]:
+    """Layers that read one packed activation (a SwiGLU's proj and gate_layer): one input global scale."""
+    return [tuple(f"{b}.{n}" for n in s.input_linears()) for b, _ in blocks(model, spec) for s in spec.streams
+            if len(s.input_linears()) > 1]
+
+
+def check_block_structure(name: str, block: torch.nn.Module, spec: ModelSpec) -> None:
+    """The block must look like the supported releases' block of this model."""
+    problems = [f"no attribute {a!r}" for a in spec.block_attrs if not hasattr(block, a)]
+    for s in spec.streams:
+        norm = getattr(block, s.norm, None)
+        if not isinstance(norm, torch.nn.LayerNorm) or len(norm.normalized_shape) != 1:
+            problems.append(f"{s.norm} is a {type(norm).__name__}, not a LayerNorm over the last dimension")
+        ffn = getattr(block, s.ffn, None)
+        if s.ffn_kind == "gelu":
+            net = getattr(ffn, "net", None)
+            if net is None or len(net) < 3:
+                problems.append(f"{s.ffn} is not a diffusers FeedForward (act, dropout, Linear)")
+                continue
+            if not (hasattr(net[0], "proj") and callable(getattr(net[0], "gelu", None))):
+                problems.append(f"{s.ffn}.net[0] is a {type(net[0]).__name__}, not diffusers' GELU (proj + gelu)")
+                continue
+        elif not all(hasattr(ffn, a) for a in ("proj", "gate_layer", "out", "activation_fn")):
+            problems.append(f"{s.ffn} is not a SwiGLU FFN (proj, gate_layer, out, activation_fn)")
+            continue
+        for rel in s.input_linears():
+            layer = block.get_submodule(rel)
+            if not isinstance(layer, torch.nn.Linear):
+                problems.append(f"{rel} is a {type(layer).__name__}, not a torch.nn.Linear")
+            elif layer.in_features % WIDTH_MULTIPLE != 0:
+                problems.append(f"{rel} has in_features {layer.in_features}: NVFP4 needs a multiple of "
+                                f"{WIDTH_MULTIPLE} (the model width)")
+    if problems:
+        raise ValueError(f"{name} does not have the structure of the supported {spec.block_class}: "
+                         + "; ".join(problems))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Calibration
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _run_calibration(model: torch.nn.Module, calibration_inputs: Any) -> None:
+    if callable(calibration_inputs) and not isinstance(calibration_inputs, Mapping):
+        calibration_inputs(model)
+        return
+    if isinstance(calibration_inputs, Mapping):
+        calibration_inputs = [calibration_inputs]
+    if not isinstance(calibration_inputs, Iterable) or isinstance(calibration_inputs, (str, bytes, torch.Tensor)):
+        raise TypeError("calibration_inputs must be a dict of model.forward keyword arguments, a list of such "
+                        f"dicts, or a callable taking the model; got {type(calibration_inputs).__name__}")
+    n = 0
+    for i, kwargs in enumerate(calibration_inputs):
+        if not isinstance(kwargs, Mapping):
+            raise TypeError(f"calibration_inputs[{i}] must be a dict of model.forward keyword arguments, got "
+                            f"{type(kwargs).__name__}")
+        model(**kwargs)
+        n += 1
+    if n == 0:
+        raise ValueError("calibration_inputs is empty")
+
+
+def calibrate_input_amax(model: torch.nn.Module, spec: ModelSpec, calibration_inputs: Any,
+                         linears: str = "fc1") -> Dict[str, float]:
+    """Run ``calibration_inputs`` through the (unconverted) model under ``torch.no_grad()`` and return, for
+    every layer the conversion makes NVFP4, the max |input| seen: {module name: amax}."""
+    if not is_model(model, spec):
+        raise TypeError(f"model must be a diffusers {spec.model_class}, got {type(model).__name__}")
+    if hasattr(model, MODEL_ATTR):
+        raise ValueError("the model is converted: calibrate the original model (restore it first)")
+    names = linear_names(model, spec, linears)
+    modules = dict(model.named_modules())
+    amax: Dict[str, Optional[Tensor]] = {n: None for n in names}
+    handles = []
+
+    def make_hook(n: str) -> Callable:
+        def hook(_module, args, kwargs):
+            x = args[0] if args else kwargs.get("input")
+            a = x.detach().abs().amax().float()
+            # NaN-free max: a NaN activation would poison the scale
+            a = torch.nan_to_num(a, nan=0.0, posinf=float(torch.finfo(torch.float32).max))
+            amax[n] = a if amax[n] is None else torch.maximum(amax[n], a)
+        return hook
+
+    try:
+        for n in names:
+            handles.append(modules[n].register_forward_pre_hook(make_hook(n), with_kwargs=True))
+        with torch.no_grad():
+            _run_calibration(model, calibration_inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [n for n, a in amax.items() if a is None]
+    if missing:
+        raise ValueError(f"calibration never reached {len(missing)} layer(s) to convert, e.g. {missing[0]}")
+    return {n: float(a.item()) for n, a in amax.items()}
+
+
+def resolve_input_amax(model: torch.nn.Module, spec: ModelSpec, input_amax: Any, calibration_inputs: Any,
+                       linears: str) -> Dict[str, float]:
+    names = linear_names(model, spec, linears)
+    if input_amax is not None and calibration_inputs is not None:
+        raise ValueError("pass either input_amax or calibration_inputs, not both")
+    if input_amax is None:
+        if calibration_inputs is None:
+            raise ValueError("the NVFP4 input global scales need either calibration_inputs (inputs to run through "
+                             "the model; each converted layer's input amax is taken) or input_amax (a float for "
+                             "every layer, or a dict {module name: amax}, see linear_names(model, linears))")
+        values = calibrate_input_amax(model, spec, calibration_inputs, linears)
+    elif isinstance(input_amax, Mapping):
+        unknown = sorted(set(input_amax) - set(names))
+        if unknown:
+            raise ValueError(f"input_amax has keys that are not FC1 layers (with linears='all': converted Linear "
+                             f"layers) of this model: {unknown[:3]} (expected names like {names[0]!r}; see "
+                             "linear_names(model, linears))")
+        missing = [n for n in names if n not in input_amax]
+        if missing:
+            raise ValueError(f"input_amax has no value for {len(missing)} layer(s), e.g. {missing[0]!r}")
+        values = {n: input_amax[n] for n in names}
+    else:
+        values = {n: input_amax for n in names}
+    out = {}
+    for n, v in values.items():
+        if isinstance(v, torch.Tensor):
+            if v.numel() != 1:
+                raise ValueError(f"input_amax for {n} must be one number, got {v.numel()} elements")
+            v = v.item()
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"input_amax for {n} must be a number, got {type(v).__name__}")
+        v = float(v)
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"input_amax for {n} must be finite and positive, got {v} (a layer whose calibration "
+                             "inputs were all zero: calibrate with real inputs or pass input_amax)")
+        out[n] = v
+    for group in _shared_input_groups(model, spec):
+        if len({out[n] for n in group}) > 1:
+            raise ValueError(f"{' and '.join(group)} read one quantized activation, so they need one input amax; "
+                             f"got {[out[n] for n in group]}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The segment
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _per_batch_or_rows(p: Tensor) -> Tensor:
+    """[B, 1, D] -> [B, D]; per-token [B, S, D] -> [B*S, D] (rows split into B*S groups of one row)."""
+    if p.dim() == 3:
+        return p.squeeze(1) if p.shape[1] == 1 else p.reshape(-1, p.shape[-1])
+    return p
+
+
+def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+             norm: torch.nn.LayerNorm, fc1: NVFP4Linear, index: Optional[Tensor]) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
+    """The baseline: ``resnorm`` (residual update, LayerNorm, modulation -> BF16 y), then the quantizer with
+    FC1's input global scale and fast-math mode (what ``NVFP4Linear`` does to a BF16 input)."""
+    gate, scale, shift = (_per_batch_or_rows(p) for p in (gate, scale, shift))
+    kw = dict(weight=norm.weight, norm_bias=norm.bias, modulate_index=index)
+    if _library.has_kernel("resnorm", x.device.type):
+        y, residual_out = resnorm(residual, x, bias, gate, scale, shift, float(norm.eps), **kw)
+    else:  # e.g. CUDA tensors in a source tree without the compiled library
+        y, residual_out = reference.resnorm(residual, x, bias, gate, scale, shift, float(norm.eps), **kw)
+    return fc1.quantize_input(y), residual_out
+
+
+_logged_fallbacks: set = set()
+
+
+def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor, gate: Tensor, scale: Tensor,
+                shift: Tensor, *, index: Optional[Tensor] = None,
+                bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """``residual + gate * (x + bias) -> norm -> * (1 + scale) + shift -> FFN`` of one stream of a converted
+    block. Returns ``(residual_out, ffn_output)``; the caller does the post-FFN update as the model does.
+
+    gate/scale/shift: [B, D], [B, 1, D], [2B, D] with ``index`` ([B, S]: row b where 0, B + b elsewhere), or
+    per token [B, S, D] (the fused path declines that and the unfused chain serves it)."""
+    state: BlockState = getattr(block, STATE_ATTR)
+    spec = next(s for s in state.spec.streams if s.name == stream)
+    if residual.dtype != torch.bfloat16 or x.dtype != torch.bfloat16:
+        raise TypeError(f"the converted {state.spec.label} block needs bfloat16 activations, got {residual.dtype} "
+                        f"and {x.dtype} (load the model with torch_dtype=torch.bfloat16)")
+    norm = getattr(block, spec.norm)
+    ffn = getattr(block, spec.ffn)
+    fc1 = block.get_submodule(spec.input_linears()[0])
+    stats = state.stats[stream]
+
+    result = None
+    if state.mode == "fused":
+        result = try_fused_resnorm_quant(residual, x, gate, scale, shift, fc1, bias=bias, norm=norm,
+                                         modulate_index=index, allow_cpu=state.allow_cpu)
+        if result is None:
+            reason = str(last_decline_reason())
+            stats.fallback += 1
+            stats.decline_reasons[reason] += 1
+            if reason not in _logged_fallbacks and not torch.compiler.is_compiling():
+                _logged_fallbacks.add(reason)
+                logger.info("%s block %s (%s stream): the fused path declined (%s); running the unfused chain "
+                            "(same bytes). See fused_path_stats(model).", state.spec.label, state.name, stream,
+                            reason)
+        else:
+            stats.fused += 1
+    else:
+        stats.unfused += 1
+    if result is not None:
+        packed_scales, residual_out, _ = result
+    else:
+        packed_scales, residual_out = _unfused(residual, x, bias, gate, scale, shift, norm, fc1, index)
+
+    # Shared by both modes from here on: the FFN on the packed activations, as the model library writes it.
+    lead = x.shape[:-1]
+    if spec.ffn_kind == "gelu":
+        act = ffn.net[0]
+        hidden = act.gelu(fc1(packed_scales, out_shape=lead))
+        for module in ffn.net[1:]:
+            hidden = module(hidden)
+    else:
+        hidden = ffn.out(ffn.activation_fn(ffn.gate_layer(packed_scales, out_shape=lead))
+                         * ffn.proj(packed_scales, out_shape=lead))
+    return residual_out, hidden
+
+
+def ones_gate(like: Tensor) -> Tensor:
+    """The gate of an ungated residual update (``residual + x``): fma(x, 1, residual) is that sum."""
+    return torch.ones(like.shape, dtype=like.dtype, device=like.device)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Convert, restore, mode, statistics
+# ------------------------------------------------------------------------------------------------------------
+
+
+def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: str, input_amax: Any,
+            calibration_inputs: Any, fast_math: Optional[bool], allow_cpu: bool, keep_original: bool,
+            gemm_backend: str, version: str) -> torch.nn.Module:
+    """The conversion itself (the public wrappers check the diffusers version first). Nothing is installed
+    unless every layer quantized without error."""
+    check_mode(mode)
+    check_linears(linears)
+    if not isinstance(allow_cpu, bool) or not isinstance(keep_original, bool):
+        raise TypeError("allow_cpu and keep_original must be bools")
+    if fast_math is not None:
+        resolve_fast_math(fast_math)  # type check
+    if not is_model(model, spec):
+        raise TypeError(f"model must be a diffusers {spec.model_class}, got {type(model).__name__}")
+    if hasattr(model, MODEL_ATTR):
+        raise ValueError("the model is already converted (restore_transformer first, or set_mode to switch modes)")
+    found = blocks(model, spec)
+    if not found:
+        raise ValueError(f"the model has no {spec.block_class}")
+    for name, block in found:
+        check_block_structure(name, block, spec)
+        if "forward" in vars(block):
+            raise ValueError(f"{name} already has its own forward (a hook: offloading, caching, context parallelism, "
+                             "or another conversion); convert before registering hooks on the blocks")
+
+    amax = resolve_input_amax(model, spec, input_amax, calibration_inputs, linears)
+
+    converted = []
+    others = _linear_only_blocks(model, spec, linears)
+    for name, block in found + others:
+        segment = any(block is b for _, b in found)
+        originals: Dict[str, Optional[torch.nn.Linear]] = {}
+        new_layers: Dict[str, NVFP4Linear] = {}
+        for rel in _block_linear_names(block, spec, linears, segment):
+            layer = block.get_submodule(rel)
+            with torch.no_grad():
+                new_layers[rel] = NVFP4Linear.from_linear(layer, amax[f"{name}.{rel}"], fast_math=fast_math,
+                                                          gemm_backend=gemm_backend)
+            originals[rel] = layer if keep_original else None
+        state = BlockState(name, spec, mode, allow_cpu, originals)
+        if not segment:
+            state.stats = {}
+        converted.append((name, block, state, new_layers, segment))
+
+    for name, block, state, new_layers, segment in converted:
+        for rel, layer in new_layers.items():
+            _set_submodule(block, rel, layer)
+        setattr(block, STATE_ATTR, state)
+        if segment:
+            state.forward = types.MethodType(spec.block_forward, block)
+            block.forward = state.forward
+    setattr(model, MODEL_ATTR, DiTConversion(
+        mode=mode, fast_math=fast_math, allow_cpu=allow_cpu, input_amax=dict(amax), diffusers_version=version,
+        block_names=[n for n, _ in found], kept_original=keep_original, model_type=spec.model_class,
+        linears=linears))
+    return model
+
+
+def _set_submodule(root: torch.nn.Module, dotted: str, module: torch.nn.Module) -> None:
+    parent_name, _, leaf = dotted.rpartition(".")
+    setattr(root.get_submodule(parent_name) if parent_name else root, leaf, module)
+
+
+def converted_blocks(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, BlockState]]:
+    if not hasattr(model, MODEL_ATTR):
+        raise ValueError("the model is not converted (convert_transformer)")
+    return [(name, m, getattr(m, STATE_ATTR)) for name, m in model.named_modules()
+            if isinstance(getattr(m, STATE_ATTR, None), BlockState)]
+
+
+def restore(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo a conversion: the original ``nn.Linear`` layers and the library's block ``forward`` come back
+    (the same objects, so outputs are exactly the original model's). Returns the model."""
+    info: Optional[DiTConversion] = getattr(model, MODEL_ATTR, None)
+    if info is None:
+        raise ValueError("the model is not converted (convert_transformer)")
+    if not info.kept_original:
+        raise ValueError("the model was converted with keep_original=False: the BF16 layers are gone; reload "
+                         "the model instead")
+    found = converted_blocks(model)
+    for name, block, state in found:
+        if vars(block).get("forward") is not state.forward and state.forward is not None:
+            raise ValueError(f"{name}.forward was replaced after the conversion (a hook?): remove that first")
+    for _, block, state in found:
+        for rel, original in state.originals.items():
+            current = block.get_submodule(rel)
+            if isinstance(current, NVFP4Linear):  # follow a model.to(device) made after the conversion
+                original.to(current.weight_packed.device)
+            _set_submodule(block, rel, original)
+        if state.forward is not None:
+            del block.forward
+        delattr(block, STATE_ATTR)
+    delattr(model, MODEL_ATTR)
+    return model
+
+
+def set_mode(model: torch.nn.Module, mode: str) -> None:
+    """Switch a converted model between "fused" and "unfused" (same NVFP4 weights, nothing re-quantized)."""
+    check_mode(mode)
+    for _, _, state in converted_blocks(model):
+        state.mode = mode
+    getattr(model, MODEL_ATTR).mode = mode
+
+
+def fused_path_stats(model: torch.nn.Module, *, per_block: bool = False, reset: bool = False) -> Dict[str, Any]:
+    """How the converted blocks' streams ran since the conversion (or the last reset): {"fused": n, "unfused":
+    n, "fallback": n, "decline_reasons": {reason: n}} summed over blocks and streams, plus "blocks": {name:
+    {stream: StreamStats}} with ``per_block=True``. ``reset=True`` zeroes the counters (after reading them)."""
+    total = {"fused": 0, "unfused": 0, "fallback": 0, "decline_reasons": collections.Counter()}
+    per = {}
+    for name, _, state in converted_blocks(model):
+        if not state.stats:  # a block converted for linears="all" only, without the segment
+            continue
+        for s in state.stats.values():
+            total["fused"] += s.fused
+            total["unfused"] += s.unfused
+            total["fallback"] += s.fallback
+            total["decline_reasons"].update(s.decline_reasons)
+        if per_block:
+            per[name] = {k: StreamStats(v.fused, v.unfused, v.fallback, collections.Counter(v.decline_reasons))
+                         for k, v in state.stats.items()}
+        if reset:
+            for s in state.stats.values():
+                s.reset()
+    total["decline_reasons"] = dict(total["decline_reasons"])
+    if per_block:
+        total["blocks"] = per
+    return total
+
+
+def stream_names(spec: ModelSpec) -> Sequence[str]:
+    return [s.name for s in spec.streams]

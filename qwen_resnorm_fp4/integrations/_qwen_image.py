@@ -1,0 +1,116 @@
+"""diffusers' Qwen-Image (``QwenImageTransformer2DModel``, Qwen-Image and Qwen-Image-Edit): where the segment is.
+
+In every ``QwenImageTransformerBlock``, both streams (image: ``img_norm2`` / ``img_mlp``; text: ``txt_norm2`` /
+``txt_mlp``) run diffusers'::
+
+    hidden_states = hidden_states + gate1 * attn_output
+    normed2 = norm2(hidden_states)                              # LayerNorm, no affine
+    modulated2, gate2 = self._modulate(normed2, mod2, index)    # * (1 + scale2) + shift2
+    hidden_states = hidden_states + gate2 * mlp(modulated2)     # FeedForward: FC1, GELU(tanh), FC2
+
+The converted forward below is diffusers' ``QwenImageTransformerBlock.forward`` (diffusers>=0.42.1,<0.43) with
+those lines replaced by :func:`~qwen_resnorm_fp4.integrations._dit_core.ffn_segment` and the update.
+``modulate_index`` (zero_cond_t: condition-image tokens take rows B + b of the [2B, D] parameters) is served.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ._dit_core import ModelSpec, StreamSpec, ffn_segment
+
+Tensor = torch.Tensor
+
+
+def _gate_rows(gate: Tensor, index: Optional[Tensor]) -> Tensor:
+    """The ``gate_result`` of diffusers' ``QwenImageTransformerBlock._modulate`` (same operations)."""
+    if index is not None:
+        actual_batch = gate.size(0) // 2
+        gate_0, gate_1 = gate[:actual_batch], gate[actual_batch:]
+        index_expanded = index.unsqueeze(-1)
+        return torch.where(index_expanded == 0, gate_0.unsqueeze(1), gate_1.unsqueeze(1))
+    return gate.unsqueeze(1)
+
+
+def _mlp_half(block: torch.nn.Module, stream: str, hidden_states: Tensor, attn_output: Tensor, mod1: Tensor,
+              mod2: Tensor, index: Optional[Tensor]) -> Tensor:
+    """One stream from the attention output to the end of the block."""
+    _shift1, _scale1, gate1 = mod1.chunk(3, dim=-1)
+    shift2, scale2, gate2 = mod2.chunk(3, dim=-1)
+    if index is not None and not isinstance(index, torch.Tensor):
+        index = torch.as_tensor(index, device=hidden_states.device)
+    residual_out, mlp_output = ffn_segment(block, stream, hidden_states, attn_output, gate1, scale2, shift2,
+                                           index=index)
+    return residual_out + _gate_rows(gate2, index) * mlp_output
+
+
+def _converted_block_forward(
+    self,
+    hidden_states: Tensor,
+    encoder_hidden_states: Tensor,
+    encoder_hidden_states_mask: Tensor,
+    temb: Tensor,
+    image_rotary_emb: Optional[Tuple[Tensor, Tensor]] = None,
+    joint_attention_kwargs: Optional[Dict[str, Any]] = None,
+    modulate_index: Optional[List[int]] = None,
+) -> Tuple[Tensor, Tensor]:
+    """diffusers' QwenImageTransformerBlock.forward (diffusers>=0.42.1,<0.43), with the norm2 + MLP segment of
+    each stream replaced by :func:`_mlp_half`. Lines outside that segment are diffusers' own."""
+    # Get modulation parameters for both streams
+    img_mod_params = self.img_mod(temb)  # [B, 6*dim]
+
+    if self.zero_cond_t:
+        temb = torch.chunk(temb, 2, dim=0)[0]
+    txt_mod_params = self.txt_mod(temb)  # [B, 6*dim]
+
+    # Split modulation parameters for norm1 and norm2
+    img_mod1, img_mod2 = img_mod_params.chunk(2, dim=-1)  # Each [B, 3*dim]
+    txt_mod1, txt_mod2 = txt_mod_params.chunk(2, dim=-1)  # Each [B, 3*dim]
+
+    # Process image stream - norm1 + modulation
+    img_normed = self.img_norm1(hidden_states)
+    img_modulated, img_gate1 = self._modulate(img_normed, img_mod1, modulate_index)
+
+    # Process text stream - norm1 + modulation
+    txt_normed = self.txt_norm1(encoder_hidden_states)
+    txt_modulated, txt_gate1 = self._modulate(txt_normed, txt_mod1)
+
+    joint_attention_kwargs = joint_attention_kwargs or {}
+    attn_output = self.attn(
+        hidden_states=img_modulated,  # Image stream (will be processed as "sample")
+        encoder_hidden_states=txt_modulated,  # Text stream (will be processed as "context")
+        encoder_hidden_states_mask=encoder_hidden_states_mask,
+        image_rotary_emb=image_rotary_emb,
+        **joint_attention_kwargs,
+    )
+
+    # QwenAttnProcessor2_0 returns (img_output, txt_output) when encoder_hidden_states is provided
+    img_attn_output, txt_attn_output = attn_output
+
+    # --- changed: attention gate + residual, norm2 + modulation, MLP, gate + residual ---
+    # (img_gate1 / txt_gate1 from _modulate are what diffusers multiplies here; the segment takes the gate
+    # chunk of img_mod1 / txt_mod1 with modulate_index instead, the same rows.)
+    del img_gate1, txt_gate1
+    hidden_states = _mlp_half(self, "img", hidden_states, img_attn_output, img_mod1, img_mod2, modulate_index)
+    encoder_hidden_states = _mlp_half(self, "txt", encoder_hidden_states, txt_attn_output, txt_mod1, txt_mod2, None)
+    # --- end of the changed segment ---
+
+    # Clip to prevent overflow for fp16
+    if encoder_hidden_states.dtype == torch.float16:
+        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+    if hidden_states.dtype == torch.float16:
+        hidden_states = hidden_states.clip(-65504, 65504)
+
+    return encoder_hidden_states, hidden_states
+
+
+SPEC = ModelSpec(
+    label="Qwen-Image",
+    model_class="QwenImageTransformer2DModel",
+    block_class="QwenImageTransformerBlock",
+    streams=(StreamSpec("img", "img_norm2", "img_mlp"), StreamSpec("txt", "txt_norm2", "txt_mlp")),
+    block_forward=_converted_block_forward,
+    block_attrs=("img_mod", "txt_mod", "img_norm1", "txt_norm1", "attn", "_modulate", "zero_cond_t"),
+)

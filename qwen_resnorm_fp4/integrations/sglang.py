@@ -1,0 +1,95 @@
+"""A drop-in for SGLang's ``try_fused_scale_residual_norm_scale_shift_nvfp4``.
+
+SGLang (0.5.23: ``sglang/kernels/kda_kernels/norm_scale_shift_jit.py``, called from
+``sglang/multimodal_gen/runtime/models/dits/qwen_image.py``, ``_try_nvfp4_resnorm_quant``) computes, for the
+MLP half of a Qwen-Image block::
+
+    residual_out = residual + gate * (x + input_bias)
+    y = LayerNorm(residual_out) * (1 + scale) + shift          -> NVFP4(y, global_scale) for FC1
+
+and returns ``((packed, scales), residual_out)``, or ``None`` so that the caller runs its unfused code. Its
+kernel serves only width 3072, batch 1, B200-class GPUs (sm_10x), eager mode outside CUDA-graph capture, a
+LayerNorm without affine parameters, bf16 [D]-shaped parameters with an ``input_bias``, and the fast-math
+quantizer; it declines everything else.
+
+:func:`try_fused_scale_residual_norm_scale_shift_nvfp4` has the same parameters in the same order and the
+same return value, and serves much more through ``qwen_resnorm_fp4.try_fused_resnorm_quant``: Hopper and
+Blackwell, any batch (scale/shift [B, 1, D] or [B, D]), any width the op supports (a multiple of 64),
+``torch.compile`` and CUDA-graph capture, an affine LayerNorm (``weight`` / ``bias``), no ``input_bias``,
+fp32 parameters, both quantizer modes (FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH select the exact one,
+as for the production quantizer). It declines (returns ``None``, the reason in
+``qwen_resnorm_fp4.last_decline_reason()``) what the op cannot serve: ``norm_type`` other than ``"layer"``
+(e.g. ``"rms"``: "unsupported_norm"), a scalar ``gate`` other than 1 or per-token modulation
+("unsupported_modulation"), CPU tensors unless ``allow_cpu=True`` ("cpu_tensors"), the 4over6 recipe, and
+the rest of the gate's reasons.
+
+Parameter meanings (SGLang's): ``residual``, ``x``: bf16 [B, S, D]; ``input_bias``: the attention output's
+bias, added to ``x`` before the gate, or None; ``gate``: the attention gate ([B, 1, D] or [D]) or the int 1
+for an ungated update (SGLang's ``ScaleResidualNormScaleShift`` convention; None means the same);
+``weight``, ``bias``: the norm's affine parameters or None; ``scale``, ``shift``: the adaLN modulation as SGLang
+passes them, [B, 1, D]; ``global_scale``: FC1's ``input_scale_inv`` (448 * 6 / input amax), a float32
+one-element tensor; ``norm_type``: "layer" or "rms"; ``eps``: the norm's epsilon.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+import qwen_resnorm_fp4 as _q
+
+Tensor = torch.Tensor
+
+#: SGLang's norm_type for a LayerNorm (its other value, "rms", is an RMSNorm).
+LAYER_NORM_TYPE = "layer"
+
+
+class _PrequantizedFC1(NamedTuple):
+    """What the fused path needs of FC1: its width and its input global scale."""
+
+    in_features: int
+    input_global_scale: Tensor
+
+
+def try_fused_scale_residual_norm_scale_shift_nvfp4(
+    residual: Tensor,
+    x: Tensor,
+    input_bias: Optional[Tensor],
+    gate,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    scale: Tensor,
+    shift: Tensor,
+    global_scale: Tensor,
+    norm_type: str,
+    eps: float,
+    *,
+    allow_cpu: bool = False,
+    fast_math: Optional[bool] = None,
+) -> Optional[Tuple[Tuple[Tensor, Tensor], Tensor]]:
+    """SGLang's function of this name, served by the fused kernel (see the module docstring).
+
+    Returns ``((packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16]), residual_out bf16 like x)`` or
+    ``None`` (then ``qwen_resnorm_fp4.last_decline_reason()`` says why). ``allow_cpu``: run the pure-PyTorch
+    reference on CPU tensors. ``fast_math``: the quantizer's mode (None: the environment)."""
+    if gate is None or (type(gate) is int and gate == 1):  # an ungated update: fma(a, 1, residual)
+        gate = torch.ones(scale.shape, dtype=scale.dtype, device=scale.device) if isinstance(scale, Tensor) else 1
+    if norm_type == LAYER_NORM_TYPE and weight is None and bias is None:
+        norm = None  # the common case: a LayerNorm without affine parameters, epsilon eps
+    else:  # any other norm_type (e.g. "rms") declines as a non-LayerNorm
+        kind = "layernorm" if norm_type == LAYER_NORM_TYPE else norm_type
+        norm = {"type": kind, "weight": weight, "bias": bias, "eps": eps}
+    if isinstance(global_scale, Tensor) and global_scale.dim() != 1 and global_scale.numel() == 1:
+        global_scale = global_scale.reshape(1)
+    width = x.shape[-1] if isinstance(x, Tensor) and x.dim() > 0 else 0
+    result = _q.try_fused_resnorm_quant(residual, x, gate, scale, shift, _PrequantizedFC1(width, global_scale),
+                                        bias=input_bias, eps=eps, norm=norm, allow_cpu=allow_cpu,
+                                        fast_math=fast_math)
+    if result is None:
+        return None
+    packed_scales, residual_out, _ = result
+    return packed_scales, residual_out
+
+
+__all__ = ["try_fused_scale_residual_norm_scale_shift_nvfp4", "LAYER_NORM_TYPE"]

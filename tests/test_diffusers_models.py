@@ -1,0 +1,259 @@
+"""diffusers' Qwen-Image 2.1, FLUX.1 and Wan transformers (and Qwen-Image with linears="all") converted to NVFP4
++ the fused path: fused and unfused outputs byte-identical, every segment counted, restore exact.
+
+CPU tests (skipped when diffusers is not importable): small models (width 64, 1-2 blocks, random bf16 weights),
+batch 2, ``linears="fc1"`` and ``"all"``; Qwen-Image 2.1 with target_token_mask (causal_condition, a condition
+image) and without; Wan 2.1 modulation ([B, 1, D]: fused) and Wan 2.2 TI2V per-token modulation (timestep
+[B, S]: the fused path declines "unsupported_modulation" and the unfused chain serves it, same bytes).
+
+GPU tests (marked gpu; need CUDA and the compiled library): the real widths (Qwen-Image 2.1 4096, FLUX.1 3072,
+Wan 1536 and 5120), 1-2 blocks, a few hundred tokens: fused == unfused bytes, exactly one kernel launch fewer
+per converted segment, and the relative error against the BF16 model printed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import pytest
+import torch
+
+import qwen_resnorm_fp4.integrations.diffusers as qd
+from qwen_resnorm_fp4 import NVFP4Linear, _library
+from reliability_utils import rel_err
+from test_diffusers_integration import SKIP_REASON, _kernel_names, build_small, calibration, make_inputs, sha256
+
+needs_diffusers = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+GPU_OK = torch.cuda.is_available() and _library.cuda_available()
+
+
+def _classes():
+    if SKIP_REASON is not None:
+        return None
+    import diffusers
+
+    return diffusers
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Models and inputs: (builder, list of input dicts, segments per forward)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def qwen21(width_heads: int, head_dim: int, layers: int, causal_condition: bool, *, device: str = "cpu",
+           batch: int = 2, target_hw: Tuple[int, int] = (4, 4), seed: int = 0):
+    """Qwen-Image 2.1 and one input: 6 text slots with a condition image (2 slots = 8 tokens) inside, then the
+    target image (target_hw tokens, 4 per slot)."""
+    torch.manual_seed(seed)
+    ctx = 32 if head_dim == 32 else 3584
+    with torch.device(device):
+        model = _classes().QwenImage21Transformer2DModel(
+            patch_size=1, in_channels=16, out_channels=16, num_layers=layers, attention_head_dim=head_dim,
+            num_attention_heads=width_heads, context_in_dim=ctx, axes_dims_rope=(8, 12, 12) if head_dim == 32 else
+            (16, 56, 56), causal_condition=causal_condition)
+    model = model.to(torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    text, target = 6, target_hw[0] * target_hw[1]
+    img_mask = torch.zeros(batch, text + target // 4, dtype=torch.bool)
+    img_mask[:, 2:4] = True
+    img_mask[:, text:] = True
+    inp = dict(hidden_states=torch.randn(batch, 8 + target, 16, generator=g).to(torch.bfloat16).to(device),
+               encoder_hidden_states=torch.randn(batch, text, ctx, generator=g).to(torch.bfloat16).to(device),
+               timestep=torch.rand(batch, generator=g).to(device), img_shapes=[[(1, 2, 4), (1, *target_hw)]] * batch,
+               img_mask=img_mask.to(device), return_dict=False)
+    return model, [inp], layers
+
+
+def flux(heads: int, head_dim: int, layers: int, *, device: str = "cpu", batch: int = 2, tokens: int = 16,
+         text: int = 7, seed: int = 0):
+    torch.manual_seed(seed)
+    ctx, pooled = (32, 16) if head_dim == 32 else (4096, 768)
+    with torch.device(device):
+        model = _classes().FluxTransformer2DModel(
+            patch_size=1, in_channels=16, out_channels=16, num_layers=layers, num_single_layers=1,
+            attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=ctx,
+            pooled_projection_dim=pooled, guidance_embeds=False,
+            axes_dims_rope=(8, 12, 12) if head_dim == 32 else (16, 56, 56))
+    model = model.to(torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    inp = dict(hidden_states=torch.randn(batch, tokens, 16, generator=g).to(torch.bfloat16).to(device),
+               encoder_hidden_states=torch.randn(batch, text, ctx, generator=g).to(torch.bfloat16).to(device),
+               pooled_projections=torch.randn(batch, pooled, generator=g).to(torch.bfloat16).to(device),
+               timestep=torch.rand(batch, generator=g).to(device), img_ids=torch.zeros(tokens, 3, device=device),
+               txt_ids=torch.zeros(text, 3, device=device), return_dict=False)
+    return model, [inp], 2 * layers
+
+
+def wan(heads: int, head_dim: int, ffn_dim: int, layers: int, per_token: bool, *, device: str = "cpu",
+        batch: int = 2, frames: int = 2, hw: int = 8, seed: int = 0):
+    """Wan and one input: latents [B, 4, frames, hw, hw] (patch 1x2x2); ``per_token``: a timestep per token
+    (Wan 2.2 TI2V), else one per sample."""
+    torch.manual_seed(seed)
+    text_dim = 32 if head_dim == 32 else 4096
+    with torch.device(device):
+        model = _classes().WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim, in_channels=4,
+            out_channels=4, text_dim=text_dim, freq_dim=32 if head_dim == 32 else 256, ffn_dim=ffn_dim,
+            num_layers=layers, rope_max_seq_len=32 if head_dim == 32 else 1024)
+    model = model.to(torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    tokens = frames * (hw // 2) ** 2
+    timestep = torch.rand(batch, tokens, generator=g) * 1000 if per_token else torch.rand(batch, generator=g) * 1000
+    inp = dict(hidden_states=torch.randn(batch, 4, frames, hw, hw, generator=g).to(torch.bfloat16).to(device),
+               encoder_hidden_states=torch.randn(batch, 7, text_dim, generator=g).to(torch.bfloat16).to(device),
+               timestep=timestep.to(device), return_dict=False)
+    return model, [inp], layers
+
+
+def qwen_image(zero_cond_t: bool):
+    return build_small(zero_cond_t), [make_inputs(2, 7, zero_cond_t, small=True, seed=5)], 2 * 2
+
+
+SMALL_CASES: Dict[str, Callable] = {
+    "qwen_image21_masked": lambda: qwen21(2, 32, 2, True),
+    "qwen_image21_unmasked": lambda: qwen21(2, 32, 1, False),
+    "flux": lambda: flux(2, 32, 1),
+    "wan21": lambda: wan(2, 32, 128, 2, False),
+    "qwen_image_zero_cond_t": lambda: qwen_image(True),
+}
+
+
+def run(model, inp) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inp)[0]
+
+
+def check_fused_equals_unfused(model, inputs: List[Dict[str, Any]], segments: int, *, linears: str,
+                               allow_cpu: bool, device: str, expect_fused: bool = True) -> List[str]:
+    """Originals, calibrated conversion, fused == unfused (bytes) with every segment counted, on CUDA one launch
+    fewer per segment, restore gives the originals back. Returns report lines."""
+    originals = [run(model, inp) for inp in inputs]
+    qd.convert_transformer(model, mode="fused", linears=linears, calibration_inputs=inputs, allow_cpu=allow_cpu)
+    lines = []
+    try:
+        info = qd.conversion_info(model)
+        assert info.linears == linears and info.model_type == type(model).__name__
+        assert set(info.input_amax) == set(qd.linear_names(model, linears))
+        for name in info.input_amax:
+            assert isinstance(model.get_submodule(name), NVFP4Linear), name
+        if linears == "all":
+            assert len(info.input_amax) > len(qd.fc1_names(model))
+        for inp, original in zip(inputs, originals):
+            qd.set_mode(model, "fused")
+            fused = run(model, inp)
+            stats = qd.fused_path_stats(model, reset=True)
+            if expect_fused:
+                assert stats == {"fused": segments, "unfused": 0, "fallback": 0, "decline_reasons": {}}, stats
+            else:
+                assert stats == {"fused": 0, "unfused": 0, "fallback": segments,
+                                 "decline_reasons": {"unsupported_modulation": segments}}, stats
+            qd.set_mode(model, "unfused")
+            unfused = run(model, inp)
+            assert qd.fused_path_stats(model, reset=True)["unfused"] == segments
+            assert torch.equal(fused, unfused) and sha256(fused) == sha256(unfused)
+            assert torch.isfinite(fused.float()).all()
+            err = rel_err(fused, original)
+            assert 0 < err < 0.5, err
+            lines.append(f"{type(model).__name__} linears={linears}: rel. error vs BF16 {err:.4f}, "
+                         f"sha256 {sha256(fused)[:16]} (fused and unfused)")
+        if device == "cuda":
+            inp = inputs[-1]
+            qd.set_mode(model, "fused")
+            fused_k = _kernel_names(lambda: run(model, inp))
+            qd.set_mode(model, "unfused")
+            unfused_k = _kernel_names(lambda: run(model, inp))
+            count = lambda names, s: sum(s in n for n in names)  # noqa: E731
+            assert count(fused_k, "resnorm_quant") == segments, fused_k
+            assert count(unfused_k, "resnorm_kernel") == segments, unfused_k
+            assert len(unfused_k) - len(fused_k) == segments, (len(unfused_k), len(fused_k))
+            lines.append(f"{type(model).__name__}: launches per forward fused {len(fused_k)}, unfused "
+                         f"{len(unfused_k)} ({segments} segments)")
+    finally:
+        qd.restore_transformer(model)
+    for inp, original in zip(inputs, originals):
+        assert torch.equal(run(model, inp), original)
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------------------
+# CPU
+# ------------------------------------------------------------------------------------------------------------
+
+
+@needs_diffusers
+@pytest.mark.parametrize("linears", ["fc1", "all"])
+@pytest.mark.parametrize("case", list(SMALL_CASES))
+def test_small_model_fused_equals_unfused_cpu(case, linears):
+    model, inputs, segments = SMALL_CASES[case]()
+    check_fused_equals_unfused(model, inputs, segments, linears=linears, allow_cpu=True, device="cpu")
+
+
+@needs_diffusers
+def test_wan_per_token_modulation_falls_back_cpu():
+    """Wan 2.2 TI2V (a timestep per token): per-token modulation, declined by the fused path, served unfused."""
+    model, inputs, segments = wan(2, 32, 128, 1, True)
+    check_fused_equals_unfused(model, inputs, segments, linears="fc1", allow_cpu=True, device="cpu",
+                               expect_fused=False)
+
+
+@needs_diffusers
+def test_qwen_image21_swiglu_inputs_share_one_scale():
+    model, inputs, _ = qwen21(2, 32, 1, True)
+    names = qd.fc1_names(model)
+    assert names == ["transformer_blocks.0.img_mlp.proj", "transformer_blocks.0.img_mlp.gate_layer"]
+    amax = qd.calibrate_input_amax(model, inputs)
+    assert amax[names[0]] == amax[names[1]] > 0  # one input: the modulated activation
+    with pytest.raises(ValueError, match="one input amax"):
+        qd.convert_qwen_image21_transformer(model, input_amax={names[0]: 1.0, names[1]: 2.0})
+    assert qd.conversion_info(model) is None
+    qd.convert_qwen_image21_transformer(model, input_amax=amax, allow_cpu=True)
+    try:
+        proj, gate_layer = (model.get_submodule(n) for n in names)
+        assert torch.equal(proj.input_global_scale, gate_layer.input_global_scale)
+    finally:
+        qd.restore_transformer(model)
+
+
+@needs_diffusers
+def test_model_specific_converters_refuse_other_models():
+    model, _, _ = flux(2, 32, 1)
+    for convert in (qd.convert_qwen_image_transformer, qd.convert_qwen_image21_transformer,
+                    qd.convert_wan_transformer):
+        with pytest.raises(TypeError, match="model must be a diffusers"):
+            convert(model, input_amax=1.0)
+    with pytest.raises(TypeError, match="FluxTransformer2DModel"):
+        qd.convert_transformer(torch.nn.Linear(64, 64), input_amax=1.0)
+    with pytest.raises(ValueError, match="linears"):
+        qd.convert_flux_transformer(model, input_amax=1.0, linears="attention")
+    assert qd.conversion_info(model) is None
+    # linears="all" reaches the single-stream blocks too (their forward stays diffusers' own)
+    names = qd.linear_names(model, "all")
+    assert any(n.startswith("single_transformer_blocks.0.") for n in names)
+    assert "transformer_blocks.0.attn.to_q" in names and "transformer_blocks.0.ff.net.2" in names
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GPU: the real widths
+# ------------------------------------------------------------------------------------------------------------
+
+GPU_CASES: Dict[str, Callable] = {
+    "qwen_image21_4096": lambda: qwen21(32, 128, 2, True, device="cuda", target_hw=(16, 16)),
+    "flux_3072": lambda: flux(24, 128, 2, device="cuda", tokens=256, text=77),
+    "wan_1536": lambda: wan(12, 128, 8960, 2, False, device="cuda", frames=2, hw=16),
+    "wan_5120": lambda: wan(40, 128, 13824, 1, False, device="cuda", frames=2, hw=16),
+}
+
+
+@pytest.mark.gpu
+@needs_diffusers
+@pytest.mark.skipif(not GPU_OK, reason="needs a CUDA GPU and the compiled library")
+@pytest.mark.parametrize("linears", ["fc1", "all"])
+@pytest.mark.parametrize("case", list(GPU_CASES))
+def test_gpu_real_width_fused_equals_unfused(case, linears, capsys):
+    model, inputs, segments = GPU_CASES[case]()
+    lines = check_fused_equals_unfused(model, inputs, segments, linears=linears, allow_cpu=False, device="cuda")
+    with capsys.disabled():
+        print()
+        for line in lines:
+            print(f"  {case}: {line}")
