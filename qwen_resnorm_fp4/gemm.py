@@ -51,6 +51,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from . import _library, reference
+from .api import _aligned
 from .layout import round_up
 
 Tensor = torch.Tensor
@@ -174,8 +175,6 @@ def dequantize_to_bf16(packed: Tensor, scales: Tensor) -> Tensor:
     [2^-10, 2688] or are zero. The CUDA kernel (16-byte loads and stores) where the compiled library has
     one for the device, else :func:`dequantize_to_bf16_reference`; both write the same bytes."""
     check_dequantize_args(packed, scales)
-    from .api import _aligned  # api imports nothing from here; kept local to leave the import order alone
-
     if _library.has_kernel("nvfp4_dequantize_bf16", packed.device.type):
         return torch.ops.qwen_fp4.nvfp4_dequantize_bf16(_aligned(packed), _aligned(scales))
     return dequantize_to_bf16_reference(packed, scales)
