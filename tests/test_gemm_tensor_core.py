@@ -333,19 +333,16 @@ def test_gpu_tensor_core_cuda_graph(cache):
     layer = NVFP4Linear.from_linear(torch.nn.Linear(3072, 320).bfloat16().cuda(), 6.0, gemm_backend="tensor_core",
                                     cache_dequantized_weight=cache)
     x = torch.randn(256, 3072, device="cuda").bfloat16()
-    eager = layer(x)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            layer(x)
-    torch.cuda.current_stream().wait_stream(s)
+    layer(x)  # the first eager call: cuBLAS handle and workspace, the host alpha
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = layer(x)
+    fresh = torch.randn_like(x)
+    x.copy_(fresh)  # replay on new data in the captured input
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
+    assert torch.equal(captured, layer(fresh))
 
 
 @gpu
