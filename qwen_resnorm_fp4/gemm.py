@@ -209,7 +209,7 @@ def _mm_fp32_out(a: Tensor, b: Tensor) -> Tensor:
     if a.is_cuda:
         try:
             return torch.mm(a, b, out_dtype=torch.float32)
-        except (TypeError, NotImplementedError):  # a torch without mm's out_dtype
+        except (TypeError, NotImplementedError, RuntimeError):  # a torch without mm's out_dtype for these dtypes
             pass
     # fp32 (or TF32: 10 mantissa bits) holds these operands exactly, so this is the same product
     return torch.mm(a.float(), b.float())
