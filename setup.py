@@ -154,7 +154,7 @@ def extension_modules():
         return [], {}
 
     archs = cuda_archs()
-    sources = ["csrc/registration.cpp", "csrc/ops.cpp", "csrc/launch_portable.cu"]
+    sources = ["csrc/registration.cpp", "csrc/ops.cpp", "csrc/launch_portable.cu", "csrc/nvfp4_dequantize.cu"]
     include_dirs = [str(ROOT / "csrc")]
     # torch adds Py_LIMITED_API itself for py_limited_api; USE_CUDA declares the CUDA parts of the shim.
     defines = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}", "-DUSE_CUDA"]

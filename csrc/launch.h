@@ -93,6 +93,11 @@ bool blackwell_kernels_usable(int device_index);
 void launch_resnorm_quant_blackwell(const ResnormArgs& args, bool fast_math, void* stream);
 void launch_nvfp4_quantize_blackwell(const QuantizeArgs& args, bool fast_math, void* stream);
 
+// NVFP4 -> exact bf16 (e2m1 * e4m3 scale, no global scale), csrc/nvfp4_dequantize.cu: packed [rows, cols / 2]
+// (16-byte aligned), scales in the 128x4 layout (2-byte aligned), out bf16 [rows, cols]; cols % 64 == 0.
+void launch_nvfp4_dequantize_bf16(const uint8_t* packed, const uint8_t* scales, void* out, int64_t rows,
+                                  int32_t cols, void* stream);
+
 // Throws std::runtime_error on a CUDA error of the last launch.
 void check_launch(const char* what);
 

@@ -303,4 +303,31 @@ Tensor e2m1_codes_cuda(const Tensor& x, bool toolkit) {
   return out;
 }
 
+Tensor nvfp4_dequantize_bf16_cuda(const Tensor& packed, const Tensor& scales) {
+  STD_TORCH_CHECK(packed.is_cuda(), "qwen_fp4: packed must be a CUDA tensor for the CUDA kernel");
+  check_cuda_tensor("packed", packed, packed, /*vector_access=*/true, "packed");
+  check_cuda_tensor("scales", scales, packed, /*vector_access=*/false, "packed");
+  STD_TORCH_CHECK(packed.scalar_type() == ScalarType::Byte, "qwen_fp4: packed must be uint8, got ",
+                  dtype_name(packed.scalar_type()));
+  const ScalarType st = scales.scalar_type();
+  STD_TORCH_CHECK(st == ScalarType::Byte || st == ScalarType::Float8_e4m3fn,
+                  "qwen_fp4: scales must be uint8 or float8_e4m3fn, got ", dtype_name(st));
+  STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(scales.data_ptr()) % 2 == 0,
+                  "qwen_fp4: scales must be 2-byte aligned (a view at an odd offset? pass a copy)");
+  STD_TORCH_CHECK(packed.dim() == 2, "qwen_fp4: packed must be [rows, K/2], got shape ", shape_str(packed));
+  const int64_t rows = packed.size(0), cols = packed.size(1) * 2;
+  STD_TORCH_CHECK(cols > 0 && cols % 64 == 0, "qwen_fp4: packed.shape[1] * 2 (K) must be a positive multiple of 64, got ",
+                  cols);
+  STD_TORCH_CHECK(cols <= (int64_t(1) << 30), "qwen_fp4: K is too large (", cols, ")");
+  STD_TORCH_CHECK(scales.numel() >= round_up_128(rows) * (cols / 16), "qwen_fp4: scales has ", scales.numel(),
+                  " bytes, ", round_up_128(rows) * (cols / 16), " needed for ", rows, " rows of K = ", cols,
+                  " in the 128x4 layout");
+  torch::stable::accelerator::DeviceGuard guard(packed.get_device_index());
+  Tensor out = empty_cuda(packed, {rows, cols}, aoti_torch_dtype_bfloat16());
+  launch_nvfp4_dequantize_bf16(static_cast<const uint8_t*>(packed.data_ptr()),
+                               static_cast<const uint8_t*>(scales.data_ptr()), out.data_ptr(), rows,
+                               static_cast<int32_t>(cols), current_stream(packed));
+  return out;
+}
+
 }  // namespace qwen_fp4

@@ -29,4 +29,6 @@ Tensor rcp_approx_cuda(const Tensor& x);
 
 Tensor e2m1_codes_cuda(const Tensor& x, bool toolkit);
 
+Tensor nvfp4_dequantize_bf16_cuda(const Tensor& packed, const Tensor& scales);
+
 }  // namespace qwen_fp4

@@ -5,6 +5,8 @@
 - ``demo``: one Qwen-Image-shaped step (image and text streams), fused vs unfused byte-exact check,
   dequantization error, time per call. Exits 1 if fused and unfused are not byte-exact.
 - ``bench``: the benchmark (GPU only, see :mod:`qwen_resnorm_fp4.bench`).
+- ``bench-gemm``, ``bench-model``: the NVFP4 GEMM paths and a diffusers Qwen-Image transformer against BF16
+  (GPU only, see :mod:`qwen_resnorm_fp4.bench_gemm`).
 """
 
 from __future__ import annotations
@@ -281,7 +283,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m qwen_resnorm_fp4",
                                 description="qwen-resnorm-fp4: fused residual + LayerNorm + adaLN + NVFP4 quantization.")
-    sub = p.add_subparsers(dest="command", metavar="{info,demo,bench}")
+    sub = p.add_subparsers(dest="command", metavar="{info,demo,bench,bench-gemm,bench-model}")
     sub.required = True
     pi = sub.add_parser("info", help="versions, build, GPU and kernel path, environment switches")
     pi.add_argument("--json", action="store_true", help="print JSON")
@@ -295,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--reps", type=int, default=None, help="timed calls (default 50 on GPU, 3 on CPU)")
     pd.add_argument("--json", action="store_true", help="print the results as JSON only")
     sub.add_parser("bench", help="benchmark (GPU only): python -m qwen_resnorm_fp4 bench --help", add_help=False)
+    for name, what in (("bench-gemm", "NVFP4 GEMM paths vs BF16"), ("bench-model", "Qwen-Image transformer vs BF16")):
+        sub.add_parser(name, help=f"{what} (GPU only): python -m qwen_resnorm_fp4 {name} --help", add_help=False)
     return p
 
 
@@ -304,6 +308,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from . import bench
 
         return bench.main(argv[1:])
+    if argv and argv[0] in ("bench-gemm", "bench-model"):  # likewise
+        from . import bench_gemm
+
+        return bench_gemm.main(argv)
     args = build_parser().parse_args(argv)
     if args.command == "info":
         return cmd_info(args)

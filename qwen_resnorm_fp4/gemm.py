@@ -5,54 +5,73 @@ their 128x4-swizzled E4M3 block scales (what :func:`~qwen_resnorm_fp4.resnorm_qu
 :func:`~qwen_resnorm_fp4.nvfp4_quantize` and the production ``fp4_quantize`` write) and an NVFP4 layer's
 weights (:class:`~qwen_resnorm_fp4.linear.NVFP4Linear`).
 
-Two paths:
+Three paths (``backend``):
 
 - **FlashInfer** (``mm_fp4``) on CUDA GPUs of compute capability 10.x, 11.x or 12.x (Blackwell) when
   ``flashinfer`` imports. The GEMM takes ``a`` = packed [M, K/2], ``b`` = the weight's column-major view
   [K/2, N], ``a_descale`` = the activation scales [round_up(M, 128), K/16] and ``b_descale`` = the weight
-  scales' transposed view [K/16, round_up(N, 128)], both uint8, ``alpha = 1 / (input_global_scale *
-  weight_global_scale)`` and a bf16/fp16 output. FlashInfer's CUTLASS kernel needs K and N to be
-  multiples of 32: K is a multiple of 64 here (the quantizer's own rule), N is zero-padded to a multiple
-  of 32 (a copy of the packed weight, made once and cached on the layer; the scale tensor already has
-  round_up(N, 128) rows), and the output is sliced back to ``out_features`` columns. M needs no padding:
-  the scale tensor carries round_up(M, 128) rows. The ``"trtllm"`` backend is refused: it needs weights
-  prepared with ``do_shuffle=True``, which these are not.
-- **portable** everywhere else (CPU, Hopper, no FlashInfer), or with ``backend="portable"``: both operands
+  scales' transposed view [K/16, round_up(N, 128)], both uint8, ``alpha`` and a bf16/fp16 output.
+  FlashInfer's CUTLASS kernel needs K and N to be multiples of 32: K is a multiple of 64 here (the
+  quantizer's own rule), N is zero-padded to a multiple of 32 (a copy of the packed weight, made once and
+  cached on the layer; the scale tensor already has round_up(N, 128) rows), and the output is sliced back to
+  ``out_features`` columns. M needs no padding: the scale tensor carries round_up(M, 128) rows. The
+  ``"trtllm"`` backend is refused: it needs weights prepared with ``do_shuffle=True``, which these are not.
+- **tensor_core** (the default on other CUDA GPUs, e.g. Hopper): both operands become their exact bf16 values
+  without the global scale, ``e2m1 * e4m3`` (:func:`dequantize_to_bf16`, a CUDA kernel; at most 6 significant
+  bits in [2^-10, 2688], so exact in bf16), and one bf16 tensor-core GEMM with fp32 accumulation computes
+  ``round_to_out_dtype(acc * alpha (+ bias))``: alpha (fp32) applied once to the fp32 accumulator, bias added
+  in fp32, one rounding. That is what a Blackwell block-scaled FP4 MMA computes, up to the order of the fp32
+  accumulation. cuBLAS does it in its epilogue (``addmm`` with ``alpha``), with reduced-precision split-K
+  reductions turned off for the call (``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``,
+  restored afterwards); for a float32 bias or a float16/float32 output the fp32 product is written and one
+  elementwise pass applies alpha, bias and the cast. The weight operand is dequantized on every call (N * K * 2
+  bytes written and read again) unless the layer has ``cache_dequantized_weight=True``, which keeps it.
+- **reference** everywhere, the default on CPU (``"portable"`` is its old name, still accepted): both operands
   are dequantized exactly as the format defines them (``e2m1 * e4m3 / global_scale``, fp32, see
-  :func:`~qwen_resnorm_fp4.dequantize_nvfp4`), multiplied in fp32 (``torch.matmul``; TF32 only if the
-  caller enabled ``torch.backends.cuda.matmul.allow_tf32``) and cast once to ``out_dtype``. It dequantizes the whole weight on every call: a correctness path, not a fast one.
+  :func:`~qwen_resnorm_fp4.dequantize_nvfp4`), multiplied in fp32 (``torch.matmul``; TF32 only if the caller
+  enabled ``torch.backends.cuda.matmul.allow_tf32``) and cast once to ``out_dtype``. A correctness path.
 
-Bias is added after the GEMM in fp32 and the sum cast once to ``out_dtype``. On the portable path that is
-the only rounding; on the FlashInfer path the GEMM output has already been rounded to ``out_dtype``, so a
-bias rounds a second time. Either way :meth:`NVFP4Linear.forward` on a BF16 tensor is "quantize, then this
-function", so it is bit-identical to this function on the same packed activations (same device, same
-backend).
+On the FlashInfer path the GEMM output has already been rounded to ``out_dtype``, so a bias rounds a second
+time; on the other two the bias is added in fp32 before the one rounding. Either way
+:meth:`NVFP4Linear.forward` on a BF16 tensor is "quantize, then this function", so it is bit-identical to this
+function on the same packed activations (same device, same backend).
 
-Nothing here synchronises with the host, so both paths can be captured in a CUDA graph (FlashInfer's
-autotuner aside: call once before capturing).
+Nothing here synchronises with the host on the hot path, so every path can be captured in a CUDA graph
+(FlashInfer's autotuner aside: call once before capturing). The tensor-core path reads ``alpha`` as a host
+number, cached on the layer when first used (one synchronisation then, and again only after the buffer
+changes): call the layer once eagerly before capturing it after a ``load_state_dict``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
-from . import reference
+from . import _library, reference
+from .api import _aligned
 from .layout import round_up
 
 Tensor = torch.Tensor
 
 #: Backends accepted by :func:`apply_nvfp4_gemm_prequantized`. "auto" picks FlashInfer where it can serve
-#: (and then lets FlashInfer choose among its own backends), else the portable path.
+#: (and then lets FlashInfer choose among its own backends), else the tensor-core path on CUDA, else the
+#: reference.
 FLASHINFER_BACKENDS = ("auto", "cudnn", "cutlass", "cute-dsl", "cutedsl_low_latency", "b12x")
-BACKENDS = FLASHINFER_BACKENDS + ("portable",)
+TENSOR_CORE = "tensor_core"
+REFERENCE = "reference"
+#: The reference path's former name, accepted as an alias.
+PORTABLE_ALIAS = "portable"
+BACKENDS = FLASHINFER_BACKENDS + (TENSOR_CORE, REFERENCE, PORTABLE_ALIAS)
 #: The capability majors whose NVFP4 tensor cores FlashInfer's mm_fp4 drives.
 BLACKWELL_MAJORS = (10, 11, 12)
 #: FlashInfer's CUTLASS FP4 GEMM checks k % 32 == 0 and n % 32 == 0.
 N_ALIGNMENT = 32
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: What the dequantizer writes for a NaN block scale (torch's own fp32 -> bf16 NaN).
+CANONICAL_NAN_BF16 = 0x7FC0
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,6 +114,199 @@ def flashinfer_serves(device: torch.device) -> bool:
     return _flashinfer_serves_index(-1 if device.index is None else device.index)
 
 
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """The path ``backend`` takes on ``device``: "flashinfer", "tensor_core" or "reference" (ValueError for a
+    FlashInfer backend name where FlashInfer does not serve, or an unknown name)."""
+    if backend not in BACKENDS:
+        hint = " (it needs weights prepared with do_shuffle=True)" if backend == "trtllm" else ""
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}{hint}")
+    if backend in (REFERENCE, PORTABLE_ALIAS):
+        return REFERENCE
+    if backend == TENSOR_CORE:
+        return TENSOR_CORE
+    device = torch.device(device)
+    if flashinfer_serves(device):
+        return "flashinfer"
+    if backend != "auto":
+        raise ValueError(f"backend {backend!r} needs FlashInfer on a Blackwell GPU (compute capability 10.x-12.x); "
+                         f"use 'auto', 'tensor_core' or 'reference' on {device}")
+    return TENSOR_CORE if device.type == "cuda" else REFERENCE
+
+
+# ----------------------------------------------------------------------------------------------------
+# The exact bf16 operand
+# ----------------------------------------------------------------------------------------------------
+
+
+def check_dequantize_args(packed: object, scales: object) -> None:
+    """TypeError / ValueError naming the argument unless ``packed`` is uint8 [rows, K/2] with K a positive
+    multiple of 64 and ``scales`` (uint8 or float8_e4m3fn, on the same device) holds the round_up(rows, 128)
+    x K/16 bytes of the 128x4 layout."""
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or packed.dim() != 2:
+        raise TypeError("packed must be a uint8 tensor [rows, K/2] of packed E2M1 pairs")
+    if not isinstance(scales, torch.Tensor) or scales.dtype not in (torch.uint8, torch.float8_e4m3fn):
+        raise TypeError("scales must be a uint8 or float8_e4m3fn tensor of 128x4-swizzled block scales")
+    rows, k = packed.shape[0], packed.shape[1] * 2
+    if k <= 0 or k % 64 != 0:
+        raise ValueError(f"packed.shape[1] * 2 (K) must be a positive multiple of 64, got {k}")
+    if scales.device != packed.device:
+        raise ValueError(f"scales is on {scales.device} but packed is on {packed.device}")
+    need = round_up(rows, 128) * (k // 16)
+    if scales.numel() < need:
+        raise ValueError(f"scales has {scales.numel()} bytes, {need} needed for {rows} rows of K = {k}")
+
+
+def dequantize_to_bf16_reference(packed: Tensor, scales: Tensor) -> Tensor:
+    """The pure-PyTorch :func:`dequantize_to_bf16` (the CPU implementation of the op): the fp32 reference
+    dequantization with a global scale of 1 (exact: e2m1 * e4m3), cast to bf16 (exact), NaN written as
+    :data:`CANONICAL_NAN_BF16` as the CUDA kernel writes it."""
+    rows = packed.shape[0]
+    one = torch.ones((1,), dtype=torch.float32, device=packed.device)
+    vals = reference.dequantize_nvfp4(packed, scales, one, rows)
+    out = vals.to(torch.bfloat16)
+    bits = out.view(torch.int16)
+    return bits.masked_fill(torch.isnan(vals), CANONICAL_NAN_BF16).view(torch.bfloat16)
+
+
+def dequantize_to_bf16(packed: Tensor, scales: Tensor) -> Tensor:
+    """bf16 [rows, K]: ``e2m1 * float(e4m3 block scale)`` of every element of an NVFP4 tensor, without its
+    global scale (``packed`` uint8 [rows, K/2], even element in the low nibble; ``scales`` the 128x4-swizzled
+    E4M3 bytes, uint8 or float8_e4m3fn). Exact: these values have at most 6 significant bits and lie in
+    [2^-10, 2688] or are zero. The CUDA kernel (16-byte loads and stores) where the compiled library has
+    one for the device, else :func:`dequantize_to_bf16_reference`; both write the same bytes."""
+    check_dequantize_args(packed, scales)
+    if _library.has_kernel("nvfp4_dequantize_bf16", packed.device.type):
+        return torch.ops.qwen_fp4.nvfp4_dequantize_bf16(_aligned(packed), _aligned(scales))
+    return dequantize_to_bf16_reference(packed, scales)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The tensor-core GEMM
+# ----------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _fp32_reductions() -> Iterator[None]:
+    """cuBLAS keeps every reduction of a bf16 GEMM in fp32 inside this block (no reduced-precision split-K);
+    the caller's setting comes back afterwards."""
+    matmul = torch.backends.cuda.matmul
+    if not matmul.allow_bf16_reduced_precision_reduction:
+        yield
+        return
+    try:
+        split_k = matmul.allow_bf16_reduced_precision_reduction_split_k  # torch >= 2.10: a second flag
+    except AttributeError:
+        split_k = None
+    matmul.allow_bf16_reduced_precision_reduction = False if split_k is None else (False, split_k)
+    try:
+        yield
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = True if split_k is None else (True, split_k)
+
+
+def _mm_fp32_out(a: Tensor, b: Tensor) -> Tensor:
+    """fp32 a @ b of exact bf16 operands with fp32 accumulation."""
+    if a.is_cuda:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, NotImplementedError, RuntimeError):  # a torch without mm's out_dtype for these dtypes
+            pass
+    # fp32 (or TF32: 10 mantissa bits) holds these operands exactly, so this is the same product
+    return torch.mm(a.float(), b.float())
+
+
+def _scale_bias_cast(acc: Tensor, alpha: float, bias: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+    """round_to_out_dtype(acc * alpha (+ bias)), in fp32 until the one cast."""
+    out = acc * alpha
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+@torch.library.custom_op("qwen_fp4::_bf16_gemm_fp32_accumulate", mutates_args=(),
+                         schema="(Tensor a, Tensor w, float alpha, Tensor? bias, ScalarType out_dtype) -> Tensor")
+def _bf16_gemm_fp32_accumulate(a: Tensor, w: Tensor, alpha: float, bias: Optional[Tensor],
+                               out_dtype: torch.dtype) -> Tensor:
+    """round_to_out_dtype(fp32 acc(a @ w.T) * alpha (+ bias)) for exact bf16 operands a [M, K], w [N, K]. One
+    opaque op, so that torch.compile keeps it whole (the cuBLAS reduction setting is switched around it)."""
+    if not a.is_cuda:
+        return _scale_bias_cast(torch.mm(a.float(), w.float().t()), alpha, bias, out_dtype)
+    with _fp32_reductions():
+        if out_dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16):
+            # cuBLAS's epilogue: alpha * fp32 acc (+ bias), rounded once to bf16
+            if bias is None:
+                out = torch.empty((a.shape[0], w.shape[0]), dtype=torch.bfloat16, device=a.device)
+                return out.addmm_(a, w.t(), beta=0, alpha=alpha)
+            return torch.addmm(bias, a, w.t(), beta=1, alpha=alpha)
+        acc = _mm_fp32_out(a, w.t())
+    return _scale_bias_cast(acc, alpha, bias, out_dtype)
+
+
+@_bf16_gemm_fp32_accumulate.register_fake
+def _bf16_gemm_fp32_accumulate_fake(a, w, alpha, bias, out_dtype):
+    return a.new_empty((a.shape[0], w.shape[0]), dtype=out_dtype)
+
+
+def host_alpha(layer: Any) -> float:
+    """``layer.alpha`` as a Python float (exact: an fp32 value), cached on the layer and re-read only when the
+    buffer changes (one host synchronisation then). Inside CUDA-graph capture a stale cache is an error;
+    while torch.compile traces, the cached value is used as a constant."""
+    alpha = layer.alpha
+    cached = getattr(layer, "_qwen_fp4_host_alpha", None)
+    if torch.compiler.is_compiling():
+        if cached is None:
+            raise RuntimeError("the tensor-core GEMM needs the layer's alpha on the host: call the layer once "
+                               "before torch.compile traces it (or build it with from_linear / from_modelopt)")
+        return cached[1]
+    key = (alpha.device, alpha.data_ptr(), alpha._version)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if alpha.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("layer.alpha changed since the layer last ran eagerly: call it once outside the CUDA "
+                           "graph capture (reading alpha to the host needs a synchronisation)")
+    value = float(alpha.reshape(-1)[0].item())
+    object.__setattr__(layer, "_qwen_fp4_host_alpha", (key, value))  # not a buffer: no state_dict entry
+    return value
+
+
+def weight_operand(layer: Any) -> Tensor:
+    """The layer's weight as the exact bf16 operand [N, K] (:func:`dequantize_to_bf16`): made on every call,
+    or kept on the layer when its ``cache_dequantized_weight`` is true (refreshed when the weight buffers
+    change; never cached from inside a CUDA-graph capture; used as it is while torch.compile traces)."""
+    n = _out_features(layer)
+    packed, scales = layer.weight_packed, layer.weight_scales
+    if not getattr(layer, "cache_dequantized_weight", False):
+        return dequantize_to_bf16(packed[:n], scales)
+    cached = getattr(layer, "_qwen_fp4_weight_bf16", None)
+    if torch.compiler.is_compiling():
+        return cached[1] if cached is not None else dequantize_to_bf16(packed[:n], scales)
+    key = (packed.device, packed.data_ptr(), packed._version, scales.data_ptr(), scales._version, n)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    w = dequantize_to_bf16(packed[:n], scales)
+    if w.is_cuda and torch.cuda.is_current_stream_capturing():
+        return w  # made inside a graph: only written on replay, never cache it
+    object.__setattr__(layer, "_qwen_fp4_weight_bf16", (key, w))
+    return w
+
+
+def drop_cached_weight(layer: Any) -> None:
+    """Free the cached bf16 weight operand of ``layer``, if any."""
+    if getattr(layer, "_qwen_fp4_weight_bf16", None) is not None:
+        object.__setattr__(layer, "_qwen_fp4_weight_bf16", None)
+
+
+def _tensor_core(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype,
+                 bias: Optional[Tensor]) -> Tensor:
+    a = dequantize_to_bf16(x_fp4, x_scales)
+    return _bf16_gemm_fp32_accumulate(a, weight_operand(layer), host_alpha(layer), bias, out_dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# FlashInfer and the reference
+# ----------------------------------------------------------------------------------------------------
+
+
 def _padded_weight(layer: Any, n_pad: int) -> Tensor:
     """The packed weight with rows zero-padded to ``n_pad`` (cached on the layer, refreshed if the buffer
     changes)."""
@@ -119,7 +331,7 @@ def _add_bias(out: Tensor, bias: Optional[Tensor], out_dtype: torch.dtype) -> Te
     return (out.float() + bias.float()).to(out_dtype)
 
 
-def _check(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype, backend: str) -> int:
+def _check(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype) -> int:
     for name in ("weight_packed", "weight_scales", "weight_global_scale", "input_global_scale", "alpha"):
         if not isinstance(getattr(layer, name, None), torch.Tensor):
             raise TypeError(f"layer must be an NVFP4 layer with a tensor {name!r} (e.g. NVFP4Linear)")
@@ -139,9 +351,6 @@ def _check(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype, 
                          f"({layer.weight_packed.device}) must be on one device")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
-    if backend not in BACKENDS:
-        hint = " (it needs weights prepared with do_shuffle=True)" if backend == "trtllm" else ""
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}{hint}")
     return k
 
 
@@ -156,8 +365,8 @@ def _dequantize(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: int)
     return reference.dequantize_nvfp4(packed, scales, global_scale, rows)
 
 
-def _portable(layer: Any, x_fp4: Tensor, x_scales: Tensor, k: int, out_dtype: torch.dtype,
-              bias: Optional[Tensor]) -> Tensor:
+def _reference(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype,
+               bias: Optional[Tensor]) -> Tensor:
     m = x_fp4.shape[0]
     n = _out_features(layer)
     a = _dequantize(x_fp4, x_scales, layer.input_global_scale, m)
@@ -195,28 +404,30 @@ def apply_nvfp4_gemm_prequantized(
 
     Args:
         layer: an :class:`~qwen_resnorm_fp4.linear.NVFP4Linear` (or any object with its buffers:
-            weight_packed, weight_scales, weight_global_scale, input_global_scale, alpha, out_features).
+            weight_packed, weight_scales, weight_global_scale, input_global_scale, alpha, out_features; and
+            optionally cache_dequantized_weight).
         x_fp4: uint8 [M, K/2], two E2M1 codes a byte, quantized with ``layer.input_global_scale``.
         x_scales: uint8 (or float8_e4m3fn) block scales in the 128x4 layout, [round_up(M, 128), K/16] (any
             shape with that many bytes).
         out_dtype: bfloat16 (default), float16 or float32 (FlashInfer computes bf16, then it is widened).
-        bias: optional [N] added after the GEMM in fp32 (then one cast). ``None``: the layer's own ``bias``
-            attribute, if it has one.
-        backend: "auto" (FlashInfer on Blackwell with its own automatic choice, portable elsewhere), a
-            FlashInfer backend name ("cudnn", "cutlass", "cute-dsl", "cutedsl_low_latency", "b12x"; only on
-            Blackwell with FlashInfer, else ValueError), or "portable" (dequantize + fp32 matmul anywhere).
+        bias: optional [N] added in fp32 (see the module docstring for where it rounds). ``None``: the
+            layer's own ``bias`` attribute, if it has one.
+        backend: "auto" (FlashInfer on Blackwell with its own automatic choice, "tensor_core" on other CUDA
+            GPUs, "reference" on CPU), a FlashInfer backend name ("cudnn", "cutlass", "cute-dsl",
+            "cutedsl_low_latency", "b12x"; only on Blackwell with FlashInfer, else ValueError), "tensor_core"
+            (exact bf16 operands, one bf16 GEMM with fp32 accumulation; any device, CUDA is the fast one) or
+            "reference" (dequantize + fp32 matmul anywhere; "portable" is its old name).
     """
-    k = _check(layer, x_fp4, x_scales, out_dtype, backend)
+    k = _check(layer, x_fp4, x_scales, out_dtype)
+    path = resolve_backend(backend, x_fp4.device)
     if bias is None:
         bias = getattr(layer, "bias", None)
-    if backend == "portable":
-        return _portable(layer, x_fp4, x_scales, k, out_dtype, bias)
-    if flashinfer_serves(x_fp4.device):
-        return _flashinfer(layer, x_fp4, x_scales, k, out_dtype, bias, backend)
-    if backend != "auto":
-        raise ValueError(f"backend {backend!r} needs FlashInfer on a Blackwell GPU (compute capability 10.x-12.x); "
-                         f"use 'auto' or 'portable' on {x_fp4.device}")
-    return _portable(layer, x_fp4, x_scales, k, out_dtype, bias)
+    if path == REFERENCE:
+        return _reference(layer, x_fp4, x_scales, out_dtype, bias)
+    if path == TENSOR_CORE:
+        return _tensor_core(layer, x_fp4, x_scales, out_dtype, bias)
+    return _flashinfer(layer, x_fp4, x_scales, k, out_dtype, bias, backend)
 
 
-__all__ = ["apply_nvfp4_gemm_prequantized", "flashinfer_serves", "flashinfer_mm_fp4", "BACKENDS"]
+__all__ = ["apply_nvfp4_gemm_prequantized", "dequantize_to_bf16", "resolve_backend", "flashinfer_serves",
+           "flashinfer_mm_fp4", "BACKENDS", "TENSOR_CORE", "REFERENCE"]

@@ -5,20 +5,24 @@ layer's ``input_global_scale``, the production recipe) and runs
 :func:`~qwen_resnorm_fp4.gemm.apply_nvfp4_gemm_prequantized`; ``layer((packed, scales))`` skips the
 quantization: that is how the output of :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant` is consumed.
 Given the same activations, the two forms return the same bits.
+
+Layers come from a ``torch.nn.Linear`` (:meth:`NVFP4Linear.from_linear`, quantized here) or from NVIDIA
+ModelOpt's NVFP4 export as it is (:meth:`NVFP4Linear.from_modelopt`, :meth:`NVFP4Linear.from_modelopt_state_dict`:
+the same E2M1 bytes, the block scales only moved into the 128x4 layout, nothing re-quantized).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
 from . import _library, reference
 from .api import WIDTH_RULE, is_supported_width, nvfp4_quantize
 from .env import resolve_fast_math
-from .gemm import BACKENDS, apply_nvfp4_gemm_prequantized
-from .layout import round_up
+from .gemm import BACKENDS, apply_nvfp4_gemm_prequantized, drop_cached_weight, host_alpha
+from .layout import round_up, sf_offsets
 
 Tensor = torch.Tensor
 
@@ -32,6 +36,30 @@ def _quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool]) -> Tup
     if _library.has_kernel("nvfp4_quantize", y.device.type):
         return nvfp4_quantize(y, global_scale, fast_math)
     return reference.nvfp4_quantize(y, global_scale, resolve_fast_math(fast_math))
+
+
+def _positive_scalar(name: str, value: Union[float, Tensor], device: torch.device) -> Tensor:
+    """fp32 [1] on ``device`` from a one-element tensor or a number; ValueError unless finite and positive
+    (a host synchronisation: for conversions only)."""
+    t = torch.as_tensor(value).detach()
+    if t.numel() != 1:
+        raise ValueError(f"{name} must have one element, got shape {tuple(t.shape)}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point number or tensor, got {t.dtype}")
+    t = t.to(device=device, dtype=torch.float32).reshape(1)
+    v = float(t.item())
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{name} must be finite and positive, got {v}")
+    return t
+
+
+def swizzle_scales_128x4(scales: Tensor, rows: int, cols: int) -> Tensor:
+    """uint8 [round_up(rows, 128), cols / 16]: row-major E4M3 block scales [rows, cols / 16] (uint8 or
+    float8_e4m3fn) moved into the 128x4 layout (:func:`~qwen_resnorm_fp4.layout.sf_offsets`), padding rows zero.
+    Only bytes move."""
+    flat = torch.zeros(round_up(rows, 128) * (cols // 16), dtype=torch.uint8, device=scales.device)
+    flat[sf_offsets(rows, cols, scales.device).reshape(-1)] = scales.reshape(-1).view(torch.uint8)
+    return flat.reshape(round_up(rows, 128), cols // 16)
 
 
 def _global_scale_from_amax(amax: Tensor) -> Tensor:
@@ -57,12 +85,16 @@ class NVFP4Linear(torch.nn.Module):
         in_features (K, a multiple of 64, at most 16384), out_features (N);
         fast_math: the activation quantizer's mode (None follows the environment at call time, like the
             production quantizer; the gate uses it too, so that fused and unfused bytes agree);
-        gemm_backend: the ``backend`` passed to :func:`apply_nvfp4_gemm_prequantized` ("auto" by default).
+        gemm_backend: the ``backend`` passed to :func:`apply_nvfp4_gemm_prequantized` ("auto" by default:
+            FlashInfer on Blackwell, "tensor_core" on other CUDA GPUs, "reference" on CPU);
+        cache_dequantized_weight: keep the tensor-core path's bf16 weight operand (N * K * 2 bytes) instead of
+            dequantizing the weight on every call (False by default; setting it False frees the copy).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  device: Optional[Union[str, torch.device]] = None, bias_dtype: torch.dtype = torch.bfloat16,
-                 fast_math: Optional[bool] = None, gemm_backend: str = "auto") -> None:
+                 fast_math: Optional[bool] = None, gemm_backend: str = "auto",
+                 cache_dequantized_weight: bool = False) -> None:
         super().__init__()
         if not is_supported_width(in_features):
             raise ValueError(f"in_features must be {WIDTH_RULE}, got {in_features}")
@@ -85,10 +117,38 @@ class NVFP4Linear(torch.nn.Module):
         self.register_buffer("input_global_scale", torch.ones((1,), **f32))
         self.register_buffer("alpha", torch.ones((1,), **f32))
         self.register_buffer("bias", torch.zeros((n,), dtype=bias_dtype, device=device) if bias else None)
+        self.cache_dequantized_weight = cache_dequantized_weight
+        self.register_load_state_dict_post_hook(_after_load_state_dict)
+
+    @property
+    def cache_dequantized_weight(self) -> bool:
+        """Whether the tensor-core path keeps the bf16 weight operand on the layer (see the class docstring)."""
+        return self._cache_dequantized_weight
+
+    @cache_dequantized_weight.setter
+    def cache_dequantized_weight(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"cache_dequantized_weight must be a bool, got {type(value).__name__}")
+        self._cache_dequantized_weight = value
+        if not value:
+            drop_cached_weight(self)
+
+    def _set_quantized(self, packed: Tensor, scales: Tensor, weight_global_scale: Tensor,
+                       input_global_scale: Tensor, alpha: Tensor, bias: Optional[Tensor]) -> None:
+        """Copy a quantized weight and its scales into the buffers; read alpha to the host once."""
+        with torch.no_grad():
+            self.weight_packed.copy_(packed)
+            self.weight_scales.copy_(scales.reshape(self.weight_scales.shape))
+            self.weight_global_scale.copy_(weight_global_scale)
+            self.input_global_scale.copy_(input_global_scale)
+            self.alpha.copy_(alpha)
+            if bias is not None:
+                self.bias.copy_(bias.detach())
+        host_alpha(self)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, input_amax: Union[float, Tensor], fast_math: Optional[bool] = None,
-                    *, gemm_backend: str = "auto") -> "NVFP4Linear":
+                    *, gemm_backend: str = "auto", cache_dequantized_weight: bool = False) -> "NVFP4Linear":
         """Quantize a ``torch.nn.Linear`` (on its device): weight global scale 448*6/amax(|W|), the weight
         quantized with :func:`~qwen_resnorm_fp4.nvfp4_quantize` (the production recipe; the CPU reference on
         the CPU, the kernel on a GPU), input global scale 448*6/``input_amax``.
@@ -111,21 +171,77 @@ class NVFP4Linear(torch.nn.Module):
         bias = linear.bias
         layer = cls(k, n, bias is not None, device=dev,
                     bias_dtype=bias.dtype if bias is not None else torch.bfloat16,
-                    fast_math=fast_math, gemm_backend=gemm_backend)
+                    fast_math=fast_math, gemm_backend=gemm_backend,
+                    cache_dequantized_weight=cache_dequantized_weight)
         wb = w.to(torch.bfloat16).contiguous()
         w_amax = wb.float().abs().nan_to_num().amax()
         wgs = _global_scale_from_amax(w_amax)
         packed, scales = _quantize(wb, wgs, fast_math)
         igs = _global_scale_from_amax(amax_in)
-        with torch.no_grad():
-            layer.weight_packed.copy_(packed)
-            layer.weight_scales.copy_(scales.reshape(layer.weight_scales.shape))
-            layer.weight_global_scale.copy_(wgs)
-            layer.input_global_scale.copy_(igs)
-            layer.alpha.copy_(torch.ones_like(igs) / (igs * wgs))
-            if bias is not None:
-                layer.bias.copy_(bias.detach())
+        layer._set_quantized(packed, scales, wgs, igs, torch.ones_like(igs) / (igs * wgs), bias)
         return layer
+
+    @classmethod
+    def from_modelopt(cls, weight: Tensor, weight_scale: Tensor, weight_scale_2: Union[float, Tensor],
+                      input_scale: Union[float, Tensor], bias: Optional[Tensor] = None, *,
+                      fast_math: Optional[bool] = None, gemm_backend: str = "auto",
+                      cache_dequantized_weight: bool = False) -> "NVFP4Linear":
+        """A layer from NVIDIA ModelOpt's NVFP4 export of a Linear, as it is (on ``weight``'s device).
+
+        Args:
+            weight: uint8 [N, K/2], two E2M1 codes a byte, even input index in the low nibble (ModelOpt's
+                ``NVFP4QTensor`` packing, the same as this library's): copied unchanged.
+            weight_scale: E4M3 block scales [N, K/16] in the row-major (linear) layout, float8_e4m3fn or uint8:
+                the same bytes, moved once into the 128x4 layout (:func:`swizzle_scales_128x4`).
+            weight_scale_2: fp32 scalar, amax(|W|) / (6 * 448): the inverse of this library's weight global
+                scale (weight_global_scale = 1 / weight_scale_2).
+            input_scale: fp32 scalar, the calibrated input amax / (6 * 448) (input_global_scale = 1 /
+                input_scale: the activations are quantized with it).
+            bias: optional [N], kept in its dtype.
+            fast_math, gemm_backend, cache_dequantized_weight: as for :class:`NVFP4Linear`.
+
+        ``alpha = input_scale * weight_scale_2`` (fp32), as ModelOpt's consumers compute it; nothing is
+        re-quantized.
+        """
+        if not isinstance(weight, torch.Tensor) or weight.dtype != torch.uint8 or weight.dim() != 2:
+            raise TypeError("weight must be ModelOpt's packed NVFP4 weight: a uint8 tensor [N, K/2]")
+        n, k = weight.shape[0], weight.shape[1] * 2
+        if not is_supported_width(k):
+            raise ValueError(f"weight holds K = {k} inputs per row; K must be {WIDTH_RULE}")
+        if not isinstance(weight_scale, torch.Tensor) or weight_scale.dtype not in (torch.float8_e4m3fn, torch.uint8):
+            raise TypeError("weight_scale must be ModelOpt's E4M3 block scales: a float8_e4m3fn or uint8 tensor")
+        if tuple(weight_scale.shape) != (n, k // 16):
+            raise ValueError(f"weight_scale must be [N, K/16] = [{n}, {k // 16}] (row-major, one scale per 16 "
+                             f"inputs), got shape {tuple(weight_scale.shape)}")
+        if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,)):
+            raise ValueError(f"bias must be a tensor of shape ({n},), got "
+                             f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
+        dev = weight.device
+        ws2 = _positive_scalar("weight_scale_2", weight_scale_2, dev)
+        in_scale = _positive_scalar("input_scale", input_scale, dev)
+        layer = cls(k, n, bias is not None, device=dev,
+                    bias_dtype=bias.dtype if bias is not None else torch.bfloat16, fast_math=fast_math,
+                    gemm_backend=gemm_backend, cache_dequantized_weight=cache_dequantized_weight)
+        scales = swizzle_scales_128x4(weight_scale.detach().to(dev).contiguous(), n, k)
+        one = torch.ones((1,), dtype=torch.float32, device=dev)
+        layer._set_quantized(weight.detach(), scales, one / ws2, one / in_scale, in_scale * ws2,
+                             None if bias is None else bias.to(dev))
+        return layer
+
+    @classmethod
+    def from_modelopt_state_dict(cls, state_dict: Mapping[str, Tensor], prefix: str = "",
+                                 **kwargs: Any) -> "NVFP4Linear":
+        """:meth:`from_modelopt` from a module's keys in a ModelOpt NVFP4 checkpoint: ``{prefix}weight``,
+        ``{prefix}weight_scale``, ``{prefix}weight_scale_2``, ``{prefix}input_scale`` and, if present,
+        ``{prefix}bias`` (``prefix`` e.g. ``"transformer_blocks.0.img_mlp.net.0.proj."``). ``kwargs`` go to
+        :meth:`from_modelopt`."""
+        needed = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+        missing = [f"{prefix}{key}" for key in needed if f"{prefix}{key}" not in state_dict]
+        if missing:
+            raise KeyError(f"state_dict lacks {', '.join(missing)} (a ModelOpt NVFP4 export of a Linear has "
+                           f"{', '.join(prefix + key for key in needed)})")
+        return cls.from_modelopt(*(state_dict[f"{prefix}{key}"] for key in needed),
+                                 bias=state_dict.get(f"{prefix}bias"), **kwargs)
 
     def quantize_input(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """NVFP4 of bf16 ``x`` [..., K] with this layer's input global scale: (packed [M, K/2], scales)."""
@@ -153,7 +269,16 @@ class NVFP4Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"fast_math={self.fast_math}, gemm_backend={self.gemm_backend!r}")
+                f"fast_math={self.fast_math}, gemm_backend={self.gemm_backend!r}, "
+                f"cache_dequantized_weight={self.cache_dequantized_weight}")
 
 
-__all__ = ["NVFP4Linear", "FP4_AMAX_SCALE"]
+def _after_load_state_dict(module: NVFP4Linear, incompatible_keys: Any) -> None:
+    """New buffers: drop the cached bf16 weight and read alpha to the host again (so that a torch.compile
+    trace made later sees the loaded value)."""
+    drop_cached_weight(module)
+    if module.alpha.device.type != "meta":
+        host_alpha(module)
+
+
+__all__ = ["NVFP4Linear", "FP4_AMAX_SCALE", "swizzle_scales_128x4"]

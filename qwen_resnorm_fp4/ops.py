@@ -31,6 +31,8 @@ SCHEMAS = {
     "_rcp_approx": "_rcp_approx(Tensor x) -> Tensor",
     # E2M1 codes of fp32 values by the kernels' conversion, or (toolkit=True) by cuda_fp4.h: for tests.
     "_e2m1_codes": "_e2m1_codes(Tensor x, bool toolkit) -> Tensor",
+    # NVFP4 -> bf16 [rows, K] of e2m1 * e4m3 block scale (no global scale): exact, the tensor-core GEMM's operand.
+    "nvfp4_dequantize_bf16": "nvfp4_dequantize_bf16(Tensor packed, Tensor scales) -> Tensor",
 }
 
 _lib = torch.library.Library(NAMESPACE, "DEF")
@@ -74,6 +76,11 @@ def _e2m1_codes_fake(x, toolkit):
     return torch.empty_like(x, dtype=torch.uint8)
 
 
+@torch.library.register_fake(f"{NAMESPACE}::nvfp4_dequantize_bf16")
+def _nvfp4_dequantize_bf16_fake(packed, scales):
+    return packed.new_empty((packed.shape[0], packed.shape[1] * 2), dtype=torch.bfloat16)
+
+
 # CPU: the reference is the implementation, behind the same argument checks as the typed wrappers
 # (TypeError / ValueError naming the argument), so a raw torch.ops.qwen_fp4.* call on CPU refuses bad
 # dtypes, shapes, devices and eps as the CUDA implementation does. Unlike the CUDA implementation it
@@ -104,6 +111,14 @@ def _nvfp4_quantize_cpu(y, global_scale, fast_math):
 
     _check_quantize_args(y, global_scale)
     return reference.nvfp4_quantize(y, global_scale, fast_math)
+
+
+@torch.library.impl(f"{NAMESPACE}::nvfp4_dequantize_bf16", "CPU", lib=_lib)
+def _nvfp4_dequantize_bf16_cpu(packed, scales):
+    from .gemm import check_dequantize_args, dequantize_to_bf16_reference
+
+    check_dequantize_args(packed, scales)
+    return dequantize_to_bf16_reference(packed, scales)
 
 
 def gpu_rcp(x: Tensor) -> Tensor:
