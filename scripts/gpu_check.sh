@@ -8,6 +8,8 @@
 #   PYTEST_ARGS="-m gpu" bash scripts/gpu_check.sh tests
 #   PYTEST_K="not exhaustively" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
 #   WHEEL=dist/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests bench
+#   BASELINE_WHEEL=old.whl bash scripts/gpu_check.sh bench     (the benchmark of old.whl first, then of this build,
+#                                                              same machine, same arguments: a before/after pair)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$REPO/gpu_logs}
@@ -40,6 +42,11 @@ for stage in "${stages[@]}"; do
     tests)
       python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs --durations=15 ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
     bench)
+      if [ -n "${BASELINE_WHEEL:-}" ]; then
+        rm -rf /tmp/baseline && python3 -m pip install -q --no-deps --no-index --target /tmp/baseline "$BASELINE_WHEEL" \
+          && (cd /tmp && PYTHONPATH=/tmp/baseline${PYTHONPATH:+:$PYTHONPATH} python3 -m qwen_resnorm_fp4 bench \
+                --out "$OUT/bench_baseline" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_baseline.log") || status=1
+      fi
       python3 -m qwen_resnorm_fp4 bench --out "$OUT/bench" --check-targets ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     ncu)  # scripts/ncu_profile.sh: 4096 rows fused, 256 rows fused and the pair ($OUT/ncu_*.txt)
       INSTALLED=1 OUT=$OUT RUN_DIR=$RUN_DIR bash "$REPO/scripts/ncu_profile.sh" 2>&1 | tee "$OUT/ncu.log" || status=1 ;;
