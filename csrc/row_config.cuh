@@ -41,7 +41,7 @@ struct BlockShape {
 
 // The configuration of the row kernels for one block shape and row-count class (kFewRows: fewer than
 // dispatch_row_config's kManyRows rows). Each policy below is a rule with its reason; docs/performance.md
-// lists what was tried.
+// lists the alternatives tried.
 template <int VectorsPerThread, int FixedCols, int MinCtasPerSm, bool FewRows>
 struct RowConfig : BlockShape<VectorsPerThread, FixedCols, MinCtasPerSm> {
   // The block shape alone, for the kernels no policy below applies to (nvfp4_quantize): one kernel serves
@@ -58,8 +58,9 @@ struct RowConfig : BlockShape<VectorsPerThread, FixedCols, MinCtasPerSm> {
   // Parameters: the narrow shapes (two vectors per thread) load scale and shift before the reductions, so
   // their latency hides behind them; the wider ones after, to save registers.
   static constexpr bool kHoistParams = VectorsPerThread <= 2;
-  // Plain calls of these shapes load gate, scale and shift in one group of plain loads next to the row's
-  // loads (PlainParams), so no L2 round trip is left on the row's latency chain; elsewhere the group's
+  // Plain calls of the fixed widths' few-rows shapes and of D = 3072's many-rows shape load gate, scale and
+  // shift in one group of plain loads next to the row's loads (PlainParams), so no L2 round trip is left on
+  // the row's latency chain; elsewhere (D = 5120's many-rows shape, the generic widths) the group's
   // registers cost more than the latency it hides.
   static constexpr bool kGroupedParams = FixedCols == 3072 || (FixedCols != 0 && VectorsPerThread <= 2);
 
@@ -76,10 +77,10 @@ struct RowConfig : BlockShape<VectorsPerThread, FixedCols, MinCtasPerSm> {
   static constexpr bool kStaggerOneWave = MinCtasPerSm > 1;
   static constexpr bool kStaggerable = kStaggerOneWave || FixedCols != 0 || VectorsPerThread <= 4;
   static constexpr int kStaggerMinResidentCtas = kStaggerOneWave ? 4 : 1;
-  // Generic widths are staggered only where it was tuned.
+  // Generic widths are staggered only within the range the sleep was tuned on.
   static bool stagger_width(int32_t cols) { return FixedCols != 0 || (cols >= 1536 && cols <= 4096); }
-  // Sleep per first-wave slot: about the time DRAM takes to deliver one slot's loads, so it scales with D,
-  // except in the one-CTA fixed-width shapes, where a flat 300 ns was best.
+  // Sleep per first-wave slot: about the time DRAM takes to deliver one slot's loads, so it scales with D;
+  // a flat 300 ns in the one-CTA fixed-width shapes (the best of the sleeps tried there).
   static int32_t stagger_ns(int32_t cols) {
     return MinCtasPerSm == 1 && FixedCols != 0 ? 300 : 300 * cols / 3072;
   }
