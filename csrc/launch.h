@@ -42,8 +42,13 @@ struct ResnormArgs {
   int32_t sms;              // SMs of the device
   int32_t first_wave_ctas;  // row CTAs resident at once: sms x CTAs per SM
   int32_t stagger_ns;       // first-wave CTA in slot k = blockIdx / sms waits k * stagger_ns
-  int32_t device;           // the CUDA device the op runs on (set by the op; read on the host only, last so
-                            // that the kernels' parameter offsets stay as they were)
+};
+
+// Where a launcher launches (host side only, never a kernel argument): the op's device, current under its
+// device guard (it keys the per-device caches), and its stream.
+struct LaunchTarget {
+  int32_t device;
+  void* stream;
 };
 
 // Per-device host caches (launch_rows.cuh, blackwell_kernels_usable) cover devices 0 .. kMaxCachedDevices - 1;
@@ -57,9 +62,17 @@ inline bool has_device_cache(int device) { return device >= 0 && device < kMaxCa
 #define QWEN_FP4_HOST_DEVICE
 #endif
 
+// value / divisor rounded up, and value rounded up to a multiple of `multiple`; value >= 0, divisor > 0.
+QWEN_FP4_HOST_DEVICE constexpr int64_t ceil_div(int64_t value, int64_t divisor) {
+  return (value + divisor - 1) / divisor;
+}
+QWEN_FP4_HOST_DEVICE constexpr int64_t round_up(int64_t value, int64_t multiple) {
+  return ceil_div(value, multiple) * multiple;
+}
+
 // Rows of the scale tensor for `rows` rows: whole 128-row tiles of the 128x4 layout (the op's output
-// shape). Rows `rows` .. round_up_128(rows) - 1 are padding, their scales zero.
-QWEN_FP4_HOST_DEVICE inline int64_t round_up_128(int64_t rows) { return (rows + 127) / 128 * 128; }
+// shape). Rows `rows` .. scale_rows(rows) - 1 are padding, their scales zero.
+QWEN_FP4_HOST_DEVICE constexpr int64_t scale_rows(int64_t rows) { return round_up(rows, 128); }
 
 // Padding rows one padding CTA of the quantizing kernels zeroes.
 constexpr int64_t kPaddingRowsPerCta = 8;
@@ -67,7 +80,7 @@ constexpr int64_t kPaddingRowsPerCta = 8;
 // CTAs of the quantizing kernels: ctas_per_row per row (2 in the fused op's split kernel), then one per
 // kPaddingRowsPerCta padding rows (17 rows: 17 + 14 CTAs, not 128).
 inline int64_t quantize_grid(int64_t rows, int64_t ctas_per_row = 1) {
-  return rows * ctas_per_row + (round_up_128(rows) - rows + kPaddingRowsPerCta - 1) / kPaddingRowsPerCta;
+  return rows * ctas_per_row + ceil_div(scale_rows(rows) - rows, kPaddingRowsPerCta);
 }
 
 struct QuantizeArgs {
@@ -80,9 +93,9 @@ struct QuantizeArgs {
 };
 
 // Portable path (software E2M1, = cuda_fp4.h): sm_90a and the compute_90 PTX. Also resnorm everywhere.
-void launch_resnorm(const ResnormArgs& args, void* stream);
-void launch_resnorm_quant_portable(const ResnormArgs& args, bool fast_math, void* stream);
-void launch_nvfp4_quantize_portable(const QuantizeArgs& args, bool fast_math, void* stream);
+void launch_resnorm(const ResnormArgs& args, const LaunchTarget& on);
+void launch_resnorm_quant_portable(const ResnormArgs& args, bool fast_math, const LaunchTarget& on);
+void launch_nvfp4_quantize_portable(const QuantizeArgs& args, bool fast_math, const LaunchTarget& on);
 void launch_rcp_approx(const float* in, float* out, int64_t n, void* stream);
 // E2M1 codes of fp32 values, by e2m1_code or (toolkit) by cuda_fp4.h: for the exhaustive equality test.
 void launch_e2m1_codes(const float* in, uint8_t* out, int64_t n, bool toolkit, void* stream);
@@ -90,8 +103,8 @@ void launch_e2m1_codes(const float* in, uint8_t* out, int64_t n, bool toolkit, v
 // Blackwell path (FlashInfer's production conversion): sm_100f / sm_120f cubins.
 // blackwell_kernels_usable() is false when this build has no Blackwell code or the device can't run it.
 bool blackwell_kernels_usable(int device_index);
-void launch_resnorm_quant_blackwell(const ResnormArgs& args, bool fast_math, void* stream);
-void launch_nvfp4_quantize_blackwell(const QuantizeArgs& args, bool fast_math, void* stream);
+void launch_resnorm_quant_blackwell(const ResnormArgs& args, bool fast_math, const LaunchTarget& on);
+void launch_nvfp4_quantize_blackwell(const QuantizeArgs& args, bool fast_math, const LaunchTarget& on);
 
 // NVFP4 -> exact bf16 (e2m1 * e4m3 scale, no global scale), csrc/nvfp4_dequantize.cu: packed [rows, cols / 2]
 // (16-byte aligned), scales in the 128x4 layout (2-byte aligned), out bf16 [rows, cols]; cols % 64 == 0.

@@ -25,7 +25,7 @@ bool blackwell_kernels_usable(int device_index) {
     // ptxVersion < 100 means the driver would run the compute_90 PTX of this TU, where FlashInfer's
     // conversion is compiled out: only a real Blackwell cubin will do.
     const cudaError_t err =
-        cudaFuncGetAttributes(&attr, resnorm_quant_kernel<FlashInferNvfp4<true>, 4, 0, 1, false, false, false>);
+        cudaFuncGetAttributes(&attr, resnorm_quant_kernel<FlashInferNvfp4<true>, RowConfig<4, 0, 1, false>, false, false>);
     cudaSetDevice(previous);
     cudaGetLastError();  // clear a "no kernel image" error: that is an answer, not a failure
     usable[device_index] = major >= 10 && err == cudaSuccess && attr.ptxVersion >= 100;
@@ -33,12 +33,12 @@ bool blackwell_kernels_usable(int device_index) {
   return usable[device_index];
 }
 
-void launch_resnorm_quant_blackwell(const ResnormArgs& args, bool fast_math, void* stream) {
-  launch_resnorm_quant_mode<FlashInferNvfp4>(args, fast_math, stream, "resnorm_quant (Blackwell)");
+void launch_resnorm_quant_blackwell(const ResnormArgs& args, bool fast_math, const LaunchTarget& on) {
+  launch_resnorm_quant_mode<FlashInferNvfp4>(args, fast_math, on, "resnorm_quant (Blackwell)");
 }
 
-void launch_nvfp4_quantize_blackwell(const QuantizeArgs& args, bool fast_math, void* stream) {
-  launch_nvfp4_quantize_mode<FlashInferNvfp4>(args, fast_math, stream, "nvfp4_quantize (Blackwell)");
+void launch_nvfp4_quantize_blackwell(const QuantizeArgs& args, bool fast_math, const LaunchTarget& on) {
+  launch_nvfp4_quantize_mode<FlashInferNvfp4>(args, fast_math, on, "nvfp4_quantize (Blackwell)");
 }
 
 }  // namespace qwen_fp4

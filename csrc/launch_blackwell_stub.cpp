@@ -8,11 +8,11 @@ namespace qwen_fp4 {
 
 bool blackwell_kernels_usable(int) { return false; }
 
-void launch_resnorm_quant_blackwell(const ResnormArgs&, bool, void*) {
+void launch_resnorm_quant_blackwell(const ResnormArgs&, bool, const LaunchTarget&) {
   throw std::runtime_error("qwen_fp4: this build has no Blackwell kernels");
 }
 
-void launch_nvfp4_quantize_blackwell(const QuantizeArgs&, bool, void*) {
+void launch_nvfp4_quantize_blackwell(const QuantizeArgs&, bool, const LaunchTarget&) {
   throw std::runtime_error("qwen_fp4: this build has no Blackwell kernels");
 }
 

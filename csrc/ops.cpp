@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "launch.h"
+#include "op_limits.h"
 
 namespace qwen_fp4 {
 
@@ -23,8 +24,6 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 namespace {
-
-constexpr int64_t kMaxCols = 16384;
 
 const char* dtype_name(ScalarType t) {
   switch (t) {
@@ -70,10 +69,18 @@ void check_dtype(const char* name, const Tensor& t, bool allow_fp32) {
 int32_t check_cols(const char* name, const Tensor& t) {
   STD_TORCH_CHECK(t.dim() >= 1, "qwen_fp4: ", name, " must have at least one dimension ([..., D])");
   const int64_t cols = t.size(t.dim() - 1);
-  STD_TORCH_CHECK(cols > 0 && cols % 64 == 0, "qwen_fp4: ", name, ".shape[-1] (D) must be a positive multiple of 64, got ",
-                  cols);
+  STD_TORCH_CHECK(cols > 0 && cols % kColsMultiple == 0, "qwen_fp4: ", name,
+                  ".shape[-1] (D) must be a positive multiple of ", kColsMultiple, ", got ", cols);
   STD_TORCH_CHECK(cols <= kMaxCols, "qwen_fp4: ", name, ".shape[-1] (D) must be at most ", kMaxCols, ", got ", cols);
   return static_cast<int32_t>(cols);
+}
+
+// Rows of t ([..., D], D = cols): at most kMaxRows.
+int64_t check_rows(const char* name, const Tensor& t, int32_t cols) {
+  const int64_t rows = t.numel() / cols;
+  STD_TORCH_CHECK(rows <= kMaxRows, "qwen_fp4: ", name, " must have at most ", kMaxRows, " rows (", name,
+                  ".numel() / D), got ", rows);
+  return rows;
 }
 
 void check_global_scale(const Tensor& g, const Tensor& like, const char* like_name = "x") {
@@ -107,6 +114,9 @@ void* current_stream(const Tensor& x) {
   return stream;
 }
 
+// x's device and its current stream.
+LaunchTarget launch_target(const Tensor& x) { return {x.get_device_index(), current_stream(x)}; }
+
 // Everything resnorm and resnorm_quant share: checks, and the kernel arguments except the outputs.
 ResnormArgs make_resnorm_args(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
                               const Tensor& gate, const Tensor& scale, const Tensor& shift, double eps,
@@ -127,12 +137,10 @@ ResnormArgs make_resnorm_args(const Tensor& residual, const Tensor& x, const std
   STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0, "qwen_fp4: eps must be finite and >= 0, got ", eps);
 
   ResnormArgs a{};
-  a.device = x.get_device_index();
   a.residual = residual.data_ptr();
   a.x = x.data_ptr();
   a.cols = cols;
-  a.rows = x.numel() / cols;
-  STD_TORCH_CHECK(a.rows <= (int64_t(1) << 31) - 128, "qwen_fp4: x has too many rows (", a.rows, ")");
+  a.rows = check_rows("x", x, cols);
   a.eps = static_cast<float>(eps);
   a.inv_cols = 1.0f / static_cast<float>(cols);  // correctly rounded, as the reference's 1 / D in fp32
   a.bias = column_param("bias", bias, x, cols);
@@ -209,12 +217,12 @@ Tensor new_bytes(const Tensor& like, int64_t rows, int64_t cols) {
 Tensor empty_like_bf16(const Tensor& x) { return empty_cuda(x, sizes_of(x), aoti_torch_dtype_bfloat16()); }
 
 // The quantizing ops' outputs, allocated and wired into the kernel arguments (ResnormArgs or
-// QuantizeArgs): packed codes [rows, cols / 2] and the 128x4 scales [round_up_128(rows), cols / 16]
+// QuantizeArgs): packed codes [rows, cols / 2] and the 128x4 scales [scale_rows(rows), cols / 16]
 // (the kernels write the padding rows too).
 template <class Args>
 std::pair<Tensor, Tensor> new_quantized_outputs(Args& a, const Tensor& like, const Tensor& global_scale) {
   Tensor packed = new_bytes(like, a.rows, a.cols / 2);
-  Tensor scales = new_bytes(like, round_up_128(a.rows), a.cols / 16);
+  Tensor scales = new_bytes(like, scale_rows(a.rows), a.cols / 16);
   a.packed = static_cast<uint8_t*>(packed.data_ptr());
   a.scales = static_cast<uint8_t*>(scales.data_ptr());
   a.global_scale = static_cast<const float*>(global_scale.data_ptr());
@@ -246,9 +254,9 @@ std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, co
   auto [packed, scales] = new_quantized_outputs(a, x, global_scale);
   Tensor residual_out = empty_like_bf16(x);
   a.residual_out = residual_out.data_ptr();
-  void* stream = current_stream(x);
-  if (use_blackwell(x)) launch_resnorm_quant_blackwell(a, fast_math, stream);
-  else launch_resnorm_quant_portable(a, fast_math, stream);
+  const LaunchTarget on = launch_target(x);
+  if (use_blackwell(x)) launch_resnorm_quant_blackwell(a, fast_math, on);
+  else launch_resnorm_quant_portable(a, fast_math, on);
   return {packed, scales, residual_out};
 }
 
@@ -262,7 +270,7 @@ std::tuple<Tensor, Tensor> resnorm_cuda(const Tensor& residual, const Tensor& x,
   Tensor residual_out = empty_like_bf16(x);
   a.y = y.data_ptr();
   a.residual_out = residual_out.data_ptr();
-  launch_resnorm(a, current_stream(x));
+  launch_resnorm(a, launch_target(x));
   return {y, residual_out};
 }
 
@@ -276,12 +284,11 @@ std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& gl
   QuantizeArgs a{};
   a.y = y.data_ptr();
   a.cols = cols;
-  a.rows = y.numel() / cols;
-  STD_TORCH_CHECK(a.rows <= (int64_t(1) << 31) - 128, "qwen_fp4: y has too many rows (", a.rows, ")");
+  a.rows = check_rows("y", y, cols);
   auto [packed, scales] = new_quantized_outputs(a, y, global_scale);
-  void* stream = current_stream(y);
-  if (use_blackwell(y)) launch_nvfp4_quantize_blackwell(a, fast_math, stream);
-  else launch_nvfp4_quantize_portable(a, fast_math, stream);
+  const LaunchTarget on = launch_target(y);
+  if (use_blackwell(y)) launch_nvfp4_quantize_blackwell(a, fast_math, on);
+  else launch_nvfp4_quantize_portable(a, fast_math, on);
   return {packed, scales};
 }
 

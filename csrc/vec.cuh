@@ -36,7 +36,7 @@ __device__ __forceinline__ uint4 bf16_round8(float (&f)[kVecElems]) {
 
 // bf16(v) on eight values in place where only the rounded fp32 values are needed (not the packed bf16):
 // one conversion per value, into the high half over a zero low half, which is the rounded value's fp32
-// bits; bf16_round8's packing then unpacking costs 1.5 instructions per value on sm_90.
+// bits (fewer instructions than bf16_round8's packing then unpacking).
 __device__ __forceinline__ void bf16_round8_values(float (&f)[kVecElems]) {
 #pragma unroll
   for (int j = 0; j < kVecElems; ++j) {
@@ -45,15 +45,14 @@ __device__ __forceinline__ void bf16_round8_values(float (&f)[kVecElems]) {
   }
 }
 
-// Activations are read once and written once. Measured on the H200 (docs/performance.md): plain loads
-// with evict-first (streaming) stores move the most bytes per second; evict-first loads (__ldcs) cost up
-// to 10% at 32768 rows.
+// Activations are read once and written once: plain loads (evict-first loads, __ldcs, slow the many-rows
+// calls down) and evict-first (streaming) stores, the pair that moves the most bytes per second.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return *p; }
 template <class T>
 __device__ __forceinline__ void store_stream(T* p, const T& v) { __stcs(p, v); }
 
-// load_stream without allocating in L1 (the data is used once, from registers). Faster for the
-// one-CTA-per-row kernels of few rows, slower for the many-rows ones: load_row says where it is used.
+// load_stream without allocating in L1 (the data is used once, from registers); RowConfig::kRowLoadsSkipL1
+// says where it is used.
 __device__ __forceinline__ uint4 load_stream_no_l1(const uint4* p) {
   uint4 v;
   asm("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"

@@ -1,0 +1,18 @@
+// The limits of the ops' arguments, checked by ops.cpp before any launch (the Python layer reads the
+// same three lines). Not named limits.h: csrc/ is on the include path, where that name would hide the C
+// header <limits.h>.
+#pragma once
+
+#include <cstdint>
+
+namespace qwen_fp4 {
+
+// Widest row D: the widest block shape holds 8 vectors of 8 elements in each of 256 threads.
+constexpr int64_t kMaxCols = 16384;
+// D is a whole number of 64-column scale tiles (four 16-element NVFP4 blocks; 16-byte vectors).
+constexpr int64_t kColsMultiple = 64;
+// Most rows (x.numel() / D): the grid (a CTA per row and at most 16 padding CTAs) stays below gridDim.x's
+// limit of 2^31 - 1, and round_up(rows, 128) below 2^31.
+constexpr int64_t kMaxRows = (int64_t(1) << 31) - 128;
+
+}  // namespace qwen_fp4
