@@ -15,10 +15,11 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from . import _library, reference
-from .api import WIDTH_RULE, is_supported_width, nvfp4_quantize
+from .api import nvfp4_quantize
 from .env import resolve_fast_math
 from .gemm import BACKENDS, apply_nvfp4_gemm_prequantized
 from .layout import round_up
+from .validation import WIDTH_RULE, is_supported_width
 
 Tensor = torch.Tensor
 

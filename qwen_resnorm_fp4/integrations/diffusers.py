@@ -61,7 +61,7 @@ import torch
 from .. import _library, reference
 from ..api import resnorm
 from ..env import resolve_fast_math
-from ..gate import last_decline_reason, try_fused_resnorm_quant
+from ..fused_path import last_decline_reason, try_fused_resnorm_quant
 from ..linear import NVFP4Linear
 
 Tensor = torch.Tensor
