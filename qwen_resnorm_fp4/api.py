@@ -43,11 +43,9 @@ def _has_data(t: Tensor) -> bool:
     return not is_fake(t)
 
 
-def _aligned(t: Optional[Tensor]) -> Optional[Tensor]:
-    """Contiguous and 16-byte aligned (a copy only when needed); None stays None. Tensors without data
-    (meta, fake) are only made contiguous: the CUDA op refuses a misaligned tensor at run time itself."""
-    if t is None:
-        return None
+def _aligned(t: Tensor) -> Tensor:
+    """Contiguous and 16-byte aligned (a copy only when needed). Tensors without data (meta, fake) are only
+    made contiguous: the CUDA op refuses a misaligned tensor at run time itself."""
     if not t.is_contiguous():
         t = t.contiguous()
     if type(t) in _PLAIN_TENSOR_TYPES or _has_data(t):  # the common case first: a plain tensor has data
@@ -55,9 +53,9 @@ def _aligned(t: Optional[Tensor]) -> Optional[Tensor]:
     return t
 
 
-def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+def _contiguous(t: Tensor) -> Tensor:
     """While tracing (torch.compile) alignment is unknowable: only contiguity."""
-    return None if t is None else t.contiguous()
+    return t.contiguous()
 
 
 def _operand():
@@ -70,8 +68,9 @@ def _resnorm_operands(residual, x, bias, gate, scale, shift, middle: tuple, weig
     """The resnorm / resnorm_quant op's arguments, tensors prepared by :func:`_operand`, with ``middle``
     (the op's arguments between shift and weight) in place."""
     op = _operand()
-    return (op(residual), op(x), op(bias), op(gate), op(scale), op(shift), *middle, op(weight), op(norm_bias),
-            op(modulate_index))
+    return (op(residual), op(x), None if bias is None else op(bias), op(gate), op(scale), op(shift), *middle,
+            None if weight is None else op(weight), None if norm_bias is None else op(norm_bias),
+            None if modulate_index is None else op(modulate_index))
 
 
 def _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool, weight,

@@ -173,11 +173,13 @@ def rows_problem(name: str, rows: int) -> Optional[Problem]:
 def global_scale_problem(global_scale: object, device: torch.device, like: str = "x",
                          name: str = "global_scale") -> Optional[Problem]:
     """A float32 one-element tensor on ``device``."""
-    p = tensor_problem(name, global_scale, GLOBAL_SCALE_DTYPES, device, like)
-    if p is None and global_scale.numel() != 1:
+    if not isinstance(global_scale, Tensor) or global_scale.dtype is not torch.float32 \
+            or global_scale.device != device:
+        return tensor_problem(name, global_scale, GLOBAL_SCALE_DTYPES, device, like)
+    if global_scale.numel() != 1:
         return Problem(R.UNSUPPORTED_SHAPE, ValueError, "{} must have exactly one element, got shape {}",
                        (name, tuple(global_scale.shape)))
-    return p
+    return None
 
 
 def eps_problem(eps: object) -> Optional[Problem]:
@@ -192,10 +194,24 @@ def eps_problem(eps: object) -> Optional[Problem]:
     return Problem(R.UNSUPPORTED_NORM, ValueError, "eps must be finite and >= 0, got {}", (eps,))
 
 
-def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None,
-                    modulate_index=None) -> Optional[Problem]:
-    """The rules of the resnorm op (and of resnorm_quant less its global_scale), in the order the
-    wrappers report them: x and residual, D, the [D] parameters, gate/scale/shift, modulate_index, eps."""
+def _modulation_shape_problem(name: str, shape: torch.Size, cols: int) -> Problem:
+    return Problem(R.UNSUPPORTED_MODULATION, ValueError, "{} must be [D] or [B, D] with D={}, got shape {}",
+                   (name, cols, tuple(shape)))
+
+
+def _vector_shape_problem(name: str, shape: torch.Size, cols: int) -> Problem:
+    return Problem(_VECTOR_SHAPE_REASON[name], ValueError, "{} must have shape ({},) like x's last dim, got {}",
+                   (name, cols, tuple(shape)))
+
+
+_NO_GLOBAL_SCALE = object()
+
+
+def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None, modulate_index=None,
+                    global_scale=_NO_GLOBAL_SCALE) -> Optional[Problem]:
+    """The rules of the resnorm op, in the order the wrappers report them: x and residual, D and the row
+    count, the [D] parameters, gate/scale/shift, modulate_index, eps; and, when given, global_scale (the
+    resnorm_quant op). Each check reads an attribute once; messages are made only for a broken rule."""
     if not isinstance(x, Tensor) or x.dtype is not torch.bfloat16:
         return tensor_problem("x", x, ACTIVATION_DTYPES, None)
     dev = x.device
@@ -214,27 +230,29 @@ def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, nor
     if rows > MAX_ROWS:
         return rows_problem("x", rows)
 
-    for name, t in (("bias", bias), ("weight", weight), ("norm_bias", norm_bias)):
-        if t is not None:
-            p = tensor_problem(name, t, PARAM_DTYPES, dev)
-            if p is not None:
-                return p
-            if t.shape != (cols,):
-                return Problem(_VECTOR_SHAPE_REASON[name], ValueError, "{} must have shape ({},) like x's last dim, "
-                               "got {}", (name, cols, tuple(t.shape)))
+    if bias is not None or weight is not None or norm_bias is not None:
+        for name, t in (("bias", bias), ("weight", weight), ("norm_bias", norm_bias)):
+            if t is not None:
+                p = tensor_problem(name, t, PARAM_DTYPES, dev)
+                if p is not None:
+                    return p
+                if t.shape != (cols,):
+                    return _vector_shape_problem(name, t.shape, cols)
 
-    for name, t in zip(_MODULATION, (gate, scale, shift)):
+    for i, t in enumerate((gate, scale, shift)):
         if not isinstance(t, Tensor) or t.dtype not in PARAM_DTYPES or t.device != dev:
-            return tensor_problem(name, t, PARAM_DTYPES, dev, not_a_tensor=R.UNSUPPORTED_MODULATION)
+            return tensor_problem(_MODULATION[i], t, PARAM_DTYPES, dev, not_a_tensor=R.UNSUPPORTED_MODULATION)
         tshape = t.shape
-        if len(tshape) not in (1, 2) or tshape[-1] != cols:
-            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "{} must be [D] or [B, D] with D={}, got shape {}",
-                           (name, cols, tuple(tshape)))
-    gshape = gate.shape
-    ndim = len(gshape)
-    if not gshape == scale.shape == shift.shape:
-        return Problem(R.UNSUPPORTED_MODULATION, ValueError, "gate, scale and shift must have one shape, got {}, {}, {}",
-                       (tuple(gshape), tuple(scale.shape), tuple(shift.shape)))
+        if i == 0:
+            gshape = tshape
+            ndim = len(gshape)
+            if ndim not in (1, 2) or gshape[-1] != cols:
+                return _modulation_shape_problem("gate", gshape, cols)
+        elif tshape != gshape:
+            if len(tshape) not in (1, 2) or tshape[-1] != cols:
+                return _modulation_shape_problem(_MODULATION[i], tshape, cols)
+            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "gate, scale and shift must have one shape, got {}, "
+                           "{}, {}", (tuple(gshape), tuple(scale.shape), tuple(shift.shape)))
 
     if modulate_index is not None:
         p = tensor_problem("modulate_index", modulate_index, INDEX_DTYPES, dev)
@@ -257,26 +275,27 @@ def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, nor
             return Problem(R.UNSUPPORTED_MODULATION, ValueError, "x has {} rows, which does not split into "
                            "gate.shape[0] = {} batches", (rows, b))
 
-    return eps_problem(eps)
+    p = eps_problem(eps)
+    if p is not None or global_scale is _NO_GLOBAL_SCALE:
+        return p
+        return None
+    return global_scale_problem(global_scale, dev)
 
 
 def resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight=None, norm_bias=None,
                           modulate_index=None) -> Optional[Problem]:
-    """The rules of the resnorm_quant op: :func:`resnorm_problem`, then global_scale."""
-    p = resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
-    if p is not None:
-        return p
-    return global_scale_problem(global_scale, x.device)
+    """The rules of the resnorm_quant op: :func:`resnorm_problem` with its global_scale."""
+    return resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index, global_scale)
 
 
 def quantize_problem(y, global_scale) -> Optional[Problem]:
     """The rules of the nvfp4_quantize op: y bf16 [..., D] with a supported D and row count, global_scale."""
-    p = tensor_problem("y", y, ACTIVATION_DTYPES, None)
-    if p is not None:
-        return p
-    if y.dim() < 1:
+    if not isinstance(y, Tensor) or y.dtype is not torch.bfloat16:
+        return tensor_problem("y", y, ACTIVATION_DTYPES, None)
+    shape = y.shape
+    if not shape:
         return Problem(R.UNSUPPORTED_SHAPE, ValueError, "y must have at least one dimension ([..., D])", ())
-    cols = y.shape[-1]
+    cols = shape[-1]
     p = width_problem("y", cols) or rows_problem("y", y.numel() // cols)
     if p is not None:
         return p
