@@ -14,9 +14,8 @@ import torch
 
 from . import reference
 from .env import resolve_fast_math
-from .validation import (ACTIVATION_DTYPES, INDEX_DTYPES, MAX_COLS, PARAM_DTYPES, WIDTH_RULE,  # noqa: F401
-                         dequantize_problem, is_supported_width, quantize_problem, require, resnorm_problem,
-                         resnorm_quant_problem)
+from .validation import dequantize_problem, quantize_problem, require, resnorm_problem, resnorm_quant_problem
+from .validation import MAX_COLS, WIDTH_RULE, is_supported_width  # noqa: F401 - also importable from here
 
 Tensor = torch.Tensor
 

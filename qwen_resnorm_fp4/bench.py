@@ -410,7 +410,7 @@ def host_us_per_call(cases: Dict[str, Callable[[], object]], calls: int, rounds:
 
 def host_overhead_cases() -> Dict[str, Callable[[], object]]:
     """The benchmark's host-overhead cases on a tiny shape (1 x 3072), as calls without arguments: the
-    Python wrapper, the raw op, the gate the model integrations call (try_fused_resnorm_quant), and as a
+    Python wrapper, the raw op, the fused path the model integrations call (try_fused_resnorm_quant), and as a
     peer one PyTorch op with one kernel launch on the same x (torch.nn.functional.layer_norm).
     scripts/host_overhead.py adds its breakdown to these."""
     import types
@@ -424,7 +424,7 @@ def host_overhead_cases() -> Dict[str, Callable[[], object]]:
     return {
         "wrapper": lambda: api.resnorm_quant(*args),
         "raw_op": lambda: torch.ops.qwen_fp4.resnorm_quant(*args, EPS, fm),
-        "gate": lambda: fused_path.try_fused_resnorm_quant(inp.residual[0], inp.x[0], inp.gate, inp.scale,
+        "fused_path": lambda: fused_path.try_fused_resnorm_quant(inp.residual[0], inp.x[0], inp.gate, inp.scale,
                                                            inp.shift, fc1, eps=EPS),
         "layer_norm": lambda: torch.nn.functional.layer_norm(inp.x[0], (TARGET_DIM,), eps=EPS),
     }
@@ -810,8 +810,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          f"{g['copy']:.2f} us")
     extra.append(f"eager host overhead per call (1 x {TARGET_DIM}, wall time, GPU not the bottleneck): "
                  f"Python wrapper qwen_resnorm_fp4.resnorm_quant {host['wrapper']:.1f} us, "
-                 f"raw torch.ops.qwen_fp4.resnorm_quant {host['raw_op']:.1f} us, the integrations' gate "
-                 f"try_fused_resnorm_quant {host['gate']:.1f} us; peer in the same run: "
+                 f"raw torch.ops.qwen_fp4.resnorm_quant {host['raw_op']:.1f} us, the integrations' fused path "
+                 f"try_fused_resnorm_quant {host['fused_path']:.1f} us; peer in the same run: "
                  f"torch.nn.functional.layer_norm of the same x {host['layer_norm']:.1f} us")
     notes = [
         f"copy ceiling: {copy_gbps:.0f} GB/s (1 GiB device-to-device copy, read+write bytes / median time; "
