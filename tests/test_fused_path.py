@@ -33,7 +33,7 @@ def _clean(monkeypatch):
 
 
 def block(B=2, S=8, D=128, N=96, *, device="cpu", form="batch", param_dtype=torch.float32, bias=False, seed=0):
-    """A DiT block's tensors for the gate, plus an FC1 NVFP4Linear of width D -> N."""
+    """A DiT block's tensors for the fused path, plus an FC1 NVFP4Linear of width D -> N."""
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s, std=1.0: torch.randn(*s, generator=g) * std  # noqa: E731
     prow = {"shared": (), "batch": (B,), "batch1": (B, 1), "indexed": (2 * B,)}[form]
@@ -60,7 +60,7 @@ def block(B=2, S=8, D=128, N=96, *, device="cpu", form="batch", param_dtype=torc
 
 
 def direct(kw, extra, fc1, *, eps=1e-6, weight=None, norm_bias=None, fast_math=None):
-    """resnorm_quant called directly, the way the gate should call it."""
+    """resnorm_quant called directly, the way the fused path should call it."""
     gate, scale, shift = kw["gate"], kw["scale"], kw["shift"]
     if gate.dim() == 3:
         gate, scale, shift = gate.squeeze(1), scale.squeeze(1), shift.squeeze(1)
@@ -229,7 +229,7 @@ def _mutated_block(mutate_kw=None, mutate_extra=None, fc1_fn=None, **block_kw):
 
 
 def _case(name):
-    """(reason, callable returning the gate's result) for a named decline case."""
+    """(reason, callable returning the fused path's result) for a named decline case."""
     def run(mutate_kw=None, mutate_extra=None, fc1_fn=None, **more):
         kw, extra, fc1 = _mutated_block(mutate_kw, mutate_extra, fc1_fn)
         more.setdefault("allow_cpu", True)
@@ -491,7 +491,7 @@ def test_compile_reads_env_at_trace_time(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------------
-# GPU: the kernel under the gate, torch.compile and CUDA-graph capture
+# GPU: the kernel under the fused path, torch.compile and CUDA-graph capture
 # --------------------------------------------------------------------------------------------------
 
 gpu = pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and the compiled library")
