@@ -4,7 +4,7 @@ when its variable is exactly "1")."""
 from __future__ import annotations
 
 import os
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, Optional
 
 #: Either one set to "1" disables fast math in FlashInfer's / TensorRT-LLM's fp4_quantize.
 FAST_MATH_DISABLE_VARS = ("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "TRTLLM_DISABLE_FP4_QUANT_FAST_MATH")
@@ -14,14 +14,6 @@ FOUR_OVER_SIX_VAR = "FLASHINFER_NVFP4_4OVER6"
 DISABLE_VAR = "QWEN_FP4_DISABLE"
 
 ALL_VARS = (DISABLE_VAR, *FAST_MATH_DISABLE_VARS, FOUR_OVER_SIX_VAR)
-
-
-class Switches(NamedTuple):
-    """The switches in force: the fused path turned off, the 4over6 recipe asked for, fast math on."""
-
-    disabled: bool
-    four_over_six: bool
-    fast_math: bool
 
 
 def flag_enabled(name: str) -> bool:
@@ -35,18 +27,10 @@ def default_fast_math() -> bool:
     return get(FAST_MATH_DISABLE_VARS[0]) != "1" and get(FAST_MATH_DISABLE_VARS[1]) != "1"
 
 
-def read_switches() -> Switches:
-    """Every switch, each variable read once, now (the fused path's one read per call)."""
-    get = os.environ.get
-    return Switches(get(DISABLE_VAR) == "1", get(FOUR_OVER_SIX_VAR) == "1",
-                    get(FAST_MATH_DISABLE_VARS[0]) != "1" and get(FAST_MATH_DISABLE_VARS[1]) != "1")
-
-
-def resolve_fast_math(fast_math: Optional[bool], default: Optional[bool] = None) -> bool:
-    """``None`` follows the environment (or ``default``, the environment as already read); a bool is taken
-    as given."""
+def resolve_fast_math(fast_math: Optional[bool]) -> bool:
+    """``None`` follows the environment; a bool is taken as given."""
     if fast_math is None:
-        return default_fast_math() if default is None else default
+        return default_fast_math()
     if not isinstance(fast_math, bool):
         raise TypeError(f"fast_math must be a bool or None, got {type(fast_math).__name__}")
     return fast_math

@@ -31,7 +31,7 @@ import torch
 from . import _library
 from .api import _resnorm_quant_op
 from .device import kernel_serves_cuda_device
-from .env import DISABLE_VAR, FOUR_OVER_SIX_VAR, read_switches, resolve_fast_math
+from .env import DISABLE_VAR, FOUR_OVER_SIX_VAR, flag_enabled, resolve_fast_math
 from .validation import DeclineReason, Problem, global_scale_problem, resnorm_problem
 
 Tensor = torch.Tensor
@@ -148,11 +148,10 @@ def try_fused_resnorm_quant(
     in the caller, not a condition to serve around.
     """
     R = DeclineReason
-    # 1. Switches, read once.
-    switches = read_switches()
-    if switches.disabled:
+    # 1. Switches (the fast-math ones are read at the end, and only when neither fast_math nor fc1 pins it).
+    if flag_enabled(DISABLE_VAR):
         return _decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
-    if switches.four_over_six:
+    if flag_enabled(FOUR_OVER_SIX_VAR):
         return _decline(R.FOUR_OVER_SIX_RECIPE, "{}=1", FOUR_OVER_SIX_VAR)
 
     # 2. Where the tensors live: a device with a kernel.
@@ -220,7 +219,7 @@ def try_fused_resnorm_quant(
     if in_features != cols:
         return _decline(R.FC1_WIDTH_MISMATCH, "fc1.in_features = {} but D = {}", in_features, cols)
 
-    fm = resolve_fast_math(getattr(fc1, "fast_math", None) if fast_math is None else fast_math, switches.fast_math)
+    fm = resolve_fast_math(getattr(fc1, "fast_math", None) if fast_math is None else fast_math)
     packed, scales, residual_out = _resnorm_quant_op(
         residual, x, bias, gate, scale, shift, g, float(norm_eps), fm, weight, norm_bias, modulate_index)
     _succeed()

@@ -38,7 +38,8 @@ def main() -> None:
         "argument rules alone (resnorm_quant_problem)": lambda: validation.resnorm_quant_problem(
             *pos, 1e-6, None, None, None),
         "environment: fast-math default (2 variables)": env.default_fast_math,
-        "environment: every switch (4 variables)": env.read_switches,
+        "environment: the fused path's on/off switches (2 variables)": lambda: (
+            env.flag_enabled(env.DISABLE_VAR), env.flag_enabled(env.FOUR_OVER_SIX_VAR)),
         "wrapper nvfp4_quantize": lambda: api.nvfp4_quantize(y, inp.global_scale),
         "raw op nvfp4_quantize": lambda: torch.ops.qwen_fp4.nvfp4_quantize(y, inp.global_scale, True),
         "peer torch.nn.functional.layer_norm (same x)": base["layer_norm"],

@@ -353,7 +353,7 @@ def test_environment_read_at_call_time(monkeypatch, differing_inputs):
 @pytest.mark.parametrize("name", [*FAST_VARS, "QWEN_FP4_DISABLE", "FLASHINFER_NVFP4_4OVER6"])
 def test_switches_follow_every_way_of_setting_the_environment(monkeypatch, name):
     """The switches are read from os.environ at call time: they see os.environ[...] =, del, monkeypatch, a
-    value other than "1", and an os.environ replaced by another mapping; read_switches agrees."""
+    value other than "1", and an os.environ replaced by another mapping."""
     import os
 
     from qwen_resnorm_fp4 import env
@@ -375,8 +375,4 @@ def test_switches_follow_every_way_of_setting_the_environment(monkeypatch, name)
     assert not env.flag_enabled(name)
     monkeypatch.setattr(os, "environ", {name: "1"})
     assert env.flag_enabled(name) and env.default_fast_math() == (name not in FAST_VARS)
-    switches = env.read_switches()
-    assert switches.disabled == (name == env.DISABLE_VAR)
-    assert switches.four_over_six == (name == env.FOUR_OVER_SIX_VAR)
-    assert switches.fast_math == (name not in FAST_VARS)
 
