@@ -14,7 +14,7 @@ from .api import dequantize_nvfp4, nvfp4_quantize, resnorm, resnorm_quant  # noq
 from .layout import sf_offset_128x4  # noqa: E402
 from .gemm import apply_nvfp4_gemm_prequantized  # noqa: E402
 from .linear import NVFP4Linear  # noqa: E402
-from .gate import DeclineReason, last_decline_detail, last_decline_reason, try_fused_resnorm_quant  # noqa: E402
+from .fused_path import DeclineReason, last_decline_detail, last_decline_reason, try_fused_resnorm_quant  # noqa: E402
 
 try:
     from ._version import __version__  # written by setup.py

@@ -21,9 +21,10 @@ that host launch overhead does not count, median over the reps. Separately: ever
 always) by CUDA-graph replay of one call per input set, without event records between the calls: the
 fused op, the unfused pair, the pair's kernels alone and a copy of the same bytes. Small-row GPU times come
 from graph replay (the eager per-call figure at 17 rows is mostly launch overhead), so the small-row
-targets use those; at many rows it is the GPU time of back-to-back calls, reported next to the per-call
-figures (the targets there use the per-call figures). And the host overhead per call of the Python
-wrapper, the raw op and the integrations' gate, with one PyTorch op as a peer (:func:`host_overhead_cases`).
+performance goals (docs/performance.md) use those; at many rows it is the GPU time of back-to-back calls,
+reported next to the per-call figures (the goals there use the per-call figures). And the host overhead per
+call of the Python wrapper, the raw op and the integrations' fused path, with one PyTorch op as a peer
+(:func:`host_overhead_cases`).
 
 Everything here imports on a machine without a GPU and without matplotlib.
 """
@@ -43,9 +44,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import reference
-from .api import WIDTH_RULE, is_supported_width
+from ._argtypes import positive_int, positive_int_list
+from .info import build_info, kernel_path
 from .layout import round_up, sf_offsets
 from .linear import FP4_AMAX_SCALE
+from .validation import WIDTH_RULE, is_supported_width
 
 DEFAULT_ROWS = (17, 256, 1024, 4096, 4608, 6889, 8192, 16384, 32768)
 DEFAULT_DIMS = (3072, 5120)
@@ -407,12 +410,12 @@ def host_us_per_call(cases: Dict[str, Callable[[], object]], calls: int, rounds:
 
 def host_overhead_cases() -> Dict[str, Callable[[], object]]:
     """The benchmark's host-overhead cases on a tiny shape (1 x 3072), as calls without arguments: the
-    Python wrapper, the raw op, the gate the model integrations call (try_fused_resnorm_quant), and as a
+    Python wrapper, the raw op, the fused path the model integrations call (try_fused_resnorm_quant), and as a
     peer one PyTorch op with one kernel launch on the same x (torch.nn.functional.layer_norm).
     scripts/host_overhead.py adds its breakdown to these."""
     import types
 
-    from . import api, gate
+    from . import api, fused_path
 
     fm = _fast_math()
     inp = Inputs(1, TARGET_DIM, 1, seed=2)
@@ -421,8 +424,8 @@ def host_overhead_cases() -> Dict[str, Callable[[], object]]:
     return {
         "wrapper": lambda: api.resnorm_quant(*args),
         "raw_op": lambda: torch.ops.qwen_fp4.resnorm_quant(*args, EPS, fm),
-        "gate": lambda: gate.try_fused_resnorm_quant(inp.residual[0], inp.x[0], inp.gate, inp.scale, inp.shift,
-                                                     fc1, eps=EPS),
+        "fused_path": lambda: fused_path.try_fused_resnorm_quant(inp.residual[0], inp.x[0], inp.gate, inp.scale,
+                                                           inp.shift, fc1, eps=EPS),
         "layer_norm": lambda: torch.nn.functional.layer_norm(inp.x[0], (TARGET_DIM,), eps=EPS),
     }
 
@@ -452,12 +455,14 @@ def run_case(rows: int, dim: int, timer: GpuTimer, l2: int, copy_gbps: float, co
     del fused_out, unfused_out
 
     if "compiled" in impls:  # compile time (first call for this shape), excluded from the timing
+        from torch._dynamo.exc import TorchDynamoException
+
         t0 = time.perf_counter()
         try:
             impls["compiled"](0)
             torch.cuda.synchronize()
             row["compile_s"] = time.perf_counter() - t0
-        except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, not fatal
+        except TorchDynamoException as exc:  # a peer that fails to compile is reported, not fatal
             log(f"  torch.compile failed at rows={rows} D={dim} (the compiled peer is skipped for this D): "
                 f"{type(exc).__name__}: {str(exc)[:300]}")
             del impls["compiled"]
@@ -507,10 +512,8 @@ CSV_FIELDS = ["dim", "rows", "bytes", "n_sets", "fused_us", "fused_gbps", "fused
 
 def git_commit() -> str:
     """The commit the installed build came from, as setup.py recorded it ("-dirty": built with uncommitted
-    changes; cli.build_info), so that a wheel built elsewhere still names its code; "n/a" when none was
+    changes; info.build_info), so that a wheel built elsewhere still names its code; "n/a" when none was
     recorded (a build outside a git checkout)."""
-    from .cli import build_info
-
     return build_info()["build_commit"] or "n/a"
 
 
@@ -592,10 +595,11 @@ def write_png(path: Path, rows: List[Dict[str, object]], copy_gbps: float, title
 
 
 def check_targets(rows: List[Dict[str, object]], graph: Dict[Tuple[int, int], Dict[str, float]]) -> List[tuple]:
-    """(name, PASS/FAIL/SKIP, detail) for the issue's targets at D = 3072 (byte-exactness: every case).
+    """(name, PASS/FAIL/SKIP, detail) for the project's published performance goals at D = 3072
+    (docs/performance.md; byte-exactness: every case).
 
     ``graph`` maps (D, rows) to CUDA-graph replay times (:func:`graph_replay_us`). Small-row GPU times come
-    from graph replay (the issue's rule), so the rows <= 256 speedup uses the graph figures of every case
+    from graph replay (the goals' timing rule), so the rows <= 256 speedup uses the graph figures of every case
     that has them and the eager figure otherwise; the detail names both."""
     at = [r for r in rows if r["dim"] == TARGET_DIM]
     res = []
@@ -664,31 +668,22 @@ def check_targets(rows: List[Dict[str, object]], graph: Dict[Tuple[int, int], Di
 # ----------------------------------------------------------------------------------------------------
 
 
-def _int_list(text: str) -> List[int]:
-    try:
-        vals = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    if not vals or any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return vals
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m qwen_resnorm_fp4 bench",
         description="Benchmark fused resnorm_quant vs the unfused pair, an eager PyTorch chain and torch.compile "
                     "of it, against the copy-bandwidth ceiling (GPU only).")
-    p.add_argument("--dims", type=_int_list, default=None, help="comma-separated D values (default 3072,5120)")
-    p.add_argument("--rows", type=_int_list, default=None,
+    p.add_argument("--dims", type=positive_int_list, default=None, help="comma-separated D values (default 3072,5120)")
+    p.add_argument("--rows", type=positive_int_list, default=None,
                    help="comma-separated row counts (default 17,256,1024,4096,4608,6889,8192,16384,32768)")
-    p.add_argument("--reps", type=int, default=100, help="max timed calls per implementation and case (default 100; "
+    p.add_argument("--reps", type=positive_int, default=100, help="max timed calls per implementation and case (default 100; "
                    "fewer for big shapes, adaptively)")
     p.add_argument("--out", default="benchmarks/results", help="output directory (default benchmarks/results/)")
     p.add_argument("--quick", action="store_true",
                    help=f"a subset: rows {','.join(map(str, QUICK_ROWS))} at D={TARGET_DIM}, fewer reps")
     p.add_argument("--check-targets", action="store_true",
-                   help="evaluate the targets at D=3072, print PASS/FAIL each, exit 1 if any fails")
+                   help="judge the project's published performance goals (docs/performance.md) at D=3072, print "
+                        "PASS/FAIL each, exit 1 if any fails")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--compile-mode", default="default",
                    choices=["default", "max-autotune-no-cudagraphs"],
@@ -717,9 +712,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not is_supported_width(d):
             print(f"qwen_resnorm_fp4 bench: --dims: D must be {WIDTH_RULE}, got {d}", file=sys.stderr)
             return 2
-    if args.reps < 1:
-        print(f"qwen_resnorm_fp4 bench: --reps must be >= 1, got {args.reps}", file=sys.stderr)
-        return 2
     reason = gpu_unavailable_reason()
     if reason is not None:
         print(f"qwen_resnorm_fp4 bench: GPU only, and {reason}. Nothing to measure; run it on a machine with a "
@@ -736,7 +728,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     name = torch.cuda.get_device_name(0)
     cap = torch.cuda.get_device_capability(0)
     from . import __version__
-    from .cli import kernel_path
 
     path = kernel_path(cap)
     l2 = l2_bytes()
@@ -796,10 +787,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     graph_rows = sorted({17} | set(rows_list))
     for d in dims:
         for m in graph_rows:
-            try:
-                graph[(d, m)] = graph_replay_us(m, d, fm)
-            except Exception as exc:  # noqa: BLE001
-                print(f"CUDA-graph replay at D={d}, {m} rows failed: {type(exc).__name__}: {exc}")
+            graph[(d, m)] = graph_replay_us(m, d, fm)
     for r in results:
         g = graph.get((r["dim"], r["rows"]))
         if g:
@@ -822,8 +810,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          f"{g['copy']:.2f} us")
     extra.append(f"eager host overhead per call (1 x {TARGET_DIM}, wall time, GPU not the bottleneck): "
                  f"Python wrapper qwen_resnorm_fp4.resnorm_quant {host['wrapper']:.1f} us, "
-                 f"raw torch.ops.qwen_fp4.resnorm_quant {host['raw_op']:.1f} us, the integrations' gate "
-                 f"try_fused_resnorm_quant {host['gate']:.1f} us; peer in the same run: "
+                 f"raw torch.ops.qwen_fp4.resnorm_quant {host['raw_op']:.1f} us, the integrations' fused path "
+                 f"try_fused_resnorm_quant {host['fused_path']:.1f} us; peer in the same run: "
                  f"torch.nn.functional.layer_norm of the same x {host['layer_norm']:.1f} us")
     notes = [
         f"copy ceiling: {copy_gbps:.0f} GB/s (1 GiB device-to-device copy, read+write bytes / median time; "
@@ -852,7 +840,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         lines + ["", GRAPH_TABLE_TITLE, ""] + glines + [""] + [f"- {e}" for e in extra]
     target_res = check_targets(results, graph) if args.check_targets else []
     if target_res:
-        md += ["", f"## Targets (D = {TARGET_DIM})", ""] + [f"- {v}: {n} ({d})" for n, v, d in target_res]
+        md += ["", f"## Performance goals (D = {TARGET_DIM}, docs/performance.md)", ""] + [f"- {v}: {n} ({d})" for n, v, d in target_res]
     write_csv(out_dir / "results.csv", results)
     (out_dir / "results.md").write_text("\n".join(md) + "\n")
     msg = write_png(out_dir / "results.png", results, copy_gbps, f"{name}, torch {torch.__version__}, {date}")
@@ -865,7 +853,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rc = 0
     if target_res:
         print()
-        print(f"targets at D = {TARGET_DIM}:")
+        print(f"the project's performance goals (docs/performance.md) at D = {TARGET_DIM}:")
         for n, v, d in target_res:
             print(f"  {v}  {n}: {d}")
         if any(v == "FAIL" for _, v, _ in target_res):

@@ -1,12 +1,16 @@
-"""Command line: ``python -m qwen_resnorm_fp4 info | demo | bench`` (console script ``qwen-resnorm-fp4``).
+"""Command line: ``python -m qwen_resnorm_fp4 [--version] info | demo | bench`` (console script
+``qwen-resnorm-fp4``).
 
-- ``info``: versions, the compiled library, the GPU targets built in, the GPU found and the kernel path it
-  takes, the environment switches in force (``--json`` for machine-readable output).
+- ``info``: versions, whether the compiled library is loaded, the GPU targets built in, the GPU found and the
+  kernel path it takes, the environment switches in force (``--json`` for machine-readable output).
 - ``demo``: one Qwen-Image-shaped step (image and text streams), fused vs unfused byte-exact check,
   dequantization error, time per call. Exits 1 if fused and unfused are not byte-exact.
 - ``bench``: the benchmark (GPU only, see :mod:`qwen_resnorm_fp4.bench`).
 - ``bench-gemm``, ``bench-model``: the NVFP4 GEMM paths and a diffusers Qwen-Image transformer against BF16
   (GPU only, see :mod:`qwen_resnorm_fp4.bench_gemm`).
+
+Every option is checked before anything is printed or run: a wrong one gives argparse's usage message and
+exit status 2.
 """
 
 from __future__ import annotations
@@ -17,109 +21,17 @@ import math
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 
 import torch
 
-PATH_BLACKWELL = "Blackwell (FlashInfer conversion)"
-PATH_PORTABLE = "portable (software E2M1, = cuda_fp4.h)"
-PATH_PORTABLE_JIT = "portable (software E2M1, = cuda_fp4.h; compute_90 PTX JIT)"
-PATH_CPU = "CPU reference"
-
+from ._argtypes import positive_int
+from .info import PATH_CPU, collect_info, kernel_path
+from .validation import WIDTH_RULE, is_supported_width
 
 # ----------------------------------------------------------------------------------------------------
 # info
 # ----------------------------------------------------------------------------------------------------
-
-
-def build_info() -> Dict[str, object]:
-    """What setup.py recorded at build time (None fields in a source tree that was never built)."""
-    try:
-        from . import _build_info as b
-    except ImportError:
-        return {"cuda_archs": None, "flashinfer": None, "build_torch": None, "build_cuda": None, "build_commit": None}
-    return {
-        "cuda_archs": list(getattr(b, "CUDA_ARCHS", []) or []),
-        "flashinfer": getattr(b, "FLASHINFER", None),
-        "build_torch": getattr(b, "BUILD_TORCH", None),
-        "build_cuda": getattr(b, "BUILD_CUDA", None),
-        "build_commit": getattr(b, "BUILD_COMMIT", None),  # the checkout's commit at build time
-    }
-
-
-def _parse_arch(arch: str) -> Optional[Tuple[bool, int, int, str]]:
-    """'100f' -> (False, 10, 0, 'f'); 'compute_90' -> (True, 9, 0, ''); None if unparseable."""
-    a = arch.strip().lower()
-    ptx = a.startswith("compute_")
-    a = a.replace("compute_", "").replace("sm_", "")
-    digits = "".join(c for c in a if c.isdigit())
-    suffix = a[len(digits):]
-    if len(digits) < 2:
-        return None
-    num = int(digits)
-    return ptx, num // 10, num % 10, suffix
-
-
-def _cubin_runs_on(major: int, minor: int, am: int, an: int, suffix: str) -> bool:
-    if suffix == "a":  # architecture-specific: that exact chip only
-        return (major, minor) == (am, an)
-    # family-specific ('f', e.g. sm_100f = 10.0 and 10.3; sm_120f = 12.0 and 12.1) or plain: same major, newer minor
-    return major == am and minor >= an
-
-
-def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]] = None,
-                library_loaded: Optional[bool] = None) -> str:
-    """Which implementation the ops take on a GPU of this compute capability (None: no GPU)."""
-    from . import _library
-
-    if library_loaded is None:
-        library_loaded = _library.cuda_available()
-    if archs is None:
-        archs = build_info()["cuda_archs"] or []
-    if capability is None:
-        return f"{PATH_CPU} (no GPU)" if library_loaded else PATH_CPU
-    if not library_loaded:
-        return f"{PATH_CPU} (the compiled library is not loaded: CUDA tensors are not supported)"
-    major, minor = capability
-    parsed = [p for p in (_parse_arch(a) for a in archs) if p is not None]
-    cubins = [(am, an, sfx) for ptx, am, an, sfx in parsed if not ptx and _cubin_runs_on(major, minor, am, an, sfx)]
-    if major >= 10 and any(am >= 10 for am, _, _ in cubins):
-        return PATH_BLACKWELL
-    if cubins:
-        return PATH_PORTABLE
-    if any(ptx and (am, an) <= (major, minor) for ptx, am, an, _ in parsed):
-        return PATH_PORTABLE_JIT
-    return (f"none: this build ({' '.join(archs) or 'no GPU targets'}) has no kernel for sm_{major}{minor}; "
-            "CUDA tensors will fail, CPU tensors use the reference")
-
-
-def collect_info() -> Dict[str, object]:
-    from . import __version__, _library
-    from .env import default_fast_math, switches_in_force
-
-    bi = build_info()
-    gpus = []
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            cap = torch.cuda.get_device_capability(i)
-            gpus.append({"index": i, "name": torch.cuda.get_device_name(i),
-                         "capability": f"{cap[0]}.{cap[1]}", "path": kernel_path(cap)})
-    return {
-        "version": __version__,
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "library_loaded": _library.cuda_available(),
-        "library": _library.status(),
-        "cuda_archs": bi["cuda_archs"],
-        "flashinfer": bi["flashinfer"],
-        "build_torch": bi["build_torch"],
-        "build_cuda": bi["build_cuda"],
-        "build_commit": bi["build_commit"],
-        "gpus": gpus,
-        "path": gpus[0]["path"] if gpus else kernel_path(None),
-        "fast_math_default": default_fast_math(),
-        "switches": switches_in_force(),
-    }
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -132,7 +44,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     lines = [
         f"qwen_resnorm_fp4 {info['version']}",
         f"torch:            {info['torch']} (CUDA {info['torch_cuda'] or 'none: CPU build'})",
-        f"compiled library: {info['library']}",
+        f"compiled library: {info['library'] if info['library_loaded'] else 'not loaded: ' + info['library']}",
         f"GPU targets:      {(' '.join(archs) if archs else 'none (pure Python build)') if archs is not None else na}",
         f"FlashInfer:       {info['flashinfer'] or ('not used (no Blackwell targets)' if archs is not None else na)}",
         f"built with:       torch {info['build_torch'] or '?'}, CUDA {info['build_cuda'] or 'none'}, "
@@ -182,6 +94,7 @@ def _time_us(fn, device: torch.device, reps: int, warmup: int) -> float:
 
 
 def demo_stream(name: str, rows: int, dim: int, device: torch.device, seed: int, reps: int) -> Dict[str, object]:
+    """One stream of the demo: fused vs unfused bytes, the dequantization error, the time per call."""
     from . import api
     from .linear import FP4_AMAX_SCALE
 
@@ -224,7 +137,6 @@ def demo_stream(name: str, rows: int, dim: int, device: torch.device, seed: int,
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from . import _library
-    from .api import WIDTH_RULE, is_supported_width
 
     gpu_ok = torch.cuda.is_available() and _library.cuda_available()
     if args.device is None:
@@ -236,17 +148,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 f"the compiled library is not loaded ({_library.status()})"
             print(f"qwen_resnorm_fp4 demo: --device cuda asked for, but {why}", file=sys.stderr)
             return 2
+    dim = args.dim
+    if not is_supported_width(dim):
+        print(f"qwen_resnorm_fp4 demo: --dim must be {WIDTH_RULE}, got {dim}", file=sys.stderr)
+        return 2
     say = (lambda *a, **k: None) if args.json else print  # --json: only the JSON document on stdout
     image_rows = args.rows_image
     if image_rows is None:
         image_rows = 4096 if device.type == "cuda" else CPU_DEFAULT_IMAGE_ROWS
         if device.type == "cpu":
             say(f"on CPU (pure-PyTorch reference): {image_rows} image rows instead of 4096 "
-                  "(pass --rows-image 4096 for the full size)")
-    dim = args.dim
-    if not is_supported_width(dim):
-        print(f"qwen_resnorm_fp4 demo: --dim must be {WIDTH_RULE}, got {dim}", file=sys.stderr)
-        return 2
+                "(pass --rows-image 4096 for the full size)")
     reps = args.reps if args.reps is not None else (50 if device.type == "cuda" else 3)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
@@ -260,12 +172,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         results.append(r)
         bad = [k for k, v in r["exact"].items() if not v]
         say(f"{name:5s} stream [1, {rows}, {dim}]: fused == unfused byte-exact: "
-              f"{'yes' if not bad else 'NO (' + ', '.join(bad) + ' differ)'}; "
-              f"global scale {r['global_scale']:.4g}; dequant error vs y: max abs {r['dequant_max_abs']:.4g}, "
-              f"rel RMS {r['dequant_rel_rms']:.4f}")
+            f"{'yes' if not bad else 'NO (' + ', '.join(bad) + ' differ)'}; "
+            f"global scale {r['global_scale']:.4g}; dequant error vs y: max abs {r['dequant_max_abs']:.4g}, "
+            f"rel RMS {r['dequant_rel_rms']:.4f}")
         speed = r["unfused_us"] / r["fused_us"] if r["fused_us"] > 0 else math.nan
         say(f"      fused {r['fused_us']:.1f} us/call, unfused (resnorm + nvfp4_quantize) {r['unfused_us']:.1f} "
-              f"us/call ({speed:.2f}x)")
+            f"us/call ({speed:.2f}x)")
     if args.json:
         print(json.dumps({"device": str(device), "path": kernel_path(cap) if cap else PATH_CPU,
                           "streams": results}, indent=2))
@@ -281,20 +193,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="python -m qwen_resnorm_fp4",
                                 description="qwen-resnorm-fp4: fused residual + LayerNorm + adaLN + NVFP4 quantization.")
+    p.add_argument("--version", action="version", version=f"qwen_resnorm_fp4 {__version__}")
     sub = p.add_subparsers(dest="command", metavar="{info,demo,bench,bench-gemm,bench-model}")
     sub.required = True
-    pi = sub.add_parser("info", help="versions, build, GPU and kernel path, environment switches")
+    pi = sub.add_parser("info", help="versions, build, library, GPU and kernel path, environment switches")
     pi.add_argument("--json", action="store_true", help="print JSON")
     pd = sub.add_parser("demo", help="a Qwen-Image-shaped step: fused vs unfused, error, time")
     pd.add_argument("--device", choices=["cpu", "cuda"], default=None,
                     help="default: cuda when a GPU and the compiled library are present, else cpu")
-    pd.add_argument("--rows-image", type=int, default=None,
+    pd.add_argument("--rows-image", type=positive_int, default=None,
                     help="image-stream rows (default 4096; 256 on CPU)")
-    pd.add_argument("--rows-text", type=int, default=17, help="text-stream rows (default 17)")
-    pd.add_argument("--dim", type=int, default=3072, help="hidden size D (default 3072)")
-    pd.add_argument("--reps", type=int, default=None, help="timed calls (default 50 on GPU, 3 on CPU)")
+    pd.add_argument("--rows-text", type=positive_int, default=17, help="text-stream rows (default 17)")
+    pd.add_argument("--dim", type=int, default=3072, help=f"hidden size D, {WIDTH_RULE} (default 3072)")
+    pd.add_argument("--reps", type=positive_int, default=None, help="timed calls (default 50 on GPU, 3 on CPU)")
     pd.add_argument("--json", action="store_true", help="print the results as JSON only")
     sub.add_parser("bench", help="benchmark (GPU only): python -m qwen_resnorm_fp4 bench --help", add_help=False)
     for name, what in (("bench-gemm", "NVFP4 GEMM paths vs BF16"), ("bench-model", "Qwen-Image transformer vs BF16")):
@@ -316,9 +231,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "info":
         return cmd_info(args)
     if args.command == "demo":
-        if args.rows_image is not None and args.rows_image <= 0 or args.rows_text <= 0:
-            print("qwen_resnorm_fp4 demo: row counts must be positive", file=sys.stderr)
-            return 2
         return cmd_demo(args)
     return 2
 

@@ -1,9 +1,18 @@
-"""Environment switches, read at call time exactly as the production quantizer reads them."""
+"""Environment switches, read at call time exactly as the production quantizer reads them (a switch is on
+when its variable is exactly "1").
+
+They are read with the C library's ``getenv``, the process environment that FlashInfer's and TensorRT-LLM's
+C++ read too. ``os.environ`` writes reach it (``os.environ[...] = ...`` calls ``putenv``, ``del`` calls
+``unsetenv``), so a change made from Python takes effect at the next call. It costs a fifth of
+``os.environ.get`` of an unset name, which raises and catches KeyError inside ``os._Environ``. Without a C
+library to call (or under torch.compile tracing, which cannot trace a foreign call) ``os.environ`` is read.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import os
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 
@@ -17,46 +26,41 @@ DISABLE_VAR = "QWEN_FP4_DISABLE"
 ALL_VARS = (DISABLE_VAR, *FAST_MATH_DISABLE_VARS, FOUR_OVER_SIX_VAR)
 
 
-# These switches are read on every op call. os.environ.get of an unset variable raises and catches a
-# KeyError inside os._Environ (about 0.7 us a name); os._Environ's own dict of encoded names and values
-# answers the same question with one plain lookup. It is the live mapping (os.environ[...] = ...,
-# monkeypatch.setenv and del all write through it), so the switches are still read at call time. An
-# os.environ replaced by another object, and torch.compile's tracing (which would guard on that whole
-# dict), take the plain path.
+def _libc_getenv() -> Optional[Callable[[bytes], Optional[bytes]]]:
+    """The C library's getenv(const char*) -> const char*, or None where it cannot be loaded."""
+    try:
+        getenv = ctypes.CDLL(None).getenv
+    except (OSError, AttributeError, TypeError):
+        return None
+    getenv.argtypes = [ctypes.c_char_p]
+    getenv.restype = ctypes.c_char_p
+    return getenv
+
+
+_GETENV = _libc_getenv()
 _ENVIRON = os.environ
-try:
-    _ENV_DATA = _ENVIRON._data
-    _ENCODE_NAME = _ENVIRON.encodekey
-    _ONE = _ENVIRON.encodevalue("1")
-except AttributeError:  # pragma: no cover - an os.environ without these internals
-    _ENV_DATA = None
-_encoded_names: Dict[str, object] = {}
+_is_compiling = torch.compiler.is_compiling
+_FAST_MATH_KEYS = tuple(os.fsencode(v) for v in FAST_MATH_DISABLE_VARS)
+_ONE = b"1"
 
 
-def _encoded_lookup() -> bool:
-    """Whether os.environ's own dict may be read directly (see above)."""
-    return _ENV_DATA is not None and os.environ is _ENVIRON and not torch.compiler.is_compiling()
-
-
-def _encoded(name: str) -> object:
-    key = _encoded_names.get(name)
-    if key is None:
-        key = _encoded_names[name] = _ENCODE_NAME(name)
-    return key
+def _libc_readable() -> bool:
+    """getenv may be used: there is one, os.environ was not replaced, and Dynamo is not tracing."""
+    return _GETENV is not None and os.environ is _ENVIRON and not _is_compiling()
 
 
 def flag_enabled(name: str) -> bool:
     """True when the variable is exactly "1" (the production quantizer's getBoolEnv rule), read now."""
-    if _encoded_lookup():
-        return _ENV_DATA.get(_encoded(name)) == _ONE
+    if _libc_readable():
+        return _GETENV(os.fsencode(name)) == _ONE
     return os.environ.get(name) == "1"
 
 
 def default_fast_math() -> bool:
     """Fast math unless FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH is "1" (read now, on every call)."""
-    if _encoded_lookup():
-        get = _ENV_DATA.get
-        return get(_encoded(FAST_MATH_DISABLE_VARS[0])) != _ONE and get(_encoded(FAST_MATH_DISABLE_VARS[1])) != _ONE
+    if _libc_readable():
+        getenv = _GETENV
+        return getenv(_FAST_MATH_KEYS[0]) != _ONE and getenv(_FAST_MATH_KEYS[1]) != _ONE
     get = os.environ.get
     return get(FAST_MATH_DISABLE_VARS[0]) != "1" and get(FAST_MATH_DISABLE_VARS[1]) != "1"
 

@@ -52,6 +52,7 @@ import torch
 
 from . import _library, reference
 from .api import _aligned
+from .device import capability_major
 from .layout import round_up
 
 Tensor = torch.Tensor
@@ -85,25 +86,11 @@ def flashinfer_mm_fp4() -> Optional[Any]:
     return mm_fp4
 
 
-_serves_cache: dict = {}
-
-
 @torch.compiler.assume_constant_result
 def _flashinfer_serves_index(index: int) -> bool:
     """A constant for torch.compile: CUDA device ``index`` (-1: the current one) is a Blackwell GPU and
     FlashInfer imports."""
-    hit = _serves_cache.get(index)
-    if hit is not None:
-        return hit
-    ok = False
-    try:
-        if torch.cuda.is_available():
-            i = torch.cuda.current_device() if index < 0 else index
-            ok = torch.cuda.get_device_capability(i)[0] in BLACKWELL_MAJORS and flashinfer_mm_fp4() is not None
-    except Exception:  # noqa: BLE001 - a broken CUDA setup means "no FlashInfer path"
-        ok = False
-    _serves_cache[index] = ok
-    return ok
+    return capability_major(index) in BLACKWELL_MAJORS and flashinfer_mm_fp4() is not None
 
 
 def flashinfer_serves(device: torch.device) -> bool:

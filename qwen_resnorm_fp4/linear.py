@@ -19,10 +19,11 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 import torch
 
 from . import _library, reference
-from .api import WIDTH_RULE, is_supported_width, nvfp4_quantize
+from .api import nvfp4_quantize
 from .env import resolve_fast_math
 from .gemm import BACKENDS, apply_nvfp4_gemm_prequantized, drop_cached_weight, host_alpha
 from .layout import round_up, sf_offsets
+from .validation import WIDTH_RULE, is_supported_width
 
 Tensor = torch.Tensor
 

@@ -11,6 +11,7 @@ import torch
 
 from . import reference
 from .layout import round_up
+from .validation import quantize_problem, require, resnorm_problem, resnorm_quant_problem
 
 Tensor = torch.Tensor
 
@@ -81,35 +82,28 @@ def _nvfp4_dequantize_bf16_fake(packed, scales):
     return packed.new_empty((packed.shape[0], packed.shape[1] * 2), dtype=torch.bfloat16)
 
 
-# CPU: the reference is the implementation, behind the same argument checks as the typed wrappers
-# (TypeError / ValueError naming the argument), so a raw torch.ops.qwen_fp4.* call on CPU refuses bad
-# dtypes, shapes, devices and eps as the CUDA implementation does. Unlike the CUDA implementation it
-# accepts non-contiguous and misaligned tensors (the reference reads any strides). The checks live in
-# api.py; imported at call time so that api.py may import this module without a cycle.
+# CPU: the reference is the implementation, behind the typed wrappers' rules (validation.py: TypeError /
+# ValueError naming the argument), so a raw torch.ops.qwen_fp4.* call on CPU refuses bad dtypes, shapes,
+# devices and eps as the CUDA implementation does. Unlike the CUDA implementation it accepts non-contiguous
+# and misaligned tensors (the reference reads any strides).
 @torch.library.impl(f"{NAMESPACE}::resnorm_quant", "CPU", lib=_lib)
 def _resnorm_quant_cpu(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
                        weight=None, norm_bias=None, modulate_index=None):
-    from .api import _check_resnorm_quant_args
-
-    _check_resnorm_quant_args(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
-                              modulate_index)
+    require(resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
+                                  modulate_index))
     return reference.resnorm_quant(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
                                    weight, norm_bias, modulate_index)
 
 
 @torch.library.impl(f"{NAMESPACE}::resnorm", "CPU", lib=_lib)
 def _resnorm_cpu(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None, modulate_index=None):
-    from .api import _check_resnorm_args
-
-    _check_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
+    require(resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index))
     return reference.resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
 
 
 @torch.library.impl(f"{NAMESPACE}::nvfp4_quantize", "CPU", lib=_lib)
 def _nvfp4_quantize_cpu(y, global_scale, fast_math):
-    from .api import _check_quantize_args
-
-    _check_quantize_args(y, global_scale)
+    require(quantize_problem(y, global_scale))
     return reference.nvfp4_quantize(y, global_scale, fast_math)
 
 

@@ -14,6 +14,7 @@ Helpers
 - ``e4m3_table()``, ``e4m3_byte_oracle(tensor)``: all finite E4M3 values decoded by formula; nearest-even encode.
 - ``round_fraction_to_fp32(fr)``, ``fma_oracle(a, b, c)``: exact (single rounding) fp32 arithmetic.
 - ``sf_offsets_by_permute(M, D)``: the 128x4 scale layout built by reshape/permute (no offset formula).
+- ``round_up(n, m)``: the library's own (qwen_resnorm_fp4.layout), checked against its definition.
 - ``nvfp4_quantize_oracle(y, G, fast)``: the whole step-8 recipe with numpy float32 scalars and the oracles.
 - ``layer_norm_f64(...)``: steps 1-7 in float64 (no intermediate roundings except where stated).
 """
@@ -27,16 +28,14 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import torch
 
+from qwen_resnorm_fp4.layout import round_up  # noqa: F401 - the tests' one round_up (test_layout.py checks it)
+
 # ----------------------------------------------------------------------------------------------------
 # Inputs
 # ----------------------------------------------------------------------------------------------------
 
 #: Modulation forms understood by make_inputs.
 FORMS = ("shared", "batch", "indexed_int32", "indexed_int64", "indexed_bool")
-
-
-def round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
 
 
 def make_inputs(

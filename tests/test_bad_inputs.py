@@ -4,8 +4,8 @@ resnorm / nvfp4_quantize) and the raw ops (torch.ops.qwen_fp4.*).
 Each case of the table below is one way to call the ops wrongly (or awkwardly). For every case, op it
 applies to, layer and device:
 - "reject" cases: the wrapper raises TypeError / ValueError whose message names the argument; the raw
-  op raises too, naming it (TypeError / ValueError from the CPU implementation, which runs the wrappers'
-  checks; RuntimeError from the C++ checks on CUDA, or from the dispatcher for a wrongly typed scalar);
+  op raises too, naming it (TypeError / ValueError from the CPU implementation, which applies the wrappers'
+  rules; RuntimeError from the C++ checks on CUDA, or from the dispatcher for a wrongly typed scalar);
 - "layout" cases (non-contiguous or misaligned views): the wrapper copies and returns the same bytes as
   for contiguous inputs; the raw CPU op accepts them too (same bytes); the raw CUDA op refuses them,
   naming the argument ("must be contiguous" / "must be 16-byte aligned");
@@ -481,39 +481,39 @@ def test_aligned_skips_fake_tensors():
     assert same_bytes(f(*args), f(*[a.clone() for a in args]))
 
 
-_PY_CHECKS = {RQ: "_check_resnorm_quant_args", RN: "_check_resnorm_args", NQ: "_check_quantize_args"}
+_OPS = {RQ: ("_RESNORM_QUANT", "resnorm_quant_problem"), RN: ("_RESNORM", "resnorm_problem"),
+        NQ: ("_NVFP4_QUANTIZE", "quantize_problem")}
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and the compiled library")
+@pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("op", ALL_OPS)
-def test_cuda_wrappers_run_python_checks_only_when_the_op_refuses(monkeypatch, op):
-    """On plain CUDA tensors the wrappers call the op first (its C++ checks refuse whatever the Python checks
-    refuse, before any launch) and run the Python checks only to explain a refusal (api._run_or_explain):
-    a good call never runs them, a bad one raises their typed error, and where they find nothing wrong
-    the op's own error stands."""
+def test_wrappers_check_first_then_call_the_op_once(monkeypatch, op, dev):
+    """The wrappers apply the rules before the op and call it once: a good call (a strided gate included,
+    copied for the layout) calls it once; a bad one raises the rules' typed error without calling it; where
+    the rules find nothing wrong, the op's own error reaches the caller unchanged."""
     from qwen_resnorm_fp4 import api
 
-    kw = good("cuda")
+    kw = good(dev)
     want = call(op, "wrapper", kw)
-    runs = []
-    real = getattr(api, _PY_CHECKS[op])
+    overload_name, rules_name = _OPS[op]
+    real, calls = getattr(api, overload_name), []
 
     def counted(*args):
-        runs.append(1)
+        calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(api, _PY_CHECKS[op], counted)
-    got = call(op, "wrapper", dict(kw, gate=strided(kw["gate"])))  # a copy for the layout, still no check
+    monkeypatch.setattr(api, overload_name, counted)
+    got = call(op, "wrapper", kw if op == NQ else dict(kw, gate=strided(kw["gate"])))
     sync_all()
-    assert same_bytes(got, want) and not runs
+    assert same_bytes(got, want) and calls == [1]
     name = "y" if op == NQ else "x"
     bad = dict(kw, **{name: kw[name].half()})
     with pytest.raises(TypeError, match=rf"^{name} must be bfloat16"):
         call(op, "wrapper", bad)
-    assert runs == [1]
-    monkeypatch.setattr(api, _PY_CHECKS[op], lambda *args: None)  # checks that find nothing
-    with pytest.raises(RuntimeError, match=rf"qwen_fp4: {name} must be bfloat16"):
+    assert calls == [1]
+    monkeypatch.setattr(api, rules_name, lambda *args: None)  # rules that find nothing: the op refuses itself
+    with pytest.raises(RuntimeError if dev == "cuda" else TypeError, match=rf"{name} must be bfloat16"):
         call(op, "wrapper", bad)
+    assert calls == [1, 1]
     sync_all()
     assert same_bytes(call(op, "wrapper", kw), want)

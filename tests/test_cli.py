@@ -1,4 +1,5 @@
-"""CPU tests of the command line (info, demo, bench) and of the benchmark's pure helpers.
+"""CPU tests of the command line (info, demo, bench, --version), of its option checks, of the install
+description it prints (qwen_resnorm_fp4.info) and of the benchmark's pure helpers.
 
 The subprocesses run from the repository root with CUDA hidden, so they import this source tree and take
 the CPU paths on any machine.
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from qwen_resnorm_fp4 import bench, cli
+from qwen_resnorm_fp4 import bench, cli, info
 from qwen_resnorm_fp4.layout import round_up
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,27 +37,37 @@ def test_info_text():
                 "switches:"):
         assert key in out, (key, out)
     assert torch.__version__ in out
-    assert cli.PATH_CPU in out
+    assert info.PATH_CPU in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("compiled library:"))
+    want = "compiled library: loaded " if _library_loaded() else "compiled library: not loaded: "
+    assert line.startswith(want), line
 
 
 def test_info_json():
     p = run_cli("info", "--json")
     assert p.returncode == 0, p.stderr
-    info = json.loads(p.stdout)
+    doc = json.loads(p.stdout)
     for key in ("version", "torch", "torch_cuda", "library_loaded", "library", "cuda_archs", "flashinfer",
                 "gpus", "path", "switches"):
-        assert key in info
-    assert info["torch"] == torch.__version__
-    assert info["gpus"] == []
-    assert info["path"].startswith(cli.PATH_CPU)
+        assert key in doc
+    assert doc["torch"] == torch.__version__
+    assert doc["gpus"] == []
+    assert doc["path"].startswith(info.PATH_CPU)
+    assert doc["library_loaded"] is _library_loaded()
+
+
+def _library_loaded() -> bool:
+    from qwen_resnorm_fp4 import _library
+
+    return _library.cuda_available()
 
 
 def test_info_shows_switches(monkeypatch):
     monkeypatch.setenv("QWEN_FP4_DISABLE", "1")
     monkeypatch.setenv("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "1")
-    info = cli.collect_info()
-    assert info["switches"].get("QWEN_FP4_DISABLE") == "1"
-    assert info["fast_math_default"] is False
+    doc = info.collect_info()
+    assert doc["switches"].get("QWEN_FP4_DISABLE") == "1"
+    assert doc["fast_math_default"] is False
 
 
 def test_demo_cpu():
@@ -96,6 +107,73 @@ def test_demo_rejects_unsupported_width(dim, capsys):
     assert cli.main(["demo", "--device", "cpu", "--dim", dim, "--reps", "1"]) == 2
     err = capsys.readouterr().err
     assert "--dim must be a positive multiple of 64, at most 16384, got " + dim in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["demo", "--reps", "0"], ["demo", "--reps", "-1"], ["demo", "--rows-text", "0"], ["demo", "--rows-image", "-5"],
+    ["demo", "--reps", "two"], ["bench", "--reps", "0"], ["bench", "--reps", "-3"], ["bench", "--rows", "17,0"],
+    ["bench", "--dims", "-64"],
+])
+def test_counts_must_be_positive(argv, capsys):
+    """A count of zero, a negative one or a non-number is refused by argparse (exit 2, the option named in
+    the message), before anything is printed on stdout."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert f"argument {argv[1]}: expected" in err and "positive integer" in err, err
+
+
+def test_demo_refused_count_prints_only_the_error():
+    """`demo --reps -1` prints the usage error and nothing else (no banner)."""
+    p = run_cli("demo", "--reps", "-1")
+    assert p.returncode == 2
+    assert p.stdout == ""
+    assert "argument --reps: expected a positive integer, got -1" in p.stderr
+    assert "on CPU" not in p.stderr and "device:" not in p.stderr
+
+
+def test_demo_refused_width_prints_no_banner(capsys):
+    """A refused --dim is reported before the demo's banner lines."""
+    assert cli.main(["demo", "--device", "cpu", "--dim", "100"]) == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_version(capsys):
+    from qwen_resnorm_fp4 import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"qwen_resnorm_fp4 {__version__}"
+    p = run_cli("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"qwen_resnorm_fp4 {__version__}", p.stdout + p.stderr
+
+
+def test_console_script_entry_point():
+    """pyproject's console script names a callable that exists: qwen_resnorm_fp4.cli:main."""
+    text = (ROOT / "pyproject.toml").read_text() if (ROOT / "pyproject.toml").exists() else None
+    if text is None:
+        pytest.skip("pyproject.toml not in this checkout")
+    assert 'qwen-resnorm-fp4 = "qwen_resnorm_fp4.cli:main"' in text
+    assert callable(cli.main)
+
+
+def test_bench_does_not_import_cli():
+    """The benchmark and the command line do not import each other's modules: bench imports info."""
+    code = "import sys, qwen_resnorm_fp4.bench; print('qwen_resnorm_fp4.cli' in sys.modules)"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stdout + p.stderr
+
+
+def test_check_targets_help_names_the_published_goals(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "performance goals (docs/performance.md)" in out
+    assert "issue" not in out
 
 
 @pytest.mark.parametrize("dims", ["16448", "3072,96"])
@@ -146,23 +224,23 @@ def test_bytes_moved_formula():
 
 
 @pytest.mark.parametrize("cap,archs,expected", [
-    ((10, 0), ["90a", "100f", "120f", "compute_90"], cli.PATH_BLACKWELL),
-    ((10, 3), ["90a", "100f", "120f", "compute_90"], cli.PATH_BLACKWELL),
-    ((12, 0), ["90a", "100f", "120f", "compute_90"], cli.PATH_BLACKWELL),
-    ((12, 1), ["90a", "100f", "120f", "compute_90"], cli.PATH_BLACKWELL),
-    ((9, 0), ["90a", "100f", "120f", "compute_90"], cli.PATH_PORTABLE),
-    ((11, 0), ["90a", "100f", "120f", "compute_90"], cli.PATH_PORTABLE_JIT),  # no sm_110 cubin: PTX
-    ((10, 3), ["90a", "100a", "compute_90"], cli.PATH_PORTABLE_JIT),  # an 'a' cubin does not run on a sibling
-    ((12, 0), ["90a", "compute_90"], cli.PATH_PORTABLE_JIT),
+    ((10, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
+    ((10, 3), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
+    ((12, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
+    ((12, 1), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
+    ((9, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_PORTABLE),
+    ((11, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_PORTABLE_JIT),  # no sm_110 cubin: PTX
+    ((10, 3), ["90a", "100a", "compute_90"], info.PATH_PORTABLE_JIT),  # an 'a' cubin does not run on a sibling
+    ((12, 0), ["90a", "compute_90"], info.PATH_PORTABLE_JIT),
 ])
 def test_kernel_path(cap, archs, expected):
-    assert cli.kernel_path(cap, archs, library_loaded=True) == expected
+    assert info.kernel_path(cap, archs, library_loaded=True) == expected
 
 
 def test_kernel_path_no_kernel_or_no_library():
-    assert cli.kernel_path((8, 9), ["90a", "compute_90"], library_loaded=True).startswith("none")
-    assert cli.kernel_path(None, ["90a"], library_loaded=False) == cli.PATH_CPU
-    assert cli.kernel_path((9, 0), ["90a"], library_loaded=False).startswith(cli.PATH_CPU)
+    assert info.kernel_path((8, 9), ["90a", "compute_90"], library_loaded=True).startswith("none")
+    assert info.kernel_path(None, ["90a"], library_loaded=False) == info.PATH_CPU
+    assert info.kernel_path((9, 0), ["90a"], library_loaded=False).startswith(info.PATH_CPU)
 
 
 def test_eager_chain_peer_on_cpu():
@@ -203,8 +281,8 @@ def test_check_targets_logic():
 
 
 def test_check_targets_small_rows_use_graph_replay():
-    """Rows <= 256: the graph-replay speedup decides where measured (the issue: small-row GPU times come
-    from CUDA-graph replay), the eager one elsewhere; the detail names both."""
+    """Rows <= 256: the graph-replay speedup decides where measured (the goals' rule: small-row GPU times
+    come from CUDA-graph replay), the eager one elsewhere; the detail names both."""
     rows = [{"dim": 3072, "rows": m, "fused_frac_copy": 0.1, "speedup_vs_unfused": 1.2, "speedup_vs_compiled": 2.0,
              "compiled_us": 1.0, "byte_exact": True} for m in (17, 256)]
     name = "fused >= 1.5x unfused at rows <= 256"
@@ -257,9 +335,9 @@ def test_graph_table_and_big_rows_detail():
 def test_bench_names_the_commit_the_build_recorded(monkeypatch):
     """The benchmark's header names the commit setup.py recorded in the build (a wheel run on a machine
     without the checkout still names its code), or n/a when none was recorded."""
-    monkeypatch.setattr(cli, "build_info", lambda: {"build_commit": "abc1234-dirty"})
+    monkeypatch.setattr(bench, "build_info", lambda: {"build_commit": "abc1234-dirty"})
     assert bench.git_commit() == "abc1234-dirty"
-    monkeypatch.setattr(cli, "build_info", lambda: {"build_commit": None})
+    monkeypatch.setattr(bench, "build_info", lambda: {"build_commit": None})
     assert bench.git_commit() == "n/a"
 
 

@@ -1,19 +1,21 @@
-"""The 128x4 swizzled scale layout, padding rows and the nibble order of the packed codes."""
+"""round_up, the 128x4 swizzled scale layout, padding rows and the nibble order of the packed codes."""
 
 import pytest
 import torch
 
 from conftest import round_up, sf_offsets_by_permute
 from qwen_resnorm_fp4 import reference as R
-from qwen_resnorm_fp4.layout import round_up as lib_round_up
 from qwen_resnorm_fp4.layout import sf_offset_128x4
 
 SHAPES = [(1, 64), (5, 128), (127, 64), (128, 192), (129, 256), (300, 512), (256, 3072), (3, 16384)]
 
 
 def test_round_up():
-    for n in range(0, 400, 7):
-        assert lib_round_up(n, 128) == round_up(n, 128) and lib_round_up(n, 128) % 128 == 0
+    """round_up(n, m) is the smallest multiple of m that is >= n."""
+    for m in (1, 16, 128):
+        for n in range(0, 400, 7):
+            r = round_up(n, m)
+            assert r % m == 0 and n <= r < n + m
 
 
 @pytest.mark.parametrize("M,D", SHAPES)

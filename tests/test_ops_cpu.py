@@ -352,8 +352,8 @@ def test_environment_read_at_call_time(monkeypatch, differing_inputs):
 
 @pytest.mark.parametrize("name", [*FAST_VARS, "QWEN_FP4_DISABLE", "FLASHINFER_NVFP4_4OVER6"])
 def test_switches_follow_every_way_of_setting_the_environment(monkeypatch, name):
-    """env.flag_enabled reads os.environ's own dict (no KeyError round trip): it must see os.environ[...] =,
-    del, monkeypatch, a value other than "1", and an os.environ replaced by another mapping."""
+    """The switches are read from os.environ at call time: they see os.environ[...] =, del, monkeypatch, a
+    value other than "1", and an os.environ replaced by another mapping."""
     import os
 
     from qwen_resnorm_fp4 import env
@@ -371,7 +371,8 @@ def test_switches_follow_every_way_of_setting_the_environment(monkeypatch, name)
     assert not env.flag_enabled(name) and env.default_fast_math()
     monkeypatch.setenv(name, "1")
     assert env.flag_enabled(name)
-    monkeypatch.setattr(os, "environ", {name: "0"})  # not os._Environ: the plain path
+    monkeypatch.setattr(os, "environ", {name: "0"})  # a plain mapping in place of os.environ
     assert not env.flag_enabled(name)
     monkeypatch.setattr(os, "environ", {name: "1"})
     assert env.flag_enabled(name) and env.default_fast_math() == (name not in FAST_VARS)
+

@@ -1,5 +1,7 @@
-"""The gate (try_fused_resnorm_quant): every decline reason, the switches, log-once, the success path
-(same bytes as resnorm_quant), torch.compile(fullgraph=True), and on a GPU CUDA-graph capture."""
+"""The fused path (try_fused_resnorm_quant): every decline reason, the switches, log-once, the success path
+(same bytes as resnorm_quant), the device-capability rule, torch.compile(fullgraph=True), and on a GPU
+CUDA-graph capture and the decisions on CUDA tensors (served, declined or raised, with the op called at most
+once)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import qwen_resnorm_fp4 as q
-from qwen_resnorm_fp4 import gate as gate_mod
+from qwen_resnorm_fp4 import device
+from qwen_resnorm_fp4 import fused_path as fused_mod
 from qwen_resnorm_fp4.env import ALL_VARS
-from qwen_resnorm_fp4.gate import DeclineReason as R
+from qwen_resnorm_fp4.fused_path import DeclineReason as R
 
 from reliability_utils import CUDA_OK  # noqa: E402
 
@@ -24,13 +27,13 @@ from reliability_utils import CUDA_OK  # noqa: E402
 def _clean(monkeypatch):
     for v in ALL_VARS:
         monkeypatch.delenv(v, raising=False)
-    q.gate.reset_decline_log()
+    fused_mod.reset_decline_log()
     yield
-    q.gate.reset_decline_log()
+    fused_mod.reset_decline_log()
 
 
 def block(B=2, S=8, D=128, N=96, *, device="cpu", form="batch", param_dtype=torch.float32, bias=False, seed=0):
-    """A DiT block's tensors for the gate, plus an FC1 NVFP4Linear of width D -> N."""
+    """A DiT block's tensors for the fused path, plus an FC1 NVFP4Linear of width D -> N."""
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s, std=1.0: torch.randn(*s, generator=g) * std  # noqa: E731
     prow = {"shared": (), "batch": (B,), "batch1": (B, 1), "indexed": (2 * B,)}[form]
@@ -57,7 +60,7 @@ def block(B=2, S=8, D=128, N=96, *, device="cpu", form="batch", param_dtype=torc
 
 
 def direct(kw, extra, fc1, *, eps=1e-6, weight=None, norm_bias=None, fast_math=None):
-    """resnorm_quant called directly, the way the gate should call it."""
+    """resnorm_quant called directly, the way the fused path should call it."""
     gate, scale, shift = kw["gate"], kw["scale"], kw["shift"]
     if gate.dim() == 3:
         gate, scale, shift = gate.squeeze(1), scale.squeeze(1), shift.squeeze(1)
@@ -155,14 +158,14 @@ def test_fused_output_feeds_fc1():
 @pytest.fixture
 def spy(monkeypatch):
     seen = {}
-    real = gate_mod._resnorm_quant_op  # what the gate calls once its checks passed
+    real = fused_mod._resnorm_quant_op  # what the fused path calls once its checks passed
 
     def fake(*args, **kwargs):
         seen["fast_math"] = args[8]
         seen["eps"] = args[7]
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(gate_mod, "_resnorm_quant_op", fake)
+    monkeypatch.setattr(fused_mod, "_resnorm_quant_op", fake)
     return seen
 
 
@@ -226,7 +229,7 @@ def _mutated_block(mutate_kw=None, mutate_extra=None, fc1_fn=None, **block_kw):
 
 
 def _case(name):
-    """(reason, callable returning the gate's result) for a named decline case."""
+    """(reason, callable returning the fused path's result) for a named decline case."""
     def run(mutate_kw=None, mutate_extra=None, fc1_fn=None, **more):
         kw, extra, fc1 = _mutated_block(mutate_kw, mutate_extra, fc1_fn)
         more.setdefault("allow_cpu", True)
@@ -346,19 +349,67 @@ def test_every_reason_is_covered_and_described(monkeypatch):
 
 def test_no_kernel_for_old_gpu(monkeypatch):
     """The capability rule (>= 9.0 with the library loaded), checked without a GPU by patching."""
-    monkeypatch.setattr(gate_mod._library, "cuda_available", lambda: True)
+    monkeypatch.setattr(device._library, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", lambda *a: True)
-    for cap, ok in (((8, 9), False), ((9, 0), True), ((10, 0), True), ((12, 1), True)):
-        gate_mod._kernel_cache.clear()
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None, cap=cap: cap)
-        assert gate_mod._kernel_serves_cuda_device(0) is ok
-    gate_mod._kernel_cache.clear()
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (8, 6))
-    x, p = _fake_cuda_block()
-    assert q.try_fused_resnorm_quant(x, x, p, p, p, q.NVFP4Linear(128, 32)) is None
-    assert q.last_decline_reason() is R.NO_KERNEL_FOR_DEVICE
-    gate_mod._kernel_cache.clear()
+    try:
+        for cap, ok in (((8, 9), False), ((9, 0), True), ((10, 0), True), ((12, 1), True)):
+            device.forget()
+            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None, cap=cap: cap)
+            assert device.kernel_serves_cuda_device(0) is ok
+            assert device.capability_major(0) == cap[0]
+        device.forget()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (8, 6))
+        x, p = _fake_cuda_block()
+        assert q.try_fused_resnorm_quant(x, x, p, p, p, q.NVFP4Linear(128, 32)) is None
+        assert q.last_decline_reason() is R.NO_KERNEL_FOR_DEVICE
+    finally:
+        device.forget()
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA driver initialization failed"),
+                                   AssertionError("Torch not compiled with CUDA enabled")])
+def test_broken_cuda_means_no_kernel(monkeypatch, error):
+    """torch.cuda's errors for a broken CUDA setup answer "no capability, no kernel" (and are cached)."""
+    monkeypatch.setattr(device._library, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    calls = []
+
+    def broken(i=None):
+        calls.append(i)
+        raise error
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", broken)
+    try:
+        device.forget()
+        assert device.capability(0) is None and device.capability_major(0) == 0
+        assert device.kernel_serves_cuda_device(0) is False
+        assert calls == [0]  # asked once, then cached
+    finally:
+        device.forget()
+
+
+def test_other_errors_of_torch_cuda_propagate(monkeypatch):
+    """Only torch.cuda's errors for a broken setup are an answer; anything else is a bug and propagates."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def buggy(i=None):
+        raise KeyError("not a CUDA setup problem")
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", buggy)
+    try:
+        device.forget()
+        with pytest.raises(KeyError):
+            device.capability(0)
+    finally:
+        device.forget()
+
+
+def test_cpu_decline_says_how_to_serve_on_cpu():
+    kw, extra, fc1 = block()
+    assert call(kw, extra, fc1) is None
+    assert q.last_decline_reason() is R.CPU_TENSORS
+    assert "allow_cpu=True" in q.last_decline_detail() and "allow_cpu=True" in R.CPU_TENSORS.description
 
 
 # --------------------------------------------------------------------------------------------------
@@ -383,7 +434,7 @@ def test_log_once(caplog, monkeypatch):
     assert len(records()) == 2 and "unsupported_norm" in records()[1].getMessage()
     call(kw, extra, fc1, allow_cpu=True)  # success logs nothing
     assert len(records()) == 2
-    q.gate.reset_decline_log()
+    fused_mod.reset_decline_log()
     call(kw, extra, fc1)
     assert len(records()) == 3
 
@@ -440,7 +491,7 @@ def test_compile_reads_env_at_trace_time(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------------
-# GPU: the kernel under the gate, torch.compile and CUDA-graph capture
+# GPU: the kernel under the fused path, torch.compile and CUDA-graph capture
 # --------------------------------------------------------------------------------------------------
 
 gpu = pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and the compiled library")
@@ -587,52 +638,72 @@ def _cuda_cases():
     }
 
 
-# Served by _serve_common_call itself; the other "served_" cases (a misaligned x or residual, which need a
-# copy, a norm given as a mapping, an int eps) are served by the checked path.
-_FAST_SERVED = {"served_batch", "served_bias_bf16", "served_shared", "served_batch1", "served_indexed",
-                "served_layernorm", "served_layernorm_affine", "served_fast_math_false", "served_gate_strided"}
+# What each CUDA case must give: "served", the decline reason, or the exception type.
+_CUDA_OUTCOMES = {
+    "layernorm_weight_on_cpu": R.DEVICE_MISMATCH, "layernorm_wrong_shape": R.UNSUPPORTED_NORM,
+    "layernorm_fp16": R.UNSUPPORTED_DTYPE, "x_fp16": R.UNSUPPORTED_DTYPE, "residual_fp32": R.UNSUPPORTED_DTYPE,
+    "gate_fp16": R.UNSUPPORTED_DTYPE, "shift_fp64": R.UNSUPPORTED_DTYPE, "gate_on_cpu": R.DEVICE_MISMATCH,
+    "gate_none": R.UNSUPPORTED_MODULATION, "bias_int": R.UNSUPPORTED_DTYPE, "bias_wrong_shape": R.UNSUPPORTED_SHAPE,
+    "bias_on_cpu": R.DEVICE_MISMATCH, "zero_rows": R.UNSUPPORTED_SHAPE, "residual_shape": R.UNSUPPORTED_SHAPE,
+    "width_96": R.UNSUPPORTED_WIDTH, "x_transposed": R.NON_CONTIGUOUS, "residual_strided": R.NON_CONTIGUOUS,
+    "per_token_gate": R.UNSUPPORTED_MODULATION, "batch1_gate_only": R.UNSUPPORTED_MODULATION,
+    "gate_scale_shapes_differ": R.UNSUPPORTED_MODULATION, "rows_not_split": R.UNSUPPORTED_MODULATION,
+    "index_without_2B": R.UNSUPPORTED_MODULATION, "index_float": R.UNSUPPORTED_DTYPE,
+    "index_on_cpu": R.DEVICE_MISMATCH, "eps_nan": R.UNSUPPORTED_NORM, "eps_negative": R.UNSUPPORTED_NORM,
+    "eps_bool": R.UNSUPPORTED_NORM, "norm_eps_negative": R.UNSUPPORTED_NORM, "fc1_width": R.FC1_WIDTH_MISMATCH,
+    "fc1_in_features_bool": R.FC1_NOT_NVFP4, "fc1_scale_fp16": R.FC1_NOT_NVFP4,
+    "fc1_scale_two_elements": R.FC1_NOT_NVFP4, "fc1_scale_on_cpu": R.DEVICE_MISMATCH,
+    "fc1_nn_linear": R.FC1_NOT_NVFP4, "fast_math_str": TypeError,
+}
+
+
+def _direct_for(kw, extra, fc1, more):
+    """resnorm_quant called directly with what the fused path should take from ``norm``, ``eps`` and
+    ``fast_math``."""
+    norm, eps, weight, norm_bias = more.get("norm"), more.get("eps", 1e-6), None, None
+    if isinstance(norm, torch.nn.LayerNorm):
+        weight, norm_bias, eps = norm.weight, norm.bias, norm.eps
+    elif isinstance(norm, dict):
+        eps = norm.get("eps", eps)
+    return direct(kw, extra, fc1, eps=eps, weight=weight, norm_bias=norm_bias, fast_math=more.get("fast_math"))
 
 
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(_cuda_cases()) if CUDA_OK else ["no_gpu"])
-def test_gpu_common_call_fast_path_decides_like_the_checks(monkeypatch, name):
-    """Eager CUDA calls go through _serve_common_call first. For every case, served or not, the gate must
-    return what the checked path alone returns: the same bytes, or None with the same reason and detail, or
-    the same exception."""
+def test_gpu_decisions_call_the_op_at_most_once(monkeypatch, name):
+    """Each eager CUDA call is served (the op called once, the same bytes as resnorm_quant called directly),
+    or declined with its reason and a detail (the op not called), or raises (the op not called)."""
     kw, extra, fc1, more = _cuda_cases()[name]()
+    real, calls = fused_mod._resnorm_quant_op, []
 
-    def outcome():
-        q.gate.reset_decline_log()
-        try:
-            out = call(kw, extra, fc1, **more)
-        except Exception as exc:  # noqa: BLE001 - compared below
-            return ("raised", type(exc), str(exc))
-        torch.cuda.synchronize()
-        if out is None:
-            return ("declined", q.last_decline_reason(), q.last_decline_detail())
-        (packed, scales), residual_out, _ = out
-        return ("served", packed.cpu(), scales.cpu(), residual_out.cpu())
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
 
-    real, fast_served = gate_mod._serve_common_call, []
-
-    def recorded(*args):
-        out = real(*args)
-        fast_served.append(out is not None)
-        return out
-
-    monkeypatch.setattr(gate_mod, "_serve_common_call", recorded)
-    fast = outcome()
-    assert fast_served == [name in _FAST_SERVED]  # the common calls take the fast path, the rest do not
-    monkeypatch.setattr(gate_mod, "_serve_common_call", lambda *args: None)
-    checked = outcome()
-    assert fast[0] == checked[0], (fast[:1], checked)
-    if fast[0] == "served":
-        assert all(torch.equal(a, b) for a, b in zip(fast[1:], checked[1:]))
+    monkeypatch.setattr(fused_mod, "_resnorm_quant_op", counted)
+    want = "served" if name.startswith("served_") else _CUDA_OUTCOMES[name]
+    if want is TypeError:
+        with pytest.raises(TypeError):
+            call(kw, extra, fc1, **more)
+        assert calls == []
+        return
+    out = call(kw, extra, fc1, **more)
+    torch.cuda.synchronize()
+    if want == "served":
+        assert out is not None, (q.last_decline_reason(), q.last_decline_detail())
+        assert calls == [1] and q.last_decline_reason() is None
+        assert_same(out, _direct_for(kw, extra, fc1, more))
     else:
-        assert fast == checked
-    if name.startswith("served_"):
-        assert fast[0] == "served", fast
+        assert out is None and calls == []
+        assert q.last_decline_reason() is want, (q.last_decline_reason(), q.last_decline_detail())
+        detail = q.last_decline_detail()
+        assert isinstance(detail, str) and detail and "{" not in detail
+
+
+def test_every_cuda_case_has_an_outcome():
+    cases = set(_cuda_cases())
+    assert {n for n in cases if not n.startswith("served_")} == set(_CUDA_OUTCOMES)
 
 
 # --------------------------------------------------------------------------------------------------

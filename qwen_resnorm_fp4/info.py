@@ -1,0 +1,106 @@
+"""What this install is: the build setup.py recorded, whether the compiled library is loaded, and which
+kernel path a GPU takes (used by the command line's ``info`` and by the benchmark's header)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from . import _library
+from .env import default_fast_math, switches_in_force
+
+PATH_BLACKWELL = "Blackwell (FlashInfer conversion)"
+PATH_PORTABLE = "portable (software E2M1, = cuda_fp4.h)"
+PATH_PORTABLE_JIT = "portable (software E2M1, = cuda_fp4.h; compute_90 PTX JIT)"
+PATH_CPU = "CPU reference"
+
+
+
+def build_info() -> Dict[str, object]:
+    """What setup.py recorded at build time (None fields in a source tree that was never built)."""
+    try:
+        from . import _build_info as b
+    except ImportError:
+        return {"cuda_archs": None, "flashinfer": None, "build_torch": None, "build_cuda": None, "build_commit": None}
+    return {
+        "cuda_archs": list(getattr(b, "CUDA_ARCHS", []) or []),
+        "flashinfer": getattr(b, "FLASHINFER", None),
+        "build_torch": getattr(b, "BUILD_TORCH", None),
+        "build_cuda": getattr(b, "BUILD_CUDA", None),
+        "build_commit": getattr(b, "BUILD_COMMIT", None),  # the checkout's commit at build time
+    }
+
+
+def _parse_arch(arch: str) -> Optional[Tuple[bool, int, int, str]]:
+    """'100f' -> (False, 10, 0, 'f'); 'compute_90' -> (True, 9, 0, ''); None if unparseable."""
+    a = arch.strip().lower()
+    ptx = a.startswith("compute_")
+    a = a.replace("compute_", "").replace("sm_", "")
+    digits = "".join(c for c in a if c.isdigit())
+    suffix = a[len(digits):]
+    if len(digits) < 2:
+        return None
+    num = int(digits)
+    return ptx, num // 10, num % 10, suffix
+
+
+def _cubin_runs_on(major: int, minor: int, am: int, an: int, suffix: str) -> bool:
+    if suffix == "a":  # architecture-specific: that exact chip only
+        return (major, minor) == (am, an)
+    # family-specific ('f', e.g. sm_100f = 10.0 and 10.3; sm_120f = 12.0 and 12.1) or plain: same major, newer minor
+    return major == am and minor >= an
+
+
+def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]] = None,
+                library_loaded: Optional[bool] = None) -> str:
+    """Which implementation the ops take on a GPU of this compute capability (None: no GPU)."""
+    if library_loaded is None:
+        library_loaded = _library.cuda_available()
+    if archs is None:
+        archs = build_info()["cuda_archs"] or []
+    if capability is None:
+        return f"{PATH_CPU} (no GPU)" if library_loaded else PATH_CPU
+    if not library_loaded:
+        return f"{PATH_CPU} (the compiled library is not loaded: CUDA tensors are not supported)"
+    major, minor = capability
+    parsed = [p for p in (_parse_arch(a) for a in archs) if p is not None]
+    cubins = [(am, an, sfx) for ptx, am, an, sfx in parsed if not ptx and _cubin_runs_on(major, minor, am, an, sfx)]
+    if major >= 10 and any(am >= 10 for am, _, _ in cubins):
+        return PATH_BLACKWELL
+    if cubins:
+        return PATH_PORTABLE
+    if any(ptx and (am, an) <= (major, minor) for ptx, am, an, _ in parsed):
+        return PATH_PORTABLE_JIT
+    return (f"none: this build ({' '.join(archs) or 'no GPU targets'}) has no kernel for sm_{major}{minor}; "
+            "CUDA tensors will fail, CPU tensors use the reference")
+
+
+def collect_info() -> Dict[str, object]:
+    """What ``python -m qwen_resnorm_fp4 info`` reports: versions, the build, the library, the GPUs and the
+    path each takes, the switches in force."""
+    from . import __version__
+
+    bi = build_info()
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            cap = torch.cuda.get_device_capability(i)
+            gpus.append({"index": i, "name": torch.cuda.get_device_name(i),
+                         "capability": f"{cap[0]}.{cap[1]}", "path": kernel_path(cap)})
+    return {
+        "version": __version__,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "library_loaded": _library.cuda_available(),
+        "library": _library.status(),
+        "cuda_archs": bi["cuda_archs"],
+        "flashinfer": bi["flashinfer"],
+        "build_torch": bi["build_torch"],
+        "build_cuda": bi["build_cuda"],
+        "build_commit": bi["build_commit"],
+        "gpus": gpus,
+        "path": gpus[0]["path"] if gpus else kernel_path(None),
+        "fast_math_default": default_fast_math(),
+        "switches": switches_in_force(),
+    }

@@ -1,0 +1,334 @@
+"""The argument rules of the ``qwen_fp4`` ops, written once.
+
+Each rule function returns ``None`` when the arguments satisfy it, or a :class:`Problem`: the
+:class:`DeclineReason` that :func:`~qwen_resnorm_fp4.fused_path.try_fused_resnorm_quant` records, and the
+exception (TypeError for a type or dtype, ValueError for a shape, device or value) with a message that
+names the argument. Two thin callers use them: :func:`require` raises (the typed wrappers in api.py and the
+CPU implementations in ops.py), the fused path declines. The C++ checks (csrc/ops.cpp) enforce the same
+rules once more before any launch; the limits below equal csrc/op_limits.h (tests/test_validation.py).
+
+The rules read only static properties (types, dtypes, devices, shapes, Python scalars), so they cost no
+device work, trace away under torch.compile, and run while a CUDA graph is captured. They are on the hot
+path of every eager call: written to read each attribute once.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from .env import DISABLE_VAR, FOUR_OVER_SIX_VAR
+from .layout import round_up
+
+Tensor = torch.Tensor
+
+#: D (the last dimension) is at most this (csrc/op_limits.h kMaxCols).
+MAX_COLS = 16384
+#: D is a positive multiple of this: four 16-element scale blocks (csrc/op_limits.h kColsMultiple).
+COLS_MULTIPLE = 64
+#: Rows (x.numel() / D) the kernels take at most: their row index is a 32-bit int (csrc/op_limits.h kMaxRows).
+MAX_ROWS = (1 << 31) - 128
+
+ACTIVATION_DTYPES = (torch.bfloat16,)
+PARAM_DTYPES = (torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64, torch.bool)
+GLOBAL_SCALE_DTYPES = (torch.float32,)
+
+WIDTH_RULE = f"a positive multiple of {COLS_MULTIPLE}, at most {MAX_COLS}"
+
+
+def is_supported_width(cols: int) -> bool:
+    """The width rule of the kernels: D a positive multiple of COLS_MULTIPLE, at most MAX_COLS."""
+    return 0 < cols <= MAX_COLS and cols % COLS_MULTIPLE == 0
+
+
+class DeclineReason(str, enum.Enum):
+    """Why :func:`~qwen_resnorm_fp4.fused_path.try_fused_resnorm_quant` returned ``None``. The value is a
+    stable identifier (compare with the member or with the string); :attr:`description` is a sentence."""
+
+    DISABLED_BY_ENV = "disabled_by_env"
+    FOUR_OVER_SIX_RECIPE = "4over6_recipe"
+    UNSUPPORTED_DEVICE = "unsupported_device"
+    CPU_TENSORS = "cpu_tensors"
+    DEVICE_MISMATCH = "device_mismatch"
+    NO_KERNEL_FOR_DEVICE = "no_kernel_for_device"
+    UNSUPPORTED_DTYPE = "unsupported_dtype"
+    UNSUPPORTED_SHAPE = "unsupported_shape"
+    UNSUPPORTED_WIDTH = "unsupported_width"
+    NON_CONTIGUOUS = "non_contiguous"
+    UNSUPPORTED_MODULATION = "unsupported_modulation"
+    UNSUPPORTED_NORM = "unsupported_norm"
+    FC1_NOT_NVFP4 = "fc1_not_nvfp4"
+    FC1_WIDTH_MISMATCH = "fc1_width_mismatch"
+
+    @property
+    def description(self) -> str:
+        return _DESCRIPTIONS[self]
+
+    def __str__(self) -> str:  # "cpu_tensors", not "DeclineReason.CPU_TENSORS"
+        return self.value
+
+
+_DESCRIPTIONS: Dict[DeclineReason, str] = {
+    DeclineReason.DISABLED_BY_ENV: f"{DISABLE_VAR}=1 turns the fused path off",
+    DeclineReason.FOUR_OVER_SIX_RECIPE: (
+        f"{FOUR_OVER_SIX_VAR}=1: the production quantizer uses the 4over6 recipe, which the fused kernel "
+        "does not implement, so its bytes would differ"),
+    DeclineReason.UNSUPPORTED_DEVICE: "the tensors are on a device other than CUDA or CPU",
+    DeclineReason.CPU_TENSORS: "the tensors are on the CPU (pass allow_cpu=True to run the reference there)",
+    DeclineReason.DEVICE_MISMATCH: "the tensors (or FC1's input global scale) are not all on one device",
+    DeclineReason.NO_KERNEL_FOR_DEVICE: (
+        "no compiled code serves this GPU: the CUDA library is not built or not loaded, or the GPU's "
+        "compute capability is below 9.0"),
+    DeclineReason.UNSUPPORTED_DTYPE: (
+        "x and residual must be bfloat16; gate, scale, shift, bias and the norm's parameters bfloat16 or "
+        "float32; modulate_index int32, int64 or bool"),
+    DeclineReason.UNSUPPORTED_SHAPE: f"residual and x must have one shape [..., D] with 1 to {MAX_ROWS} rows",
+    DeclineReason.UNSUPPORTED_WIDTH: f"D (x.shape[-1]) must be {WIDTH_RULE}",
+    DeclineReason.NON_CONTIGUOUS: (
+        "x or residual is not contiguous; the fused path declines rather than copy the activations"),
+    DeclineReason.UNSUPPORTED_MODULATION: (
+        "gate, scale and shift must share one shape: [D], [B, D] or [B, 1, D] (x's rows split into B equal "
+        "groups), or [2B, D] with modulate_index [B, S]"),
+    DeclineReason.UNSUPPORTED_NORM: (
+        "the norm is not a LayerNorm over the last dimension (e.g. RMSNorm), or its parameters or eps are "
+        "unusable"),
+    DeclineReason.FC1_NOT_NVFP4: (
+        "FC1 is not an NVFP4 layer: not an NVFP4Linear and without in_features and a float32 one-element "
+        "input_global_scale on x's device"),
+    DeclineReason.FC1_WIDTH_MISMATCH: "FC1's in_features differs from D",
+}
+
+
+class Problem(NamedTuple):
+    """A broken rule: the decline reason, the exception type, and the message as a template and its
+    arguments (formatted only when asked: a traced decline keeps the template)."""
+
+    reason: DeclineReason
+    error: type
+    template: str
+    args: tuple
+
+    def message(self) -> str:
+        return self.template.format(*self.args)
+
+    def exception(self) -> Exception:
+        return self.error(self.message())
+
+
+def require(problem: Optional[Problem]) -> None:
+    """Raise the problem's exception (TypeError / ValueError naming the argument); nothing when None."""
+    if problem is not None:
+        raise problem.exception()
+
+
+R = DeclineReason
+# The shape rule of a [D] parameter belongs to what the parameter is part of: bias to the inputs, the
+# LayerNorm's weight and bias to the norm.
+_VECTOR_SHAPE_REASON = {"bias": R.UNSUPPORTED_SHAPE, "weight": R.UNSUPPORTED_NORM, "norm_bias": R.UNSUPPORTED_NORM}
+_MODULATION = ("gate", "scale", "shift")
+_INF = math.inf
+
+
+def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def tensor_problem(name: str, t: object, dtypes: Sequence[torch.dtype], device: Optional[torch.device],
+                   like: str = "x", not_a_tensor: DeclineReason = R.UNSUPPORTED_DTYPE) -> Optional[Problem]:
+    """``t`` is a tensor of one of ``dtypes`` on ``device`` (None: any device), where ``like`` names the
+    argument that set the device."""
+    if not isinstance(t, Tensor):
+        return Problem(not_a_tensor, TypeError, "{} must be a torch.Tensor, got {}", (name, type(t).__name__))
+    if t.dtype not in dtypes:
+        return Problem(R.UNSUPPORTED_DTYPE, TypeError, "{} must be {}, got {}", (name, _dtype_names(dtypes), t.dtype))
+    if device is not None and t.device != device:
+        return Problem(R.DEVICE_MISMATCH, ValueError, "{} is on {} but {} is on {}: all tensors must be on one device",
+                       (name, t.device, like, device))
+    return None
+
+
+def width_problem(name: str, cols: int) -> Optional[Problem]:
+    """D = ``cols`` (``name``.shape[-1]) satisfies :func:`is_supported_width`; the message says which half of
+    the rule it breaks."""
+    if 0 < cols <= MAX_COLS and cols % COLS_MULTIPLE == 0:
+        return None
+    if cols > MAX_COLS and cols % COLS_MULTIPLE == 0:
+        return Problem(R.UNSUPPORTED_WIDTH, ValueError, "{}.shape[-1] (D) must be at most {}, got {}",
+                       (name, MAX_COLS, cols))
+    return Problem(R.UNSUPPORTED_WIDTH, ValueError, "{}.shape[-1] (D) must be a positive multiple of {}, got {}",
+                   (name, COLS_MULTIPLE, cols))
+
+
+def rows_problem(name: str, rows: int) -> Optional[Problem]:
+    """At most MAX_ROWS rows."""
+    if rows > MAX_ROWS:
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "{} has too many rows ({}); at most {}", (name, rows, MAX_ROWS))
+    return None
+
+
+def global_scale_problem(global_scale: object, device: torch.device, like: str = "x",
+                         name: str = "global_scale") -> Optional[Problem]:
+    """A float32 one-element tensor on ``device``."""
+    if not isinstance(global_scale, Tensor) or global_scale.dtype is not torch.float32 \
+            or global_scale.device != device:
+        return tensor_problem(name, global_scale, GLOBAL_SCALE_DTYPES, device, like)
+    if global_scale.numel() != 1:
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "{} must have exactly one element, got shape {}",
+                       (name, tuple(global_scale.shape)))
+    return None
+
+
+def eps_problem(eps: object) -> Optional[Problem]:
+    """A finite float (or int) >= 0."""
+    if type(eps) is float:  # the common case, one test
+        if 0 <= eps < _INF:  # NaN fails both comparisons
+            return None
+    elif isinstance(eps, bool) or not isinstance(eps, (float, int)):
+        return Problem(R.UNSUPPORTED_NORM, TypeError, "eps must be a float, got {}", (type(eps).__name__,))
+    elif math.isfinite(eps) and eps >= 0:
+        return None
+    return Problem(R.UNSUPPORTED_NORM, ValueError, "eps must be finite and >= 0, got {}", (eps,))
+
+
+def _modulation_shape_problem(name: str, shape: torch.Size, cols: int) -> Problem:
+    return Problem(R.UNSUPPORTED_MODULATION, ValueError, "{} must be [D] or [B, D] with D={}, got shape {}",
+                   (name, cols, tuple(shape)))
+
+
+def _vector_shape_problem(name: str, shape: torch.Size, cols: int) -> Problem:
+    return Problem(_VECTOR_SHAPE_REASON[name], ValueError, "{} must have shape ({},) like x's last dim, got {}",
+                   (name, cols, tuple(shape)))
+
+
+_NO_GLOBAL_SCALE = object()
+
+
+def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None, modulate_index=None,
+                    global_scale=_NO_GLOBAL_SCALE) -> Optional[Problem]:
+    """The rules of the resnorm op, in the order the wrappers report them: x and residual, D and the row
+    count, the [D] parameters, gate/scale/shift, modulate_index, eps; and, when given, global_scale (the
+    resnorm_quant op). Each check reads an attribute once; messages are made only for a broken rule."""
+    if not isinstance(x, Tensor) or x.dtype is not torch.bfloat16:
+        return tensor_problem("x", x, ACTIVATION_DTYPES, None)
+    dev = x.device
+    if not isinstance(residual, Tensor) or residual.dtype is not torch.bfloat16 or residual.device != dev:
+        return tensor_problem("residual", residual, ACTIVATION_DTYPES, dev)
+    shape = x.shape
+    if not shape:
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "x must have at least one dimension ([..., D])", ())
+    if residual.shape != shape:
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "residual shape {} must equal x shape {}",
+                       (tuple(residual.shape), tuple(shape)))
+    cols = shape[-1]
+    if not (0 < cols <= MAX_COLS and cols % COLS_MULTIPLE == 0):
+        return width_problem("x", cols)
+    rows = x.numel() // cols
+    if rows > MAX_ROWS:
+        return rows_problem("x", rows)
+
+    if bias is not None or weight is not None or norm_bias is not None:
+        for name, t in (("bias", bias), ("weight", weight), ("norm_bias", norm_bias)):
+            if t is not None:
+                p = tensor_problem(name, t, PARAM_DTYPES, dev)
+                if p is not None:
+                    return p
+                if t.shape != (cols,):
+                    return _vector_shape_problem(name, t.shape, cols)
+
+    for i, t in enumerate((gate, scale, shift)):
+        if not isinstance(t, Tensor) or t.dtype not in PARAM_DTYPES or t.device != dev:
+            return tensor_problem(_MODULATION[i], t, PARAM_DTYPES, dev, not_a_tensor=R.UNSUPPORTED_MODULATION)
+        tshape = t.shape
+        if i == 0:
+            gshape = tshape
+            ndim = len(gshape)
+            if ndim not in (1, 2) or gshape[-1] != cols:
+                return _modulation_shape_problem("gate", gshape, cols)
+        elif tshape != gshape:
+            if len(tshape) not in (1, 2) or tshape[-1] != cols:
+                return _modulation_shape_problem(_MODULATION[i], tshape, cols)
+            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "gate, scale and shift must have one shape, got {}, "
+                           "{}, {}", (tuple(gshape), tuple(scale.shape), tuple(shift.shape)))
+
+    if modulate_index is not None:
+        p = tensor_problem("modulate_index", modulate_index, INDEX_DTYPES, dev)
+        if p is not None:
+            return p
+        if modulate_index.dim() != 2:
+            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "modulate_index must be [B, S], got shape {}",
+                           (tuple(modulate_index.shape),))
+        b, s = modulate_index.shape
+        if ndim != 2 or gshape[0] != 2 * b:
+            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "with modulate_index of shape {}, gate/scale/shift "
+                           "must be [2B, D] = [{}, {}], got {}", (tuple(modulate_index.shape), 2 * b, cols,
+                                                                   tuple(gshape)))
+        if b * s != rows:
+            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "modulate_index has {}x{} = {} entries but x has {} "
+                           "rows", (b, s, b * s, rows))
+    elif ndim == 2:
+        b = gshape[0]
+        if b == 0 or rows % b != 0:
+            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "x has {} rows, which does not split into "
+                           "gate.shape[0] = {} batches", (rows, b))
+
+    p = eps_problem(eps)
+    if p is not None or global_scale is _NO_GLOBAL_SCALE:
+        return p
+        return None
+    return global_scale_problem(global_scale, dev)
+
+
+def resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight=None, norm_bias=None,
+                          modulate_index=None) -> Optional[Problem]:
+    """The rules of the resnorm_quant op: :func:`resnorm_problem` with its global_scale."""
+    return resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index, global_scale)
+
+
+def quantize_problem(y, global_scale) -> Optional[Problem]:
+    """The rules of the nvfp4_quantize op: y bf16 [..., D] with a supported D and row count, global_scale."""
+    if not isinstance(y, Tensor) or y.dtype is not torch.bfloat16:
+        return tensor_problem("y", y, ACTIVATION_DTYPES, None)
+    shape = y.shape
+    if not shape:
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "y must have at least one dimension ([..., D])", ())
+    cols = shape[-1]
+    p = width_problem("y", cols) or rows_problem("y", y.numel() // cols)
+    if p is not None:
+        return p
+    return global_scale_problem(global_scale, y.device, like="y")
+
+
+def dequantize_problem(packed, scales, global_scale, rows: Optional[int]) -> Tuple[Optional[Problem], int, int]:
+    """The rules of dequantize_nvfp4; returns (problem, rows, cols), rows resolved (None: packed's rows)."""
+    p = tensor_problem("packed", packed, (torch.uint8,), None)
+    if p is not None:
+        return p, 0, 0
+    p = tensor_problem("scales", scales, (torch.uint8,), packed.device, like="packed") or \
+        global_scale_problem(global_scale, packed.device, like="packed")
+    if p is not None:
+        return p, 0, 0
+    if packed.dim() != 2:
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "packed must be [M, D/2], got shape {}",
+                       (tuple(packed.shape),)), 0, 0
+    m, half = packed.shape
+    rows = m if rows is None else int(rows)
+    if not 0 <= rows <= m:
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "rows must be in [0, {}], got {}", (m, rows)), rows, 0
+    cols = half * 2
+    p = width_problem("packed (2 * last dim)", cols)
+    if p is not None:
+        return p, rows, cols
+    need = round_up(rows, 128) * (cols // 16)
+    if scales.numel() < need:
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "scales has {} bytes, {} needed for {} rows of {}",
+                       (scales.numel(), need, rows, cols)), rows, cols
+    return None, rows, cols
+
+
+__all__ = ["MAX_COLS", "COLS_MULTIPLE", "MAX_ROWS", "WIDTH_RULE", "is_supported_width", "DeclineReason", "Problem",
+           "require", "tensor_problem", "width_problem", "rows_problem", "global_scale_problem", "eps_problem",
+           "resnorm_problem", "resnorm_quant_problem", "quantize_problem", "dequantize_problem"]
