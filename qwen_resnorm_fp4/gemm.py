@@ -51,7 +51,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from . import _library, reference
-from .api import _aligned
+from .api import _operand
 from .device import capability_major
 from .layout import round_up
 
@@ -163,7 +163,8 @@ def dequantize_to_bf16(packed: Tensor, scales: Tensor) -> Tensor:
     one for the device, else :func:`dequantize_to_bf16_reference`; both write the same bytes."""
     check_dequantize_args(packed, scales)
     if _library.has_kernel("nvfp4_dequantize_bf16", packed.device.type):
-        return torch.ops.qwen_fp4.nvfp4_dequantize_bf16(_aligned(packed), _aligned(scales))
+        prepare = _operand()  # aligned copies where needed; contiguity alone while tracing
+        return torch.ops.qwen_fp4.nvfp4_dequantize_bf16(prepare(packed), prepare(scales))
     return dequantize_to_bf16_reference(packed, scales)
 
 
