@@ -1,4 +1,4 @@
-"""Benchmark of the fused op against its peers (DESIGN.md, "Performance method").
+"""Benchmark of the fused op against its peers (docs/performance.md, "Method").
 
 Run it as ``python -m qwen_resnorm_fp4 bench [options]`` (works from an installed wheel) or as
 ``python benchmarks/bench_resnorm_quant.py [options]`` from a checkout. GPU only.

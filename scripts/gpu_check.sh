@@ -4,7 +4,7 @@
 # must hold the in-place build (the README's quickstart, or a qwen_resnorm_fp4/_C*.so copied in); with
 # WHEEL=path it installs that wheel and runs everything against the installed package instead.
 #
-#   bash scripts/gpu_check.sh [tests] [bench] [ncu] [sanitizer]     (default: tests)
+#   bash scripts/gpu_check.sh [demo] [tests] [bench] [gemm] [model] [ncu] [sanitizer]     (default: tests)
 #   PYTEST_ARGS="-m gpu" bash scripts/gpu_check.sh tests
 #   PYTEST_K="not exhaustively" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
 #   WHEEL=dist/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests bench
@@ -48,6 +48,12 @@ for stage in "${stages[@]}"; do
                 --out "$OUT/bench_baseline" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_baseline.log") || status=1
       fi
       python3 -m qwen_resnorm_fp4 bench --out "$OUT/bench" --check-targets ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    demo)
+      python3 -m qwen_resnorm_fp4 demo 2>&1 | tee "$OUT/demo.log" || status=1 ;;
+    gemm)  # the NVFP4 GEMM paths against the BF16 GEMM of the same shapes
+      python3 -m qwen_resnorm_fp4 bench-gemm --out "$OUT/gemm" ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.log" || status=1 ;;
+    model)  # a real-width diffusers Qwen-Image transformer: BF16 against converted fused / unfused
+      python3 -m qwen_resnorm_fp4 bench-model --out "$OUT/model" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/model.log" || status=1 ;;
     ncu)  # scripts/ncu_profile.sh: 4096 rows fused, 256 rows fused and the pair ($OUT/ncu_*.txt)
       INSTALLED=1 OUT=$OUT RUN_DIR=$RUN_DIR bash "$REPO/scripts/ncu_profile.sh" 2>&1 | tee "$OUT/ncu.log" || status=1 ;;
     sanitizer)

@@ -1,6 +1,6 @@
 """Shared helpers for the test suite: input builders and *independent* oracles.
 
-Everything here is written from the numerics contract (docs/numerics.md, /DESIGN.md "Numerics contract"),
+Everything here is written from the numerics contract (docs/numerics.md),
 not from ``qwen_resnorm_fp4.reference``: the oracles use float64, ``fractions.Fraction``, numpy float32
 scalar arithmetic and explicit tables, so that a test comparing the reference (or a GPU kernel) with them
 checks something. GPU test files (tests/test_gpu_*.py) may import them:
