@@ -326,8 +326,8 @@ Tensor nvfp4_dequantize_bf16_cuda(const Tensor& packed, const Tensor& scales) {
   STD_TORCH_CHECK(cols > 0 && cols % 64 == 0, "qwen_fp4: packed.shape[1] * 2 (K) must be a positive multiple of 64, got ",
                   cols);
   STD_TORCH_CHECK(cols <= (int64_t(1) << 30), "qwen_fp4: K is too large (", cols, ")");
-  STD_TORCH_CHECK(scales.numel() >= round_up_128(rows) * (cols / 16), "qwen_fp4: scales has ", scales.numel(),
-                  " bytes, ", round_up_128(rows) * (cols / 16), " needed for ", rows, " rows of K = ", cols,
+  STD_TORCH_CHECK(scales.numel() >= scale_rows(rows) * (cols / 16), "qwen_fp4: scales has ", scales.numel(),
+                  " bytes, ", scale_rows(rows) * (cols / 16), " needed for ", rows, " rows of K = ", cols,
                   " in the 128x4 layout");
   torch::stable::accelerator::DeviceGuard guard(packed.get_device_index());
   Tensor out = empty_cuda(packed, {rows, cols}, aoti_torch_dtype_bfloat16());
