@@ -129,7 +129,7 @@ def test_modulation_forms_and_options(rows, cols, form, param_dtype, bias, affin
 
 
 # Most plain kernels of the tuned widths load a row's gate, scale and shift in one group (PlainParams and
-# kGroupedParams in csrc/resnorm_kernel.cuh; here resnorm's at both widths and the fused op's at D = 5120),
+# RowConfig::kGroupedParams in csrc/row_config.cuh; here resnorm's at both widths and the fused op's at D = 5120),
 # the shared modulation row in a branch of its own: every form on the one-CTA few-rows kernels (more rows
 # than SMs, fewer than 2048), which the cases above do not reach.
 @pytest.mark.parametrize("rows,cols", ((4 * 65, 3072), (4 * 65, 5120)), ids=("one3072", "one5120"))
@@ -163,7 +163,7 @@ def test_other_widths(cols):
 @pytest.mark.parametrize("rows, cols", ((2048, 1536), (2048, 2048), (1024, 4096), (4096, 2112)))
 def test_generic_widths_above_one_wave(rows, cols, fast):
     """Rows of the generic widths 1536-4096 beyond one wave of resident CTAs take the staggered kernels
-    (csrc/launch_rows.cuh, set_first_wave_stagger; on the H200 a wave is 1320 rows at D = 1536, 1056 at
+    (csrc/launch_rows.cuh, set_first_wave_stagger; a wave on a 132-SM GPU is 1320 rows at D = 1536, 1056 at
     2048, 924 at 4096); fused == unfused and against the reference."""
     run_case(rows, cols, fast)
 
@@ -174,7 +174,7 @@ def test_generic_widths_above_one_wave(rows, cols, fast):
 @pytest.mark.parametrize("rows", (2047, 2048))
 def test_generic_widths_few_rows_switch(rows, cols, plain, fast):
     """A generic width's shape comes twice, the copy below 2048 rows loading x and residual without L1
-    (csrc/dispatch.cuh, RowShape::kFewRows): both sides of the switch, plain and with every option (bias,
+    (csrc/row_config.cuh, RowConfig::kFewRows): both sides of the switch, plain and with every option (bias,
     LayerNorm affine, fp32 parameters); fused == unfused and against the reference."""
     opts = {} if plain else dict(bias=True, affine=True, param_dtype=torch.float32)
     run_case(rows, cols, fast, **opts)
