@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "launch.h"
@@ -15,7 +16,7 @@ namespace qwen_fp4 {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kCodesPerThread = 32;             // one 16-byte load of packed codes: two 16-element blocks
+constexpr int kCodesPerThread = 8;               // one 32-bit word of packed codes -> one 16-byte store
 constexpr uint32_t kCanonicalNanBf16x2 = 0x7FC07FC0u;  // what torch's fp32 -> bf16 cast writes for NaN
 
 // Two E2M1 codes (one packed byte in bits 0-7, even element in the low nibble) as a half2 whose lanes are
@@ -48,28 +49,24 @@ __device__ __forceinline__ float e4m3_to_float(uint8_t byte) {
   return __half2float(__half(h));
 }
 
-// One thread: 16 packed bytes (32 codes, blocks 2c and 2c + 1 of a row) -> 64 bytes of bf16.
-__global__ void __launch_bounds__(kThreads) nvfp4_dequantize_bf16_kernel(const uint4* __restrict__ packed,
+// One thread: 4 packed bytes (8 codes, half of a 16-element block) -> one 16-byte store, so a warp reads 128
+// contiguous bytes and writes 512: both fully coalesced, which is what a memory-bound kernel needs.
+__global__ void __launch_bounds__(kThreads) nvfp4_dequantize_bf16_kernel(const uint32_t* __restrict__ packed,
                                                                          const uint8_t* __restrict__ scales,
                                                                          uint4* __restrict__ out, int64_t rows,
                                                                          int32_t cols) {
-  const int32_t chunks_per_row = cols / kCodesPerThread;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= rows * chunks_per_row) return;
-  const int64_t row = i / chunks_per_row;
-  const int32_t chunk = static_cast<int32_t>(i - row * chunks_per_row);
-  const uint4 codes = packed[i];
-  // blocks 2c and 2c + 1 are adjacent bytes of the 128x4 layout (k % 4 in {0, 1} or {2, 3}), at an even offset
-  const uint16_t sf_pair = *reinterpret_cast<const uint16_t*>(
-      scales + sf_row_offset_128x4(row, cols) + sf_block_offset_128x4(2 * chunk));
-  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
-  uint4* dst = out + i * 4;
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const float sf = e4m3_to_float(static_cast<uint8_t>(w < 2 ? sf_pair & 0xFF : sf_pair >> 8));
+  const int32_t words_per_row = cols / kCodesPerThread;
+  const int64_t total = rows * words_per_row;
+  // grid-stride: the grid is capped (launch below), so any tensor size runs
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t row = i / words_per_row;
+    const int32_t word_in_row = static_cast<int32_t>(i - row * words_per_row);
+    const uint32_t codes = packed[i];
+    const float sf = e4m3_to_float(scales[sf_row_offset_128x4(row, cols) + sf_block_offset_128x4(word_in_row / 2)]);
     uint32_t v[4];
-    dequantize_word(words[w], sf * 16384.0f, isnan(sf), v);
-    dst[w] = make_uint4(v[0], v[1], v[2], v[3]);
+    dequantize_word(codes, sf * 16384.0f, isnan(sf), v);
+    out[i] = make_uint4(v[0], v[1], v[2], v[3]);
   }
 }
 
@@ -79,9 +76,10 @@ void launch_nvfp4_dequantize_bf16(const uint8_t* packed, const uint8_t* scales, 
                                   int32_t cols, void* stream) {
   const int64_t threads_total = rows * (cols / kCodesPerThread);
   if (threads_total == 0) return;
-  const int64_t blocks = (threads_total + kThreads - 1) / kThreads;
+  constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // far more than resident at once; beyond, threads loop
+  const int64_t blocks = std::min<int64_t>((threads_total + kThreads - 1) / kThreads, kMaxBlocks);
   nvfp4_dequantize_bf16_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      reinterpret_cast<const uint4*>(packed), scales, static_cast<uint4*>(out), rows, cols);
+      reinterpret_cast<const uint32_t*>(packed), scales, static_cast<uint4*>(out), rows, cols);
   check_launch("nvfp4_dequantize_bf16");
 }
 

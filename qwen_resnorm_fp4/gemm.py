@@ -235,6 +235,13 @@ def _bf16_gemm_fp32_accumulate_fake(a, w, alpha, bias, out_dtype):
     return a.new_empty((a.shape[0], w.shape[0]), dtype=out_dtype)
 
 
+def buffer_version(t: Tensor) -> Optional[int]:
+    """The in-place version counter of a layer buffer, the key of the caches below, or None for an inference
+    tensor (made under torch.inference_mode), which has none: such a buffer can only change in place inside
+    inference mode, where a cache keyed on its address alone may go stale."""
+    return None if t.is_inference() else t._version
+
+
 def host_alpha(layer: Any) -> float:
     """``layer.alpha`` as a Python float (exact: an fp32 value), cached on the layer and re-read only when the
     buffer changes (one host synchronisation then). Inside CUDA-graph capture a stale cache is an error;
@@ -246,7 +253,7 @@ def host_alpha(layer: Any) -> float:
             raise RuntimeError("the tensor-core GEMM needs the layer's alpha on the host: call the layer once "
                                "before torch.compile traces it (or build it with from_linear / from_modelopt)")
         return cached[1]
-    key = (alpha.device, alpha.data_ptr(), alpha._version)
+    key = (alpha.device, alpha.data_ptr(), buffer_version(alpha))
     if cached is not None and cached[0] == key:
         return cached[1]
     if alpha.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -268,7 +275,7 @@ def weight_operand(layer: Any) -> Tensor:
     cached = getattr(layer, "_qwen_fp4_weight_bf16", None)
     if torch.compiler.is_compiling():
         return cached[1] if cached is not None else dequantize_to_bf16(packed[:n], scales)
-    key = (packed.device, packed.data_ptr(), packed._version, scales.data_ptr(), scales._version, n)
+    key = (packed.device, packed.data_ptr(), buffer_version(packed), scales.data_ptr(), buffer_version(scales), n)
     if cached is not None and cached[0] == key:
         return cached[1]
     w = dequantize_to_bf16(packed[:n], scales)
@@ -301,7 +308,7 @@ def _padded_weight(layer: Any, n_pad: int) -> Tensor:
     w = layer.weight_packed
     if w.shape[0] == n_pad:
         return w.contiguous()
-    key = (w.data_ptr(), w._version, tuple(w.shape), n_pad)
+    key = (w.data_ptr(), buffer_version(w), tuple(w.shape), n_pad)
     cached = getattr(layer, "_qwen_fp4_padded_weight", None)
     if cached is not None and cached[0] == key:
         return cached[1]

@@ -355,3 +355,17 @@ def test_gpu_tensor_core_compile_fullgraph(backend):
     assert torch.equal(torch.compile(layer, fullgraph=True, backend=backend)(x), layer(x))
     torch._dynamo.reset()
 
+
+
+def test_layer_built_and_run_under_inference_mode() -> None:
+    """A layer converted and called inside torch.inference_mode (buffers without version counters) works,
+    and gives the bytes of the same layer built outside it."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(128, 64, dtype=torch.bfloat16)
+    x = torch.randn(3, 128).bfloat16()
+    want = NVFP4Linear.from_linear(lin, input_amax=4.0)(x)
+    with torch.inference_mode():
+        layer = NVFP4Linear.from_linear(lin, input_amax=4.0)
+        got = layer(x)
+        assert torch.equal(got, layer(x))
+    assert torch.equal(got, want)
