@@ -325,7 +325,8 @@ Tensor nvfp4_dequantize_bf16_cuda(const Tensor& packed, const Tensor& scales) {
   const int64_t rows = packed.size(0), cols = packed.size(1) * 2;
   STD_TORCH_CHECK(cols > 0 && cols % 64 == 0, "qwen_fp4: packed.shape[1] * 2 (K) must be a positive multiple of 64, got ",
                   cols);
-  STD_TORCH_CHECK(cols <= (int64_t(1) << 30), "qwen_fp4: K is too large (", cols, ")");
+  // sf_block_offset_128x4 is 32-bit: K / 64 tiles of 512 bytes must stay below 2^31
+  STD_TORCH_CHECK(cols <= (int64_t(1) << 27), "qwen_fp4: packed.shape[1] * 2 (K) must be at most 2^27, got ", cols);
   STD_TORCH_CHECK(scales.numel() >= scale_rows(rows) * (cols / 16), "qwen_fp4: scales has ", scales.numel(),
                   " bytes, ", scale_rows(rows) * (cols / 16), " needed for ", rows, " rows of K = ", cols,
                   " in the 128x4 layout");

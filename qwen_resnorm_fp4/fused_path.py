@@ -161,7 +161,8 @@ def try_fused_resnorm_quant(
     kind = dev.type
     if kind == "cuda":
         if not kernel_serves_cuda_device(dev.index or 0):
-            return _decline(R.NO_KERNEL_FOR_DEVICE, "no kernel for {} ({})", dev, _library.status())
+            return _decline(R.NO_KERNEL_FOR_DEVICE, "no kernel for {} ({})", dev,
+                            "see python -m qwen_resnorm_fp4 info" if torch.compiler.is_compiling() else _library.status())
     elif kind == "cpu":
         if not allow_cpu:
             return _decline(R.CPU_TENSORS, "x is on the CPU: pass allow_cpu=True to run the CPU reference")

@@ -192,13 +192,22 @@ def _fp32_reductions() -> Iterator[None]:
         matmul.allow_bf16_reduced_precision_reduction = True if split_k is None else (True, split_k)
 
 
+@functools.lru_cache(maxsize=None)
+def _mm_has_fp32_out(device: torch.device) -> bool:
+    """Whether this torch's ``torch.mm(bf16, bf16, out_dtype=torch.float32)`` runs on ``device``, asked once on
+    a 1 x 1 product (never around a real call, whose errors must propagate)."""
+    one = torch.ones((1, 1), dtype=torch.bfloat16, device=device)
+    try:
+        torch.mm(one, one, out_dtype=torch.float32)
+    except (TypeError, NotImplementedError, RuntimeError):
+        return False
+    return True
+
+
 def _mm_fp32_out(a: Tensor, b: Tensor) -> Tensor:
     """fp32 a @ b of exact bf16 operands with fp32 accumulation."""
-    if a.is_cuda:
-        try:
-            return torch.mm(a, b, out_dtype=torch.float32)
-        except (TypeError, NotImplementedError, RuntimeError):  # a torch without mm's out_dtype for these dtypes
-            pass
+    if a.is_cuda and _mm_has_fp32_out(a.device):
+        return torch.mm(a, b, out_dtype=torch.float32)
     # fp32 (or TF32: 10 mantissa bits) holds these operands exactly, so this is the same product
     return torch.mm(a.float(), b.float())
 

@@ -121,6 +121,19 @@ class NVFP4Linear(torch.nn.Module):
         self.cache_dequantized_weight = cache_dequantized_weight
         self.register_load_state_dict_post_hook(_after_load_state_dict)
 
+    def _apply(self, fn, recurse=True):
+        """``module.to(dtype)`` / ``.half()`` / ``.bfloat16()`` move the buffers but keep the global scales and
+        alpha fp32 (the quantizer and the fused path require it; a cast would also round them), and drop the
+        caches made from the old buffers."""
+        before = {name: getattr(self, name) for name in _FP32_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            t = getattr(self, name)
+            if t is not None and t.dtype != torch.float32:  # cast by fn: the fp32 value, on fn's device
+                setattr(self, name, old.to(t.device))
+        _after_load_state_dict(self, None)
+        return self
+
     @property
     def cache_dequantized_weight(self) -> bool:
         """Whether the tensor-core path keeps the bf16 weight operand on the layer (see the class docstring)."""
@@ -274,10 +287,17 @@ class NVFP4Linear(torch.nn.Module):
                 f"cache_dequantized_weight={self.cache_dequantized_weight}")
 
 
+#: Buffers that stay fp32 whatever dtype the module is moved to.
+_FP32_BUFFERS = ("weight_global_scale", "input_global_scale", "alpha")
+
+
 def _after_load_state_dict(module: NVFP4Linear, incompatible_keys: Any) -> None:
-    """New buffers: drop the cached bf16 weight and read alpha to the host again (so that a torch.compile
-    trace made later sees the loaded value)."""
+    """New buffers: drop every cache made from the old ones (the bf16 weight, the N-padded weight, the host
+    alpha: for inference tensors their keys cannot see an in-place copy) and read alpha to the host again (so
+    that a torch.compile trace made later sees the loaded value)."""
     drop_cached_weight(module)
+    object.__setattr__(module, "_qwen_fp4_padded_weight", None)
+    object.__setattr__(module, "_qwen_fp4_host_alpha", None)
     if module.alpha.device.type != "meta":
         host_alpha(module)
 

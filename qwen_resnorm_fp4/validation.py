@@ -251,8 +251,8 @@ def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, nor
         elif tshape != gshape:
             if len(tshape) not in (1, 2) or tshape[-1] != cols:
                 return _modulation_shape_problem(_MODULATION[i], tshape, cols)
-            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "gate, scale and shift must have one shape, got {}, "
-                           "{}, {}", (tuple(gshape), tuple(scale.shape), tuple(shift.shape)))
+            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "gate, scale and shift must have one shape, but "
+                           "gate is {} and {} is {}", (tuple(gshape), _MODULATION[i], tuple(tshape)))
 
     if modulate_index is not None:
         p = tensor_problem("modulate_index", modulate_index, INDEX_DTYPES, dev)

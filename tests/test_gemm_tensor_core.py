@@ -369,3 +369,31 @@ def test_layer_built_and_run_under_inference_mode() -> None:
         got = layer(x)
         assert torch.equal(got, layer(x))
     assert torch.equal(got, want)
+
+
+def test_layer_moved_to_bf16_keeps_fp32_scales() -> None:
+    """``layer.to(torch.bfloat16)`` (what ``pipe.to(device, dtype)`` does to a converted model) leaves the
+    global scales and alpha fp32 and the output unchanged."""
+    torch.manual_seed(1)
+    layer = NVFP4Linear.from_linear(torch.nn.Linear(128, 64, dtype=torch.bfloat16), input_amax=4.0)
+    x = torch.randn(3, 128).bfloat16()
+    want = layer(x)
+    layer.to(torch.bfloat16)
+    for name in ("weight_global_scale", "input_global_scale", "alpha"):
+        assert getattr(layer, name).dtype == torch.float32, name
+    assert torch.equal(layer(x), want)
+
+
+def test_load_state_dict_under_inference_mode_takes_the_new_alpha() -> None:
+    """Loading another layer's state into a layer built under inference_mode gives that layer's output (the
+    host alpha and weight caches are not kept from the old buffers)."""
+    torch.manual_seed(2)
+    a = NVFP4Linear.from_linear(torch.nn.Linear(128, 64, dtype=torch.bfloat16), input_amax=4.0)
+    b = NVFP4Linear.from_linear(torch.nn.Linear(128, 64, dtype=torch.bfloat16), input_amax=9.0)
+    x = torch.randn(3, 128).bfloat16()
+    with torch.inference_mode():
+        layer = NVFP4Linear.from_linear(torch.nn.Linear(128, 64, dtype=torch.bfloat16), input_amax=1.0)
+        layer(x)
+        layer.load_state_dict(b.state_dict())
+        got = layer(x)
+    assert torch.equal(got, b(x))

@@ -95,6 +95,14 @@ def test_gate_one_and_no_input_bias_cpu():
     assert_same(dropin(**no_bias, allow_cpu=True), unfused(no_bias))
 
 
+def test_shared_gate_with_per_batch_scale_cpu():
+    """A [D] gate next to SGLang's [B, 1, D] scale and shift is served: the same bytes as that gate repeated
+    for every batch."""
+    inp = sglang_inputs(2, 7, 128, seed=5)
+    gate = inp["gate"][0, 0].clone()
+    assert_same(dropin(**{**inp, "gate": gate}, allow_cpu=True), unfused(inp, gate=gate.expand(2, 1, 128)))
+
+
 def test_declines_with_reason_cpu():
     inp = sglang_inputs(2, 5, 64, seed=4)
     cases = [

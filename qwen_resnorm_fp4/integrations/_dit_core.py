@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 
 from .. import NVFP4Linear, _library, last_decline_reason, reference, resnorm, try_fused_resnorm_quant
+from ..validation import WIDTH_RULE, is_supported_width
 from ..env import resolve_fast_math
 
 Tensor = torch.Tensor
@@ -42,8 +43,6 @@ LINEARS = ("fc1", "all")
 STATE_ATTR = "_qwen_fp4"
 #: The model attribute that holds the model-level conversion record.
 MODEL_ATTR = "_qwen_fp4_conversion"
-#: NVFP4 rows are blocks of 16 and the swizzled scales come in groups of 4 blocks.
-WIDTH_MULTIPLE = 64
 FFN_KINDS = ("gelu", "swiglu")
 
 
@@ -182,13 +181,13 @@ def check_linears(linears: str) -> str:
 
 def _block_linear_names(block: torch.nn.Module, spec: ModelSpec, linears: str, segment: bool = True) -> List[str]:
     """Block-relative names of the layers to convert: the FFN input layers (``segment``: a block with the
-    segment), plus with ``linears="all"`` every other nn.Linear of the block whose in_features is a multiple
-    of 64."""
+    segment), plus with ``linears="all"`` every other nn.Linear of the block whose in_features NVFP4Linear
+    supports (a multiple of 64, at most 16384)."""
     names = [n for s in spec.streams for n in s.input_linears()] if segment else []
     if linears == "all":
         # NVFP4Linear too: the same names before and after a conversion
         names += [n for n, m in block.named_modules() if isinstance(m, (torch.nn.Linear, NVFP4Linear))
-                  and m.in_features % WIDTH_MULTIPLE == 0 and n not in names]
+                  and is_supported_width(m.in_features) and n not in names]
     return names
 
 
@@ -229,9 +228,8 @@ def check_block_structure(name: str, block: torch.nn.Module, spec: ModelSpec) ->
             layer = block.get_submodule(rel)
             if not isinstance(layer, torch.nn.Linear):
                 problems.append(f"{rel} is a {type(layer).__name__}, not a torch.nn.Linear")
-            elif layer.in_features % WIDTH_MULTIPLE != 0:
-                problems.append(f"{rel} has in_features {layer.in_features}: NVFP4 needs a multiple of "
-                                f"{WIDTH_MULTIPLE} (the model width)")
+            elif not is_supported_width(layer.in_features):
+                problems.append(f"{rel} has in_features {layer.in_features}: NVFP4Linear needs {WIDTH_RULE}")
     if problems:
         raise ValueError(f"{name} does not have the structure of the supported {spec.block_class}: "
                          + "; ".join(problems))

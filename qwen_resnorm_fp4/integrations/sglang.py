@@ -75,6 +75,8 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     reference on CPU tensors. ``fast_math``: the quantizer's mode (None: the environment)."""
     if gate is None or (type(gate) is int and gate == 1):  # an ungated update: fma(a, 1, residual)
         gate = torch.ones(scale.shape, dtype=scale.dtype, device=scale.device) if isinstance(scale, Tensor) else 1
+    elif isinstance(gate, Tensor) and isinstance(scale, Tensor) and gate.dim() < scale.dim():
+        gate = gate.expand(scale.shape)  # a shared [D] gate next to per-batch [B, 1, D] scale and shift
     if norm_type == LAYER_NORM_TYPE and weight is None and bias is None:
         norm = None  # the common case: a LayerNorm without affine parameters, epsilon eps
     else:  # any other norm_type (e.g. "rms") declines as a non-LayerNorm
