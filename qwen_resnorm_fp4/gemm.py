@@ -220,12 +220,9 @@ def _scale_bias_cast(acc: Tensor, alpha: float, bias: Optional[Tensor], out_dtyp
     return out.to(out_dtype)
 
 
-@torch.library.custom_op("qwen_fp4::_bf16_gemm_fp32_accumulate", mutates_args=(),
-                         schema="(Tensor a, Tensor w, float alpha, Tensor? bias, ScalarType out_dtype) -> Tensor")
-def _bf16_gemm_fp32_accumulate(a: Tensor, w: Tensor, alpha: float, bias: Optional[Tensor],
-                               out_dtype: torch.dtype) -> Tensor:
-    """round_to_out_dtype(fp32 acc(a @ w.T) * alpha (+ bias)) for exact bf16 operands a [M, K], w [N, K]. One
-    opaque op, so that torch.compile keeps it whole (the cuBLAS reduction setting is switched around it)."""
+def _bf16_gemm_fp32_accumulate_eager(a: Tensor, w: Tensor, alpha: float, bias: Optional[Tensor],
+                                     out_dtype: torch.dtype) -> Tensor:
+    """round_to_out_dtype(fp32 acc(a @ w.T) * alpha (+ bias)) for exact bf16 operands a [M, K], w [N, K]."""
     if not a.is_cuda:
         return _scale_bias_cast(torch.mm(a.float(), w.float().t()), alpha, bias, out_dtype)
     with _fp32_reductions():
@@ -237,6 +234,15 @@ def _bf16_gemm_fp32_accumulate(a: Tensor, w: Tensor, alpha: float, bias: Optiona
             return torch.addmm(bias, a, w.t(), beta=1, alpha=alpha)
         acc = _mm_fp32_out(a, w.t())
     return _scale_bias_cast(acc, alpha, bias, out_dtype)
+
+
+@torch.library.custom_op("qwen_fp4::_bf16_gemm_fp32_accumulate", mutates_args=(),
+                         schema="(Tensor a, Tensor w, float alpha, Tensor? bias, ScalarType out_dtype) -> Tensor")
+def _bf16_gemm_fp32_accumulate(a: Tensor, w: Tensor, alpha: float, bias: Optional[Tensor],
+                               out_dtype: torch.dtype) -> Tensor:
+    """:func:`_bf16_gemm_fp32_accumulate_eager` as one opaque op, so that torch.compile keeps it whole (the
+    cuBLAS reduction setting is switched around it). Eager calls skip the op's own dispatch (host time)."""
+    return _bf16_gemm_fp32_accumulate_eager(a, w, alpha, bias, out_dtype)
 
 
 @_bf16_gemm_fp32_accumulate.register_fake
@@ -303,7 +309,8 @@ def drop_cached_weight(layer: Any) -> None:
 def _tensor_core(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype,
                  bias: Optional[Tensor]) -> Tensor:
     a = dequantize_to_bf16(x_fp4, x_scales)
-    return _bf16_gemm_fp32_accumulate(a, weight_operand(layer), host_alpha(layer), bias, out_dtype)
+    gemm = _bf16_gemm_fp32_accumulate if torch.compiler.is_compiling() else _bf16_gemm_fp32_accumulate_eager
+    return gemm(a, weight_operand(layer), host_alpha(layer), bias, out_dtype)
 
 
 # ----------------------------------------------------------------------------------------------------
