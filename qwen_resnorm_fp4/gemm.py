@@ -54,6 +54,7 @@ from . import _library, reference
 from .api import _operand
 from .device import capability_major
 from .layout import round_up
+from .validation import dequantize_bf16_problem, require
 
 Tensor = torch.Tensor
 
@@ -126,21 +127,9 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 
 def check_dequantize_args(packed: object, scales: object) -> None:
-    """TypeError / ValueError naming the argument unless ``packed`` is uint8 [rows, K/2] with K a positive
-    multiple of 64 and ``scales`` (uint8 or float8_e4m3fn, on the same device) holds the round_up(rows, 128)
-    x K/16 bytes of the 128x4 layout."""
-    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or packed.dim() != 2:
-        raise TypeError("packed must be a uint8 tensor [rows, K/2] of packed E2M1 pairs")
-    if not isinstance(scales, torch.Tensor) or scales.dtype not in (torch.uint8, torch.float8_e4m3fn):
-        raise TypeError("scales must be a uint8 or float8_e4m3fn tensor of 128x4-swizzled block scales")
-    rows, k = packed.shape[0], packed.shape[1] * 2
-    if k <= 0 or k % 64 != 0:
-        raise ValueError(f"packed.shape[1] * 2 (K) must be a positive multiple of 64, got {k}")
-    if scales.device != packed.device:
-        raise ValueError(f"scales is on {scales.device} but packed is on {packed.device}")
-    need = round_up(rows, 128) * (k // 16)
-    if scales.numel() < need:
-        raise ValueError(f"scales has {scales.numel()} bytes, {need} needed for {rows} rows of K = {k}")
+    """TypeError / ValueError naming the argument unless the arguments satisfy
+    :func:`~qwen_resnorm_fp4.validation.dequantize_bf16_problem`'s rules."""
+    require(dequantize_bf16_problem(packed, scales))
 
 
 def dequantize_to_bf16_reference(packed: Tensor, scales: Tensor) -> Tensor:

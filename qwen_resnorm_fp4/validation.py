@@ -329,6 +329,39 @@ def dequantize_problem(packed, scales, global_scale, rows: Optional[int]) -> Tup
     return None, rows, cols
 
 
+#: K (2 x the packed row length) the bf16 dequantization takes at most: its 128x4 scale offsets are 32-bit
+#: (csrc/ops.cpp, nvfp4_dequantize_bf16).
+MAX_DEQUANTIZE_COLS = 1 << 27
+SCALE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
+
+
+def dequantize_bf16_problem(packed, scales) -> Optional[Problem]:
+    """The rules of the nvfp4_dequantize_bf16 op (the tensor-core GEMM's operands): packed uint8 [rows, K/2]
+    with K a positive multiple of 64 (at most MAX_DEQUANTIZE_COLS), scales uint8 or float8_e4m3fn on the same
+    device holding round_up(rows, 128) x K/16 bytes of the 128x4 layout."""
+    if not isinstance(packed, Tensor) or packed.dtype is not torch.uint8 or packed.dim() != 2:
+        return Problem(R.UNSUPPORTED_DTYPE, TypeError, "packed must be a uint8 tensor [rows, K/2] of packed E2M1 "
+                       "pairs", ())
+    if not isinstance(scales, Tensor) or scales.dtype not in SCALE_DTYPES:
+        return Problem(R.UNSUPPORTED_DTYPE, TypeError, "scales must be a uint8 or float8_e4m3fn tensor of "
+                       "128x4-swizzled block scales", ())
+    rows, k = packed.shape[0], packed.shape[1] * 2
+    if k <= 0 or k % COLS_MULTIPLE != 0:
+        return Problem(R.UNSUPPORTED_WIDTH, ValueError, "packed.shape[1] * 2 (K) must be a positive multiple of "
+                       "{}, got {}", (COLS_MULTIPLE, k))
+    if k > MAX_DEQUANTIZE_COLS:
+        return Problem(R.UNSUPPORTED_WIDTH, ValueError, "packed.shape[1] * 2 (K) must be at most 2^27, got {}", (k,))
+    if scales.device != packed.device:
+        return Problem(R.DEVICE_MISMATCH, ValueError, "scales is on {} but packed is on {}",
+                       (scales.device, packed.device))
+    need = round_up(rows, 128) * (k // 16)
+    if scales.numel() < need:
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "scales has {} bytes, {} needed for {} rows of K = {}",
+                       (scales.numel(), need, rows, k))
+    return None
+
+
 __all__ = ["MAX_COLS", "COLS_MULTIPLE", "MAX_ROWS", "WIDTH_RULE", "is_supported_width", "DeclineReason", "Problem",
            "require", "tensor_problem", "width_problem", "rows_problem", "global_scale_problem", "eps_problem",
-           "resnorm_problem", "resnorm_quant_problem", "quantize_problem", "dequantize_problem"]
+           "resnorm_problem", "resnorm_quant_problem", "quantize_problem", "dequantize_problem",
+           "MAX_DEQUANTIZE_COLS", "dequantize_bf16_problem"]

@@ -397,3 +397,12 @@ def test_load_state_dict_under_inference_mode_takes_the_new_alpha() -> None:
         layer.load_state_dict(b.state_dict())
         got = layer(x)
     assert torch.equal(got, b(x))
+
+
+def test_dequantize_refuses_k_beyond_its_limit() -> None:
+    """K > 2^27 (32-bit scale offsets in the kernel) is refused by name before anything is read."""
+    from qwen_resnorm_fp4.validation import MAX_DEQUANTIZE_COLS
+
+    packed = torch.zeros((1, MAX_DEQUANTIZE_COLS // 2 + 32), dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"packed.shape\[1\] \* 2 \(K\) must be at most 2\^27"):
+        dequantize_to_bf16(packed, torch.zeros(16, dtype=torch.uint8))
