@@ -151,6 +151,11 @@ def dequantize_to_bf16(packed: Tensor, scales: Tensor) -> Tensor:
     [2^-10, 2688] or are zero. The CUDA kernel (16-byte loads and stores) where the compiled library has
     one for the device, else :func:`dequantize_to_bf16_reference`; both write the same bytes."""
     check_dequantize_args(packed, scales)
+    return _dequantize_bf16(packed, scales)
+
+
+def _dequantize_bf16(packed: Tensor, scales: Tensor) -> Tensor:
+    """:func:`dequantize_to_bf16` of arguments already checked (the GEMM's _check, the layer's own buffers)."""
     if _library.has_kernel("nvfp4_dequantize_bf16", packed.device.type):
         prepare = _operand()  # aligned copies where needed; contiguity alone while tracing
         return torch.ops.qwen_fp4.nvfp4_dequantize_bf16(prepare(packed), prepare(scales))
@@ -275,14 +280,14 @@ def weight_operand(layer: Any) -> Tensor:
     n = _out_features(layer)
     packed, scales = layer.weight_packed, layer.weight_scales
     if not getattr(layer, "cache_dequantized_weight", False):
-        return dequantize_to_bf16(packed[:n], scales)
+        return _dequantize_bf16(packed[:n], scales)
     cached = getattr(layer, "_qwen_fp4_weight_bf16", None)
     if torch.compiler.is_compiling():
-        return cached[1] if cached is not None else dequantize_to_bf16(packed[:n], scales)
+        return cached[1] if cached is not None else _dequantize_bf16(packed[:n], scales)
     key = (packed.device, packed.data_ptr(), buffer_version(packed), scales.data_ptr(), buffer_version(scales), n)
     if cached is not None and cached[0] == key:
         return cached[1]
-    w = dequantize_to_bf16(packed[:n], scales)
+    w = _dequantize_bf16(packed[:n], scales)
     if w.is_cuda and torch.cuda.is_current_stream_capturing():
         return w  # made inside a graph: only written on replay, never cache it
     object.__setattr__(layer, "_qwen_fp4_weight_bf16", (key, w))
@@ -297,7 +302,7 @@ def drop_cached_weight(layer: Any) -> None:
 
 def _tensor_core(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype,
                  bias: Optional[Tensor]) -> Tensor:
-    a = dequantize_to_bf16(x_fp4, x_scales)
+    a = _dequantize_bf16(x_fp4, x_scales)  # checked by apply_nvfp4_gemm_prequantized's _check
     gemm = _bf16_gemm_fp32_accumulate if torch.compiler.is_compiling() else _bf16_gemm_fp32_accumulate_eager
     return gemm(a, weight_operand(layer), host_alpha(layer), bias, out_dtype)
 

@@ -558,6 +558,3 @@ def fused_path_stats(model: torch.nn.Module, *, per_block: bool = False, reset: 
         total["blocks"] = per
     return total
 
-
-def stream_names(spec: ModelSpec) -> Sequence[str]:
-    return [s.name for s in spec.streams]
