@@ -11,7 +11,8 @@ import torch
 
 from . import reference
 from .layout import round_up
-from .validation import quantize_problem, require, resnorm_problem, resnorm_quant_problem
+from .validation import quantize_out_problem, quantize_problem, require, resnorm_out_problem, resnorm_problem
+from .validation import resnorm_quant_out_problem, resnorm_quant_problem
 
 Tensor = torch.Tensor
 
@@ -28,6 +29,23 @@ SCHEMAS = {
         "Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None) -> (Tensor y, Tensor residual_out)"
     ),
     "nvfp4_quantize": "nvfp4_quantize(Tensor y, Tensor global_scale, bool fast_math) -> (Tensor packed, Tensor scales)",
+    # The out-variants: the same ops writing into caller-provided outputs (the functional ops' outputs, in
+    # their order, after the functional ops' required arguments). residual_out may be residual itself.
+    "resnorm_quant_out": (
+        "resnorm_quant_out(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, "
+        "Tensor global_scale, float eps, bool fast_math, Tensor(a!) packed, Tensor(b!) scales, "
+        "Tensor(c!) residual_out, Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None, "
+        "int nvfp4_4over6_code=0) -> ()"
+    ),
+    "resnorm_out": (
+        "resnorm_out(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, float eps, "
+        "Tensor(a!) y, Tensor(b!) residual_out, Tensor? weight=None, Tensor? norm_bias=None, "
+        "Tensor? modulate_index=None) -> ()"
+    ),
+    "nvfp4_quantize_out": (
+        "nvfp4_quantize_out(Tensor y, Tensor global_scale, bool fast_math, Tensor(a!) packed, Tensor(b!) scales, "
+        "int nvfp4_4over6_code=0) -> ()"
+    ),
     # The GPU's rcp.approx.ftz.f32, element-wise on fp32: lets the reference reproduce fast mode exactly.
     "_rcp_approx": "_rcp_approx(Tensor x) -> Tensor",
     # E2M1 codes of fp32 values by the kernels' conversion, or (toolkit=True) by cuda_fp4.h: for tests.
@@ -65,6 +83,28 @@ def _resnorm_fake(residual, x, bias, gate, scale, shift, eps, weight=None, norm_
 @torch.library.register_fake(f"{NAMESPACE}::nvfp4_quantize")
 def _nvfp4_quantize_fake(y, global_scale, fast_math):
     return _quant_shapes(y)
+
+
+# The out-variants' fakes write nothing and return nothing; they check the static rules (shapes, dtypes,
+# devices, contiguity), so a traced call with wrong outputs fails when traced, not when run.
+@torch.library.register_fake(f"{NAMESPACE}::resnorm_quant_out")
+def _resnorm_quant_out_fake(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math, packed, scales,
+                            residual_out, weight=None, norm_bias=None, modulate_index=None, nvfp4_4over6_code=0):
+    require(resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scale, eps, packed, scales,
+                                      residual_out, weight, norm_bias, modulate_index, nvfp4_4over6_code,
+                                      memory=False))
+
+
+@torch.library.register_fake(f"{NAMESPACE}::resnorm_out")
+def _resnorm_out_fake(residual, x, bias, gate, scale, shift, eps, y, residual_out, weight=None, norm_bias=None,
+                      modulate_index=None):
+    require(resnorm_out_problem(residual, x, bias, gate, scale, shift, eps, y, residual_out, weight, norm_bias,
+                                modulate_index, memory=False))
+
+
+@torch.library.register_fake(f"{NAMESPACE}::nvfp4_quantize_out")
+def _nvfp4_quantize_out_fake(y, global_scale, fast_math, packed, scales, nvfp4_4over6_code=0):
+    require(quantize_out_problem(y, global_scale, packed, scales, nvfp4_4over6_code, memory=False))
 
 
 @torch.library.register_fake(f"{NAMESPACE}::_rcp_approx")
@@ -105,6 +145,44 @@ def _resnorm_cpu(residual, x, bias, gate, scale, shift, eps, weight=None, norm_b
 def _nvfp4_quantize_cpu(y, global_scale, fast_math):
     require(quantize_problem(y, global_scale))
     return reference.nvfp4_quantize(y, global_scale, fast_math)
+
+
+def _write_quantized(packed: Tensor, scales: Tensor, result: Tuple[Tensor, Tensor]) -> None:
+    """Copies a quantization's (packed, scales) bytes into the caller's outputs (scales may be float8_e4m3fn:
+    its bytes, not a conversion)."""
+    packed.copy_(result[0])
+    scales.view(torch.uint8).copy_(result[1])
+
+
+# The out-variants on CPU: the rules (the memory rules too: these tensors have data), the reference, then
+# the copies into the outputs; the reference has read every input before the first copy, so residual_out
+# may be residual.
+@torch.library.impl(f"{NAMESPACE}::resnorm_quant_out", "CPU", lib=_lib)
+def _resnorm_quant_out_cpu(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math, packed, scales,
+                           residual_out, weight=None, norm_bias=None, modulate_index=None, nvfp4_4over6_code=0):
+    require(resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scale, eps, packed, scales,
+                                      residual_out, weight, norm_bias, modulate_index, nvfp4_4over6_code,
+                                      memory=True))
+    *quantized, r = reference.resnorm_quant(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
+                                            weight, norm_bias, modulate_index)
+    _write_quantized(packed, scales, quantized)
+    residual_out.copy_(r)
+
+
+@torch.library.impl(f"{NAMESPACE}::resnorm_out", "CPU", lib=_lib)
+def _resnorm_out_cpu(residual, x, bias, gate, scale, shift, eps, y, residual_out, weight=None, norm_bias=None,
+                     modulate_index=None):
+    require(resnorm_out_problem(residual, x, bias, gate, scale, shift, eps, y, residual_out, weight, norm_bias,
+                                modulate_index, memory=True))
+    y_ref, r = reference.resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
+    y.copy_(y_ref)
+    residual_out.copy_(r)
+
+
+@torch.library.impl(f"{NAMESPACE}::nvfp4_quantize_out", "CPU", lib=_lib)
+def _nvfp4_quantize_out_cpu(y, global_scale, fast_math, packed, scales, nvfp4_4over6_code=0):
+    require(quantize_out_problem(y, global_scale, packed, scales, nvfp4_4over6_code, memory=True))
+    _write_quantized(packed, scales, reference.nvfp4_quantize(y, global_scale, fast_math))
 
 
 @torch.library.impl(f"{NAMESPACE}::nvfp4_dequantize_bf16", "CPU", lib=_lib)

@@ -364,4 +364,167 @@ def dequantize_bf16_problem(packed, scales) -> Optional[Problem]:
 __all__ = ["MAX_COLS", "COLS_MULTIPLE", "MAX_ROWS", "WIDTH_RULE", "is_supported_width", "DeclineReason", "Problem",
            "require", "tensor_problem", "width_problem", "rows_problem", "global_scale_problem", "eps_problem",
            "resnorm_problem", "resnorm_quant_problem", "quantize_problem", "dequantize_problem",
-           "MAX_DEQUANTIZE_COLS", "dequantize_bf16_problem"]
+           "MAX_DEQUANTIZE_COLS", "dequantize_bf16_problem", "OUTPUT_ALIGNMENT", "OUT_SCALE_DTYPES", "has_data",
+           "output_problem", "byte_span", "memory_problem", "four_over_six_code_problem",
+           "resnorm_quant_out_problem", "resnorm_out_problem", "quantize_out_problem"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The out-variants (resnorm_quant_out, resnorm_out, nvfp4_quantize_out): the outputs the caller provides
+# ---------------------------------------------------------------------------------------------------
+
+#: Byte alignment of every caller-provided output: the kernels store with 16-byte vectors (csrc/ops.cpp
+#: kOutputAlignment).
+OUTPUT_ALIGNMENT = 16
+#: dtypes of the caller-provided scales: uint8, or float8_e4m3fn (the same bytes, as the FP4 GEMMs take them).
+OUT_SCALE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
+
+
+def has_data(t: Tensor) -> bool:
+    """False for tensors without real memory (meta, FakeTensor, FunctionalTensor over a fake one), whose
+    data_ptr() must not be read (torch warns, or raises under make_fx / FakeTensorMode)."""
+    if t.device.type == "meta":
+        return False
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:  # pragma: no cover - torch without fake tensors
+        return True
+    return not is_fake(t)
+
+
+def output_problem(name: str, t: object, dtypes: Sequence[torch.dtype], shape: tuple, device: torch.device,
+                   like: str) -> Optional[Problem]:
+    """The static rules of a caller-provided output: a tensor of one of ``dtypes`` on ``device`` (that of
+    ``like``), of exactly ``shape``, contiguous."""
+    p = tensor_problem(name, t, dtypes, device, like)
+    if p is not None:
+        return p
+    if tuple(t.shape) != tuple(shape):
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "{} must have shape {}, got {}",
+                       (name, tuple(shape), tuple(t.shape)))
+    if not t.is_contiguous():
+        return Problem(R.NON_CONTIGUOUS, ValueError, "{} must be contiguous (the kernels write it row by row)",
+                       (name,))
+    return None
+
+
+def byte_span(t: Tensor) -> Tuple[int, int]:
+    """[start, end) of the bytes ``t``'s elements lie in (every element between its first and its last, so
+    a strided view's gaps count); start == end for an empty tensor."""
+    start = t.data_ptr()
+    if t.numel() == 0:
+        return start, start
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def _is_same_view(a: Tensor, b: Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() \
+        and a.dtype == b.dtype
+
+
+def memory_problem(outputs: Sequence[Tuple[str, Tensor]], inputs: Sequence[Tuple[str, Optional[Tensor]]],
+                   in_place: Optional[Tuple[str, str]] = None) -> Optional[Problem]:
+    """The memory rules of the out-variants, on tensors with data: each output is OUTPUT_ALIGNMENT-byte
+    aligned, no output's bytes overlap another output's or an input's, except that the output named
+    ``in_place[0]`` may be the input named ``in_place[1]`` itself (same memory, shape and strides: the
+    in-place residual update)."""
+    for name, t in outputs:
+        if t.data_ptr() % OUTPUT_ALIGNMENT:
+            return Problem(R.NON_CONTIGUOUS, ValueError, "{} must be {}-byte aligned (a view at an odd offset?)",
+                           (name, OUTPUT_ALIGNMENT))
+    spans = [(name, t, byte_span(t)) for name, t in outputs]
+    for i, (name, t, (start, end)) in enumerate(spans):
+        for other, _, (o_start, o_end) in spans[:i]:
+            if start < o_end and o_start < end:
+                return Problem(R.UNSUPPORTED_SHAPE, ValueError, "{} overlaps {} in memory: the outputs must be "
+                               "distinct", (name, other))
+        for in_name, inp in inputs:
+            if inp is None:
+                continue
+            in_start, in_end = byte_span(inp)
+            if not (start < in_end and in_start < end):
+                continue
+            if in_place == (name, in_name) and _is_same_view(t, inp):
+                continue
+            allowed = f" ({name} may be {in_name} itself, not part of it)" if in_place == (name, in_name) else ""
+            return Problem(R.UNSUPPORTED_SHAPE, ValueError, "{} overlaps the input {} in memory{}",
+                           (name, in_name, allowed))
+    return None
+
+
+def four_over_six_code_problem(code: object) -> Optional[Problem]:
+    """nvfp4_4over6_code of the out-variants: 0 (the standard recipe) is the one they implement."""
+    if isinstance(code, bool) or not isinstance(code, int):
+        return Problem(R.FOUR_OVER_SIX_RECIPE, TypeError, "nvfp4_4over6_code must be an int, got {}",
+                       (type(code).__name__,))
+    if code != 0:
+        return Problem(R.FOUR_OVER_SIX_RECIPE, ValueError, "nvfp4_4over6_code={}: the out-variants implement only "
+                       "the standard NVFP4 recipe (0)", (code,))
+    return None
+
+
+def _quantized_output_problem(packed, scales, like: Tensor, like_name: str) -> Optional[Problem]:
+    cols = like.shape[-1]
+    rows = like.numel() // cols
+    dev = like.device
+    return output_problem("packed", packed, (torch.uint8,), (rows, cols // 2), dev, like_name) or \
+        output_problem("scales", scales, OUT_SCALE_DTYPES, (round_up(rows, 128), cols // 16), dev, like_name)
+
+
+def _memory_checked(memory: Optional[bool], outputs) -> bool:
+    """Whether the memory rules apply: ``memory`` when given, else when every output has data."""
+    return all(has_data(t) for _, t in outputs) if memory is None else memory
+
+
+def resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scale, eps, packed, scales,
+                              residual_out, weight=None, norm_bias=None, modulate_index=None,
+                              nvfp4_4over6_code=0, memory: Optional[bool] = None) -> Optional[Problem]:
+    """The rules of resnorm_quant_out: those of resnorm_quant for the inputs; packed uint8 [M, D/2], scales
+    uint8 or float8_e4m3fn [round_up(M, 128), D/16], residual_out bf16 of x's shape, each contiguous on x's
+    device; and, when ``memory`` (None: when the tensors have data), :func:`memory_problem` with
+    residual_out allowed to be residual."""
+    p = resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
+                              modulate_index) or four_over_six_code_problem(nvfp4_4over6_code) or \
+        _quantized_output_problem(packed, scales, x, "x") or \
+        output_problem("residual_out", residual_out, ACTIVATION_DTYPES, tuple(x.shape), x.device, "x")
+    if p is not None:
+        return p
+    outputs = (("packed", packed), ("scales", scales), ("residual_out", residual_out))
+    if not _memory_checked(memory, outputs):
+        return None
+    inputs = (("residual", residual), ("x", x), ("bias", bias), ("gate", gate), ("scale", scale), ("shift", shift),
+              ("global_scale", global_scale), ("weight", weight), ("norm_bias", norm_bias),
+              ("modulate_index", modulate_index))
+    return memory_problem(outputs, inputs, in_place=("residual_out", "residual"))
+
+
+def resnorm_out_problem(residual, x, bias, gate, scale, shift, eps, y, residual_out, weight=None, norm_bias=None,
+                        modulate_index=None, memory: Optional[bool] = None) -> Optional[Problem]:
+    """The rules of resnorm_out: those of resnorm for the inputs; y and residual_out bf16 of x's shape,
+    contiguous on x's device; the memory rules as in :func:`resnorm_quant_out_problem`."""
+    p = resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index) or \
+        output_problem("y", y, ACTIVATION_DTYPES, tuple(x.shape), x.device, "x") or \
+        output_problem("residual_out", residual_out, ACTIVATION_DTYPES, tuple(x.shape), x.device, "x")
+    if p is not None:
+        return p
+    outputs = (("y", y), ("residual_out", residual_out))
+    if not _memory_checked(memory, outputs):
+        return None
+    inputs = (("residual", residual), ("x", x), ("bias", bias), ("gate", gate), ("scale", scale), ("shift", shift),
+              ("weight", weight), ("norm_bias", norm_bias), ("modulate_index", modulate_index))
+    return memory_problem(outputs, inputs, in_place=("residual_out", "residual"))
+
+
+def quantize_out_problem(y, global_scale, packed, scales, nvfp4_4over6_code=0,
+                         memory: Optional[bool] = None) -> Optional[Problem]:
+    """The rules of nvfp4_quantize_out: those of nvfp4_quantize for the inputs, packed and scales as in
+    :func:`resnorm_quant_out_problem`, no overlap at all."""
+    p = quantize_problem(y, global_scale) or four_over_six_code_problem(nvfp4_4over6_code) or \
+        _quantized_output_problem(packed, scales, y, "y")
+    if p is not None:
+        return p
+    outputs = (("packed", packed), ("scales", scales))
+    if not _memory_checked(memory, outputs):
+        return None
+    return memory_problem(outputs, (("y", y), ("global_scale", global_scale)))
