@@ -61,9 +61,10 @@ bool set_first_wave_stagger(ResnormArgs& a, int device, int threads) {
 
 // Two CTAs per row (resnorm_quant_split_kernel) while there is at most one row per SM, in the
 // configurations that have it: with more rows, each SM would hold several rows' CTAs, each computing its
-// row's statistics again.
+// row's statistics again. Never in place (residual_out == residual, an out-variant's in-place residual
+// update): each of a row's two CTAs reads the whole row while the other stores half of it.
 inline bool split_rows(const ResnormArgs& a, int device) {
-  return has_device_cache(device) && a.rows <= device_sms(device);
+  return a.residual_out != a.residual && has_device_cache(device) && a.rows <= device_sms(device);
 }
 
 template <auto kKernel>

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,7 @@ const char* dtype_name(ScalarType t) {
     case ScalarType::Long: return "int64";
     case ScalarType::Bool: return "bool";
     case ScalarType::Double: return "float64";
+    case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
     default: return "another dtype";
   }
 }
@@ -216,17 +218,116 @@ Tensor new_bytes(const Tensor& like, int64_t rows, int64_t cols) {
 
 Tensor empty_like_bf16(const Tensor& x) { return empty_cuda(x, sizes_of(x), aoti_torch_dtype_bfloat16()); }
 
-// The quantizing ops' outputs, allocated and wired into the kernel arguments (ResnormArgs or
-// QuantizeArgs): packed codes [rows, cols / 2] and the 128x4 scales [scale_rows(rows), cols / 16]
-// (the kernels write the padding rows too).
+// The quantizing ops' outputs wired into the kernel arguments (ResnormArgs or QuantizeArgs): packed codes
+// [rows, cols / 2] and the 128x4 scales [scale_rows(rows), cols / 16] (the kernels write the padding rows too).
 template <class Args>
-std::pair<Tensor, Tensor> new_quantized_outputs(Args& a, const Tensor& like, const Tensor& global_scale) {
-  Tensor packed = new_bytes(like, a.rows, a.cols / 2);
-  Tensor scales = new_bytes(like, scale_rows(a.rows), a.cols / 16);
+void set_quantized_outputs(Args& a, const Tensor& packed, const Tensor& scales, const Tensor& global_scale) {
   a.packed = static_cast<uint8_t*>(packed.data_ptr());
   a.scales = static_cast<uint8_t*>(scales.data_ptr());
   a.global_scale = static_cast<const float*>(global_scale.data_ptr());
-  return {packed, scales};
+}
+
+// The functional quantizing ops' outputs, allocated: (packed, scales) for rows of cols.
+std::pair<Tensor, Tensor> new_quantized_outputs(const Tensor& like, int64_t rows, int32_t cols) {
+  return {new_bytes(like, rows, cols / 2), new_bytes(like, scale_rows(rows), cols / 16)};
+}
+
+// ---- The out-variants' outputs (the rules of validation.py's out-variant section) ----
+
+// Every caller-provided output is 16-byte aligned: the kernels store 16-byte vectors.
+constexpr uintptr_t kOutputAlignment = 16;
+
+// A caller-provided output: on like's CUDA device, of one of `dtypes`, of exactly `sizes`, contiguous,
+// kOutputAlignment-byte aligned.
+void check_output(const char* name, const Tensor& t, const Tensor& like, const char* like_name,
+                  std::initializer_list<ScalarType> dtypes, const std::vector<int64_t>& sizes) {
+  STD_TORCH_CHECK(t.is_cuda(), "qwen_fp4: ", name, " must be a CUDA tensor (", like_name, " is on cuda:",
+                  like.get_device_index(), ")");
+  STD_TORCH_CHECK(t.get_device_index() == like.get_device_index(), "qwen_fp4: ", name, " is on cuda:",
+                  t.get_device_index(), " but ", like_name, " is on cuda:", like.get_device_index());
+  bool dtype_ok = false;
+  std::string allowed;
+  for (ScalarType d : dtypes) {
+    dtype_ok = dtype_ok || t.scalar_type() == d;
+    allowed += (allowed.empty() ? "" : " or ") + std::string(dtype_name(d));
+  }
+  STD_TORCH_CHECK(dtype_ok, "qwen_fp4: ", name, " must be ", allowed, ", got ", dtype_name(t.scalar_type()));
+  bool shape_ok = t.dim() == static_cast<int64_t>(sizes.size());
+  for (int64_t d = 0; shape_ok && d < t.dim(); ++d) shape_ok = t.size(d) == sizes[d];
+  std::string want = "(";
+  for (size_t d = 0; d < sizes.size(); ++d) want += (d ? ", " : "") + std::to_string(sizes[d]);
+  STD_TORCH_CHECK(shape_ok, "qwen_fp4: ", name, " must have shape ", want + ")", ", got ", shape_str(t));
+  STD_TORCH_CHECK(t.is_contiguous(), "qwen_fp4: ", name, " must be contiguous (the kernels write it row by row)");
+  STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % kOutputAlignment == 0, "qwen_fp4: ", name,
+                  " must be ", kOutputAlignment, "-byte aligned (a view at an odd offset?)");
+}
+
+// packed and scales of an out-variant for rows of like ([..., cols]).
+void check_quantized_outputs(const Tensor& packed, const Tensor& scales, const Tensor& like, const char* like_name,
+                             int64_t rows, int32_t cols) {
+  check_output("packed", packed, like, like_name, {ScalarType::Byte}, {rows, cols / 2});
+  check_output("scales", scales, like, like_name, {ScalarType::Byte, ScalarType::Float8_e4m3fn},
+               {scale_rows(rows), cols / 16});
+}
+
+// The bytes [begin, end) t's elements lie in (a strided view's gaps included); begin == end when empty.
+struct ByteSpan {
+  uintptr_t begin, end;
+  bool overlaps(const ByteSpan& o) const { return begin < o.end && o.begin < end; }
+};
+
+ByteSpan byte_span(const Tensor& t) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  if (t.numel() == 0) return {begin, begin};
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return {begin, begin + static_cast<uintptr_t>(last + 1) * t.element_size()};
+}
+
+// The same memory, shape, strides and dtype: residual_out given as residual itself.
+bool same_view(const Tensor& a, const Tensor& b) {
+  if (a.data_ptr() != b.data_ptr() || a.dim() != b.dim() || a.scalar_type() != b.scalar_type()) return false;
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (a.size(d) != b.size(d) || a.stride(d) != b.stride(d)) return false;
+  }
+  return true;
+}
+
+// An argument by name; t == nullptr: an absent optional input.
+struct NamedTensor {
+  const char* name;
+  const Tensor* t;
+};
+
+const Tensor* optional_ptr(const std::optional<Tensor>& t) { return t.has_value() ? &*t : nullptr; }
+
+// No output overlaps another output or an input, except that output `in_place_output` may be input
+// `in_place_input` itself (same_view): the in-place residual update, safe because each kernel's thread
+// reads its residual vectors before it stores them and no other CTA reads them (split_rows excludes it).
+void check_no_overlap(std::initializer_list<NamedTensor> outputs, std::initializer_list<NamedTensor> inputs,
+                      const char* in_place_output = nullptr, const char* in_place_input = nullptr) {
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    const ByteSpan span = byte_span(*out->t);
+    for (auto other = outputs.begin(); other != out; ++other) {
+      STD_TORCH_CHECK(!span.overlaps(byte_span(*other->t)), "qwen_fp4: ", out->name, " overlaps ", other->name,
+                      " in memory: the outputs must be distinct");
+    }
+    for (const NamedTensor& in : inputs) {
+      if (in.t == nullptr || !span.overlaps(byte_span(*in.t))) continue;
+      const bool in_place_pair = in_place_output != nullptr && std::string(out->name) == in_place_output &&
+                                 std::string(in.name) == in_place_input;
+      if (in_place_pair && same_view(*out->t, *in.t)) continue;
+      STD_TORCH_CHECK(false, "qwen_fp4: ", out->name, " overlaps the input ", in.name, " in memory",
+                      in_place_pair ? std::string(" (") + out->name + " may be " + in.name + " itself, not part of it)"
+                                    : std::string());
+    }
+  }
+}
+
+// nvfp4_4over6_code of the out-variants: the standard recipe (0) only.
+void check_standard_recipe(int64_t nvfp4_4over6_code) {
+  STD_TORCH_CHECK(nvfp4_4over6_code == 0, "qwen_fp4: nvfp4_4over6_code=", nvfp4_4over6_code,
+                  ": the out-variants implement only the standard NVFP4 recipe (0)");
 }
 
 bool use_blackwell(const Tensor& x) { return blackwell_kernels_usable(x.get_device_index()); }
@@ -241,6 +342,51 @@ void check_test_op_input(const char* op, const Tensor& x) {
 
 }  // namespace
 
+namespace {
+
+// The one launch of each op, into outputs that were allocated (the functional ops) or checked (the
+// out-variants).
+void run_resnorm_quant(ResnormArgs& a, const Tensor& x, const Tensor& global_scale, bool fast_math,
+                       int64_t nvfp4_4over6_code, const Tensor& packed, const Tensor& scales,
+                       const Tensor& residual_out) {
+  set_quantized_outputs(a, packed, scales, global_scale);
+  a.residual_out = residual_out.data_ptr();
+  (void)nvfp4_4over6_code;  // MERGE(4over6): hand nvfp4_4over6_code to the kernel arguments here
+  const LaunchTarget on = launch_target(x);
+  if (use_blackwell(x)) launch_resnorm_quant_blackwell(a, fast_math, on);
+  else launch_resnorm_quant_portable(a, fast_math, on);
+}
+
+void run_resnorm(ResnormArgs& a, const Tensor& x, const Tensor& y, const Tensor& residual_out) {
+  a.y = y.data_ptr();
+  a.residual_out = residual_out.data_ptr();
+  launch_resnorm(a, launch_target(x));
+}
+
+// nvfp4_quantize's checks of y and global_scale, and its kernel arguments except the outputs.
+QuantizeArgs make_quantize_args(const Tensor& y, const Tensor& global_scale) {
+  check_cuda_tensor("y", y, y, /*vector_access=*/true, "y");
+  check_dtype("y", y, false);
+  const int32_t cols = check_cols("y", y);
+  check_global_scale(global_scale, y, "y");
+  QuantizeArgs a{};
+  a.y = y.data_ptr();
+  a.cols = cols;
+  a.rows = check_rows("y", y, cols);
+  return a;
+}
+
+void run_nvfp4_quantize(QuantizeArgs& a, const Tensor& y, const Tensor& global_scale, bool fast_math,
+                        int64_t nvfp4_4over6_code, const Tensor& packed, const Tensor& scales) {
+  set_quantized_outputs(a, packed, scales, global_scale);
+  (void)nvfp4_4over6_code;  // MERGE(4over6): hand nvfp4_4over6_code to the kernel arguments here
+  const LaunchTarget on = launch_target(y);
+  if (use_blackwell(y)) launch_nvfp4_quantize_blackwell(a, fast_math, on);
+  else launch_nvfp4_quantize_portable(a, fast_math, on);
+}
+
+}  // namespace
+
 std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, const Tensor& x,
                                                       const std::optional<Tensor>& bias, const Tensor& gate,
                                                       const Tensor& scale, const Tensor& shift,
@@ -251,13 +397,31 @@ std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, co
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
   ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
   check_global_scale(global_scale, x);
-  auto [packed, scales] = new_quantized_outputs(a, x, global_scale);
+  auto [packed, scales] = new_quantized_outputs(x, a.rows, a.cols);
   Tensor residual_out = empty_like_bf16(x);
-  a.residual_out = residual_out.data_ptr();
-  const LaunchTarget on = launch_target(x);
-  if (use_blackwell(x)) launch_resnorm_quant_blackwell(a, fast_math, on);
-  else launch_resnorm_quant_portable(a, fast_math, on);
+  run_resnorm_quant(a, x, global_scale, fast_math, /*nvfp4_4over6_code=*/0, packed, scales, residual_out);
   return {packed, scales, residual_out};
+}
+
+void resnorm_quant_out_cuda(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
+                            const Tensor& gate, const Tensor& scale, const Tensor& shift, const Tensor& global_scale,
+                            double eps, bool fast_math, const Tensor& packed, const Tensor& scales,
+                            const Tensor& residual_out, const std::optional<Tensor>& weight,
+                            const std::optional<Tensor>& norm_bias, const std::optional<Tensor>& modulate_index,
+                            int64_t nvfp4_4over6_code) {
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
+  check_global_scale(global_scale, x);
+  check_standard_recipe(nvfp4_4over6_code);
+  check_quantized_outputs(packed, scales, x, "x", a.rows, a.cols);
+  check_output("residual_out", residual_out, x, "x", {ScalarType::BFloat16}, sizes_of(x));
+  check_no_overlap({{"packed", &packed}, {"scales", &scales}, {"residual_out", &residual_out}},
+                   {{"residual", &residual}, {"x", &x}, {"bias", optional_ptr(bias)}, {"gate", &gate},
+                    {"scale", &scale}, {"shift", &shift}, {"global_scale", &global_scale},
+                    {"weight", optional_ptr(weight)}, {"norm_bias", optional_ptr(norm_bias)},
+                    {"modulate_index", optional_ptr(modulate_index)}},
+                   "residual_out", "residual");
+  run_resnorm_quant(a, x, global_scale, fast_math, nvfp4_4over6_code, packed, scales, residual_out);
 }
 
 std::tuple<Tensor, Tensor> resnorm_cuda(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
@@ -268,28 +432,44 @@ std::tuple<Tensor, Tensor> resnorm_cuda(const Tensor& residual, const Tensor& x,
   ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
   Tensor y = empty_like_bf16(x);
   Tensor residual_out = empty_like_bf16(x);
-  a.y = y.data_ptr();
-  a.residual_out = residual_out.data_ptr();
-  launch_resnorm(a, launch_target(x));
+  run_resnorm(a, x, y, residual_out);
   return {y, residual_out};
+}
+
+void resnorm_out_cuda(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias, const Tensor& gate,
+                      const Tensor& scale, const Tensor& shift, double eps, const Tensor& y,
+                      const Tensor& residual_out, const std::optional<Tensor>& weight,
+                      const std::optional<Tensor>& norm_bias, const std::optional<Tensor>& modulate_index) {
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
+  check_output("y", y, x, "x", {ScalarType::BFloat16}, sizes_of(x));
+  check_output("residual_out", residual_out, x, "x", {ScalarType::BFloat16}, sizes_of(x));
+  check_no_overlap({{"y", &y}, {"residual_out", &residual_out}},
+                   {{"residual", &residual}, {"x", &x}, {"bias", optional_ptr(bias)}, {"gate", &gate},
+                    {"scale", &scale}, {"shift", &shift}, {"weight", optional_ptr(weight)},
+                    {"norm_bias", optional_ptr(norm_bias)}, {"modulate_index", optional_ptr(modulate_index)}},
+                   "residual_out", "residual");
+  run_resnorm(a, x, y, residual_out);
 }
 
 std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math) {
   STD_TORCH_CHECK(y.is_cuda(), "qwen_fp4: y must be a CUDA tensor for the CUDA kernels");
   torch::stable::accelerator::DeviceGuard guard(y.get_device_index());
-  check_cuda_tensor("y", y, y, /*vector_access=*/true, "y");
-  check_dtype("y", y, false);
-  const int32_t cols = check_cols("y", y);
-  check_global_scale(global_scale, y, "y");
-  QuantizeArgs a{};
-  a.y = y.data_ptr();
-  a.cols = cols;
-  a.rows = check_rows("y", y, cols);
-  auto [packed, scales] = new_quantized_outputs(a, y, global_scale);
-  const LaunchTarget on = launch_target(y);
-  if (use_blackwell(y)) launch_nvfp4_quantize_blackwell(a, fast_math, on);
-  else launch_nvfp4_quantize_portable(a, fast_math, on);
+  QuantizeArgs a = make_quantize_args(y, global_scale);
+  auto [packed, scales] = new_quantized_outputs(y, a.rows, a.cols);
+  run_nvfp4_quantize(a, y, global_scale, fast_math, /*nvfp4_4over6_code=*/0, packed, scales);
   return {packed, scales};
+}
+
+void nvfp4_quantize_out_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math, const Tensor& packed,
+                             const Tensor& scales, int64_t nvfp4_4over6_code) {
+  STD_TORCH_CHECK(y.is_cuda(), "qwen_fp4: y must be a CUDA tensor for the CUDA kernels");
+  torch::stable::accelerator::DeviceGuard guard(y.get_device_index());
+  QuantizeArgs a = make_quantize_args(y, global_scale);
+  check_standard_recipe(nvfp4_4over6_code);
+  check_quantized_outputs(packed, scales, y, "y", a.rows, a.cols);
+  check_no_overlap({{"packed", &packed}, {"scales", &scales}}, {{"y", &y}, {"global_scale", &global_scale}});
+  run_nvfp4_quantize(a, y, global_scale, fast_math, nvfp4_4over6_code, packed, scales);
 }
 
 Tensor rcp_approx_cuda(const Tensor& x) {

@@ -8,6 +8,9 @@ STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CUDA, m) {
   m.impl("resnorm_quant", TORCH_BOX(&qwen_fp4::resnorm_quant_cuda));
   m.impl("resnorm", TORCH_BOX(&qwen_fp4::resnorm_cuda));
   m.impl("nvfp4_quantize", TORCH_BOX(&qwen_fp4::nvfp4_quantize_cuda));
+  m.impl("resnorm_quant_out", TORCH_BOX(&qwen_fp4::resnorm_quant_out_cuda));
+  m.impl("resnorm_out", TORCH_BOX(&qwen_fp4::resnorm_out_cuda));
+  m.impl("nvfp4_quantize_out", TORCH_BOX(&qwen_fp4::nvfp4_quantize_out_cuda));
   m.impl("_rcp_approx", TORCH_BOX(&qwen_fp4::rcp_approx_cuda));
   m.impl("_e2m1_codes", TORCH_BOX(&qwen_fp4::e2m1_codes_cuda));
   m.impl("nvfp4_dequantize_bf16", TORCH_BOX(&qwen_fp4::nvfp4_dequantize_bf16_cuda));

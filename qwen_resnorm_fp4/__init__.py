@@ -1,8 +1,10 @@
 """qwen-resnorm-fp4: gated residual + LayerNorm + adaLN modulation + NVFP4 quantization in one CUDA kernel.
 
-Ops: ``torch.ops.qwen_fp4.resnorm_quant``, ``.resnorm``, ``.nvfp4_quantize`` (CUDA kernels where built,
-the pure-PyTorch reference on CPU). Typed wrappers: :func:`resnorm_quant`, :func:`resnorm`,
-:func:`nvfp4_quantize`, :func:`dequantize_nvfp4`.
+Ops: ``torch.ops.qwen_fp4.resnorm_quant``, ``.resnorm``, ``.nvfp4_quantize`` and their out-variants
+``.resnorm_quant_out``, ``.resnorm_out``, ``.nvfp4_quantize_out`` (CUDA kernels where built, the
+pure-PyTorch reference on CPU). Typed wrappers: :func:`resnorm_quant`, :func:`resnorm`,
+:func:`nvfp4_quantize`, :func:`dequantize_nvfp4`, :func:`resnorm_quant_out`, :func:`resnorm_out`,
+:func:`nvfp4_quantize_out`.
 """
 
 from . import ops  # defines the op schemas first
@@ -11,6 +13,8 @@ from . import _library
 _library.load()  # then the CUDA kernels register for the CUDA key, if built
 
 from .api import dequantize_nvfp4, nvfp4_quantize, resnorm, resnorm_quant  # noqa: E402
+from .api import empty_quantize_outputs, empty_resnorm_outputs, empty_resnorm_quant_outputs  # noqa: E402
+from .api import nvfp4_quantize_out, resnorm_out, resnorm_quant_out  # noqa: E402
 from .layout import sf_offset_128x4  # noqa: E402
 from .gemm import apply_nvfp4_gemm_prequantized  # noqa: E402
 from .linear import NVFP4Linear  # noqa: E402
@@ -23,4 +27,5 @@ except ImportError:  # a source tree that was never built: no version of its own
 
 __all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "sf_offset_128x4", "__version__",
            "try_fused_resnorm_quant", "last_decline_reason", "last_decline_detail", "DeclineReason",
-           "NVFP4Linear", "apply_nvfp4_gemm_prequantized"]
+           "NVFP4Linear", "apply_nvfp4_gemm_prequantized", "resnorm_quant_out", "resnorm_out", "nvfp4_quantize_out",
+           "empty_resnorm_quant_outputs", "empty_resnorm_outputs", "empty_quantize_outputs"]

@@ -2,8 +2,10 @@
 
 Every call checks its arguments first (the rules of :mod:`qwen_resnorm_fp4.validation`), raising TypeError
 (wrong type or dtype) or ValueError (wrong shape, device or value) naming the argument, then calls the op
-once; an error of the op itself reaches the caller as it is. Inputs are never modified. Non-contiguous or
-misaligned inputs are copied (contiguous, 16-byte aligned) so that the kernels can use vector loads.
+once; an error of the op itself reaches the caller as it is. Inputs are never modified (except residual
+by an out-variant given ``residual_out=residual``). Non-contiguous or misaligned inputs are copied
+(contiguous, 16-byte aligned) so that the kernels can use vector loads; the outputs an out-variant is
+given are never copied, so they must fit as they are (validation.py's out-variant rules).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import torch
 
 from . import reference
 from .env import resolve_fast_math
-from .validation import dequantize_problem, quantize_problem, require, resnorm_problem, resnorm_quant_problem
+from .layout import round_up
+from .validation import dequantize_problem, has_data, quantize_out_problem, quantize_problem, require
+from .validation import resnorm_out_problem, resnorm_problem, resnorm_quant_out_problem, resnorm_quant_problem
 from .validation import MAX_COLS, WIDTH_RULE, is_supported_width  # noqa: F401 - also importable from here
 
 Tensor = torch.Tensor
@@ -24,22 +28,13 @@ Tensor = torch.Tensor
 _RESNORM_QUANT = torch.ops.qwen_fp4.resnorm_quant.default
 _RESNORM = torch.ops.qwen_fp4.resnorm.default
 _NVFP4_QUANTIZE = torch.ops.qwen_fp4.nvfp4_quantize.default
+_RESNORM_QUANT_OUT = torch.ops.qwen_fp4.resnorm_quant_out.default
+_RESNORM_OUT = torch.ops.qwen_fp4.resnorm_out.default
+_NVFP4_QUANTIZE_OUT = torch.ops.qwen_fp4.nvfp4_quantize_out.default
 
 # Tensors that hold real data whenever they are not being traced (a Parameter made under FakeTensorMode has
 # type FakeTensor, not Parameter).
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
-
-
-def _has_data(t: Tensor) -> bool:
-    """False for tensors without real memory (meta, FakeTensor, FunctionalTensor over a fake one), whose
-    data_ptr() must not be read (torch warns, or raises under make_fx / FakeTensorMode)."""
-    if t.device.type == "meta":
-        return False
-    try:
-        from torch._subclasses.fake_tensor import is_fake
-    except ImportError:  # pragma: no cover - torch without fake tensors
-        return True
-    return not is_fake(t)
 
 
 def _aligned(t: Tensor) -> Tensor:
@@ -47,7 +42,7 @@ def _aligned(t: Tensor) -> Tensor:
     made contiguous: the CUDA op refuses a misaligned tensor at run time itself."""
     if not t.is_contiguous():
         t = t.contiguous()
-    if type(t) in _PLAIN_TENSOR_TYPES or _has_data(t):  # the common case first: a plain tensor has data
+    if type(t) in _PLAIN_TENSOR_TYPES or has_data(t):  # the common case first: a plain tensor has data
         return t.clone() if t.data_ptr() & 15 else t
     return t
 
@@ -157,3 +152,117 @@ def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows:
     problem, rows, _ = dequantize_problem(packed, scales, global_scale, rows)
     require(problem)
     return reference.dequantize_nvfp4(packed.contiguous(), scales.contiguous(), global_scale, rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Out-variants: the same ops writing into caller-provided outputs (static buffers, CUDA graphs, the
+# in-place residual update)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _memory_rules() -> Optional[bool]:
+    """The out-variant rules' ``memory`` argument: off while tracing (no data pointers; the op's own
+    implementation applies them when it runs), else wherever the tensors have data."""
+    return False if torch.compiler.is_compiling() else None
+
+
+def empty_quantize_outputs(like: Tensor, scale_dtype: torch.dtype = torch.uint8) -> Tuple[Tensor, Tensor]:
+    """Uninitialised (packed uint8 [M, D/2], scales [round_up(M, 128), D/16] of ``scale_dtype``, uint8 or
+    float8_e4m3fn) on ``like``'s device for ``like`` [..., D]: the outputs :func:`resnorm_quant_out` and
+    :func:`nvfp4_quantize_out` take (the kernels write every byte, the scale padding rows too)."""
+    d = like.shape[-1]
+    rows = like.numel() // d if d else 0
+    return (torch.empty((rows, d // 2), dtype=torch.uint8, device=like.device),
+            torch.empty((round_up(rows, 128), d // 16), dtype=scale_dtype, device=like.device))
+
+
+def empty_resnorm_quant_outputs(x: Tensor, scale_dtype: torch.dtype = torch.uint8) -> Tuple[Tensor, Tensor, Tensor]:
+    """Uninitialised (packed, scales, residual_out) for :func:`resnorm_quant_out` with inputs like ``x``
+    (:func:`empty_quantize_outputs`, and residual_out bf16 of x's shape). For the in-place residual update,
+    pass the residual itself as residual_out instead of the third."""
+    packed, scales = empty_quantize_outputs(x, scale_dtype)
+    return packed, scales, torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+
+
+def empty_resnorm_outputs(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """Uninitialised (y, residual_out), bf16 of x's shape on x's device, for :func:`resnorm_out`."""
+    return (torch.empty(x.shape, dtype=torch.bfloat16, device=x.device),
+            torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
+
+
+def resnorm_quant_out(
+    residual: Tensor,
+    x: Tensor,
+    bias: Optional[Tensor],
+    gate: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    global_scale: Tensor,
+    eps: float = 1e-6,
+    fast_math: Optional[bool] = None,
+    *,
+    packed: Tensor,
+    scales: Tensor,
+    residual_out: Tensor,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`resnorm_quant` writing into the given outputs: the same bytes, no allocation.
+
+    Args:
+        residual ... modulate_index: as in :func:`resnorm_quant`.
+        packed: uint8 [M, D/2], contiguous, 16-byte aligned, on x's device.
+        scales: uint8 or float8_e4m3fn [round_up(M, 128), D/16], contiguous, 16-byte aligned; every byte is
+            written (the padding rows with zero).
+        residual_out: bf16 of x's shape, contiguous, 16-byte aligned; may be ``residual`` itself (the same
+            tensor, or a view of exactly its memory, shape and strides): the in-place residual update.
+
+    No output may share memory with another output or with an input, apart from residual_out being
+    residual. Broken rules raise TypeError / ValueError naming the argument, before anything is written.
+
+    Returns:
+        (packed, scales, residual_out), the given tensors.
+    """
+    fm = resolve_fast_math(fast_math)
+    require(resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scale, eps, packed, scales,
+                                      residual_out, weight, norm_bias, modulate_index, memory=_memory_rules()))
+    _RESNORM_QUANT_OUT(*_resnorm_operands(residual, x, bias, gate, scale, shift,
+                                          (global_scale, float(eps), fm, packed, scales, residual_out), weight,
+                                          norm_bias, modulate_index))
+    return packed, scales, residual_out
+
+
+def resnorm_out(
+    residual: Tensor,
+    x: Tensor,
+    bias: Optional[Tensor],
+    gate: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    eps: float = 1e-6,
+    *,
+    y: Tensor,
+    residual_out: Tensor,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """:func:`resnorm` writing into the given outputs: y and residual_out bf16 of x's shape, contiguous,
+    16-byte aligned, on x's device; residual_out may be ``residual`` itself, as in :func:`resnorm_quant_out`,
+    whose rules apply. Returns (y, residual_out), the given tensors."""
+    require(resnorm_out_problem(residual, x, bias, gate, scale, shift, eps, y, residual_out, weight, norm_bias,
+                                modulate_index, memory=_memory_rules()))
+    _RESNORM_OUT(*_resnorm_operands(residual, x, bias, gate, scale, shift, (float(eps), y, residual_out), weight,
+                                    norm_bias, modulate_index))
+    return y, residual_out
+
+
+def nvfp4_quantize_out(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None, *, packed: Tensor,
+                       scales: Tensor) -> Tuple[Tensor, Tensor]:
+    """:func:`nvfp4_quantize` writing into the given packed and scales (as in :func:`resnorm_quant_out`);
+    neither may share memory with y, global_scale or the other. Returns (packed, scales), the given tensors."""
+    fm = resolve_fast_math(fast_math)
+    require(quantize_out_problem(y, global_scale, packed, scales, memory=_memory_rules()))
+    _NVFP4_QUANTIZE_OUT(_operand()(y), global_scale, fm, packed, scales)
+    return packed, scales
