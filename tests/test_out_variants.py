@@ -241,7 +241,7 @@ def _compiled_in_place(op: str, use_wrapper: bool, backend: str):
                    global_scale=global_scale, eps=1e-6, weight=None, norm_bias=None, modulate_index=modulate_index)
         given = dict(zip(OUTPUTS[op][:-1], outs), residual_out=residual)
         (call_out_wrapper if use_wrapper else call_out_op)(op, inp, given)
-        return residual + 0  # a read of the updated residual inside the graph
+        return residual * 1  # a read of the updated residual inside the graph (exact: keeps -0.0)
 
     return torch.compile(step, fullgraph=True, backend=backend)
 
