@@ -94,6 +94,12 @@ def call_out_wrapper(op: str, inp, outs, fast: bool = True) -> tuple:
     return q.resnorm_out(*common, inp["eps"], **outs, **extra)
 
 
+def assert_bytes_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Same shape and the same bytes (a float8 tensor compared with a uint8 one by its bytes)."""
+    assert got.shape == want.shape, what
+    assert torch.equal(got.view(torch.uint8), want.contiguous().view(torch.uint8)), what
+
+
 def output_bytes(outs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """A copy of each output's bytes."""
     return {name: t.view(torch.uint8).clone() for name, t in outs.items()}
@@ -144,9 +150,29 @@ def with_overlap(op: str, inp, outs, out_name: str, other: str, output_first: bo
     return inp, outs, arena
 
 
-def refusal_message(name: str) -> str:
-    """A regex both implementations' messages for argument ``name`` match (the argument named first)."""
-    return rf"\b{name}\b"
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """t's shape and dtype at an offset of one element from a 16-byte boundary (elements of 1 to 8 bytes)."""
+    step = t.element_size()
+    buf = torch.empty(t.numel() * step + 32, dtype=torch.uint8, device=t.device)
+    start = (16 - buf.data_ptr() % 16) % 16 + step
+    return buf[start:start + t.numel() * step].view(t.dtype).view(t.shape)
+
+
+#: Ways to break an output's static rules: kind -> (a broken copy of the output, the words of the refusal
+#: after the output's name, which the Python rules and the C++ checks both say). "device" takes the device.
+BROKEN_OUTPUTS = {
+    "dtype": (lambda t: torch.empty(t.shape, dtype=torch.int8 if t.dtype == torch.uint8 else torch.float32,
+                                    device=t.device), "must be"),
+    "shape": (lambda t: torch.empty(t.shape[0] + 1, *t.shape[1:], dtype=t.dtype, device=t.device),
+              "must have shape"),
+    "contiguity": (lambda t: torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype,
+                                         device=t.device)[..., :t.shape[-1]], "must be contiguous"),
+    "alignment": (_misaligned, "must be 16-byte aligned"),
+}
+
+
+def on_device(t: torch.Tensor, device) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device=device)
 
 
 def overlap_pairs(op: str) -> Sequence[Tuple[str, str]]:

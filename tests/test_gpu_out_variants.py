@@ -8,8 +8,8 @@ import torch
 
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import _library
-from out_variant_utils import (OUTPUTS, call_out_op, call_out_wrapper, filled_outputs, full_inputs, functional,
-                               output_bytes, overlap_pairs, with_overlap)
+from out_variant_utils import (BROKEN_OUTPUTS, OUTPUTS, assert_bytes_equal, call_out_op, call_out_wrapper, filled_outputs,
+                               full_inputs, functional, on_device, output_bytes, overlap_pairs, with_overlap)
 from reliability_utils import padding_scale_bytes
 
 pytestmark = [
@@ -30,10 +30,6 @@ def gpu_inputs(rows, cols, plain, seed=0):
     return full_inputs(rows, cols, "cuda", seed, form="indexed_int64", bias=True, affine=True,
                        param_dtype=torch.float32)
 
-
-def assert_bytes_equal(got, want, what):
-    assert got.shape == want.shape, what
-    assert torch.equal(got.view(torch.uint8), want.contiguous().view(torch.uint8)), what
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -87,17 +83,7 @@ def test_dirty_outputs_padding_scales_zero(cols, scale_dtype):
 
 
 # C++ refusals: RuntimeError naming the argument, before any launch.
-STATIC_BREAKS = {
-    "dtype": (lambda t: torch.empty(t.shape, dtype=torch.int8 if t.dtype == torch.uint8 else torch.float32,
-                                    device=t.device), "must be"),
-    "shape": (lambda t: torch.empty(t.shape[0] + 1, *t.shape[1:], dtype=t.dtype, device=t.device), "must have shape"),
-    "contiguity": (lambda t: torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)[..., :t.shape[-1]],
-                   "must be contiguous"),
-    "alignment": (lambda t: torch.empty(t.numel() * t.element_size() + 16, dtype=torch.uint8, device=t.device)
-                  [t.element_size():t.element_size() + t.numel() * t.element_size()].view(t.dtype).view(t.shape),
-                  "must be 16-byte aligned"),
-    "device": (lambda t: torch.empty(t.shape, dtype=t.dtype), "must be a CUDA tensor"),
-}
+STATIC_BREAKS = dict(BROKEN_OUTPUTS, device=(lambda t: on_device(t, "cpu"), "must be a CUDA tensor"))
 
 
 @pytest.mark.parametrize("op", OPS)

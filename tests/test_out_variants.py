@@ -7,17 +7,14 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import qwen_resnorm_fp4 as q
-from out_variant_utils import (OUTPUTS, call_out_op, call_out_wrapper, filled_outputs, full_inputs,
-                               functional, out_op_args, output_bytes, overlap_pairs, with_overlap)
+from out_variant_utils import (BROKEN_OUTPUTS, OUTPUTS, assert_bytes_equal, call_out_op, call_out_wrapper, filled_outputs,
+                               full_inputs, functional, on_device, out_op_args, output_bytes, overlap_pairs,
+                               with_overlap)
 
 ops = torch.ops.qwen_fp4
 OPS = tuple(OUTPUTS)
 CALLERS = {"op": call_out_op, "wrapper": call_out_wrapper}
 
-
-def assert_bytes_equal(got: torch.Tensor, want: torch.Tensor, what: str):
-    assert got.shape == want.shape, what
-    assert torch.equal(got.view(torch.uint8), want.contiguous().view(torch.uint8)), what
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -82,38 +79,10 @@ def test_empty_output_helpers():
 # ---------------------------------------------------------------------------------------------------
 
 
-def _misaligned(t: torch.Tensor) -> torch.Tensor:
-    """t's shape and dtype at a byte offset that is a multiple of its element size but not of 16."""
-    step = t.element_size()
-    buf = torch.empty(t.numel() * step + 16, dtype=torch.uint8, device=t.device)
-    offset = step if step < 16 else 0
-    if offset == 0:
-        pytest.skip("element size 16")
-    base = buf.data_ptr() % 16
-    start = (16 - base) % 16 + offset
-    return buf[start:start + t.numel() * step].view(t.dtype).view(t.shape)
-
-
-def _non_contiguous(t: torch.Tensor) -> torch.Tensor:
-    wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
-    return wide[..., : t.shape[-1]]
-
-
-def _wrong_shape(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(t.shape[0] + 1, *t.shape[1:], dtype=t.dtype, device=t.device)
-
-
-def _wrong_dtype(name: str, t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(t.shape, dtype=torch.int8 if t.dtype == torch.uint8 else torch.float32, device=t.device)
-
-
-STATIC_BREAKS = {
-    "dtype": (lambda name, t: _wrong_dtype(name, t), TypeError, "must be"),
-    "shape": (lambda name, t: _wrong_shape(t), ValueError, "must have shape"),
-    "contiguity": (lambda name, t: _non_contiguous(t), ValueError, "must be contiguous"),
-    "alignment": (lambda name, t: _misaligned(t), ValueError, "must be 16-byte aligned"),
-    "device": (lambda name, t: torch.empty(t.shape, dtype=t.dtype, device="meta"), ValueError, "is on meta"),
-}
+# Python's rules: TypeError for a dtype, ValueError otherwise; the only other device here is meta.
+STATIC_BREAKS = {kind: (make, TypeError if kind == "dtype" else ValueError, words)
+                 for kind, (make, words) in BROKEN_OUTPUTS.items()}
+STATIC_BREAKS["device"] = (lambda t: on_device(t, "meta"), ValueError, "is on meta")
 
 
 def _assert_untouched(before, outs):
@@ -129,7 +98,7 @@ def test_static_refusals_name_the_output(op, break_, caller):
     inp = full_inputs(6, 64, seed=1)
     for name in OUTPUTS[op]:
         outs = filled_outputs(op, inp)
-        outs[name] = make(name, outs[name])
+        outs[name] = make(outs[name])
         kept = {k: v for k, v in outs.items() if k != name}
         before = output_bytes(kept)
         with pytest.raises(error, match=rf"{name} {words}"):
@@ -222,7 +191,7 @@ def test_fake_returns_nothing_and_checks_shapes(op):
         f_outs = {k: mode.from_tensor(v) for k, v in outs.items()}
         assert getattr(ops, op + "_out")(*out_op_args(op, f_inp, f_outs)) is None
         name = OUTPUTS[op][0]
-        f_outs[name] = mode.from_tensor(_wrong_shape(outs[name]))
+        f_outs[name] = mode.from_tensor(BROKEN_OUTPUTS["shape"][0](outs[name]))
         with pytest.raises(ValueError, match=rf"{name} must have shape"):
             getattr(ops, op + "_out")(*out_op_args(op, f_inp, f_outs))
 
