@@ -171,6 +171,25 @@ BROKEN_OUTPUTS = {
 }
 
 
+def assert_each_output_refused(op: str, inp, make, error: type, words: str, call=None) -> None:
+    """For each output of ``op`` in turn replaced by ``make(output)``: the call (``call``, default the op)
+    raises ``error`` with "<name> <words>", and the other outputs keep their bytes."""
+    import pytest
+
+    call = call or call_out_op
+    for name in OUTPUTS[op]:
+        outs = filled_outputs(op, inp)
+        outs[name] = make(outs[name])
+        kept = {k: v for k, v in outs.items() if k != name}
+        before = output_bytes(kept)
+        with pytest.raises(error, match=rf"{name} {words}"):
+            call(op, inp, outs)
+        if inp["x"].is_cuda:
+            torch.cuda.synchronize()
+        for k, b in before.items():
+            assert torch.equal(kept[k].view(torch.uint8), b), f"{k} written by a refused call"
+
+
 def on_device(t: torch.Tensor, device) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=device)
 

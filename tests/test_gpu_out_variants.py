@@ -8,8 +8,9 @@ import torch
 
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import _library
-from out_variant_utils import (BROKEN_OUTPUTS, OUTPUTS, assert_bytes_equal, call_out_op, call_out_wrapper, filled_outputs,
-                               full_inputs, functional, on_device, output_bytes, overlap_pairs, with_overlap)
+from out_variant_utils import (BROKEN_OUTPUTS, OUTPUTS, assert_bytes_equal, assert_each_output_refused, call_out_op,
+                               call_out_wrapper, filled_outputs, full_inputs, functional, on_device, overlap_pairs,
+                               with_overlap)
 from reliability_utils import padding_scale_bytes
 
 pytestmark = [
@@ -90,17 +91,7 @@ STATIC_BREAKS = dict(BROKEN_OUTPUTS, device=(lambda t: on_device(t, "cpu"), "mus
 @pytest.mark.parametrize("break_", STATIC_BREAKS)
 def test_cuda_static_refusals(op, break_):
     make, words = STATIC_BREAKS[break_]
-    inp = gpu_inputs(6, 64, plain=False, seed=1)
-    for name in OUTPUTS[op]:
-        outs = filled_outputs(op, inp)
-        outs[name] = make(outs[name])
-        kept = {k: v for k, v in outs.items() if k != name}
-        before = output_bytes(kept)
-        with pytest.raises(RuntimeError, match=rf"{name} {words}"):
-            call_out_op(op, inp, outs)
-        torch.cuda.synchronize()
-        for k, b in before.items():
-            assert torch.equal(kept[k].view(torch.uint8), b), f"{k} written by a refused call"
+    assert_each_output_refused(op, gpu_inputs(6, 64, plain=False, seed=1), make, RuntimeError, words)
 
 
 @pytest.mark.parametrize("op", OPS)

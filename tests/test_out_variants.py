@@ -7,9 +7,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import qwen_resnorm_fp4 as q
-from out_variant_utils import (BROKEN_OUTPUTS, OUTPUTS, assert_bytes_equal, call_out_op, call_out_wrapper, filled_outputs,
-                               full_inputs, functional, on_device, out_op_args, output_bytes, overlap_pairs,
-                               with_overlap)
+from out_variant_utils import (BROKEN_OUTPUTS, OUTPUTS, assert_bytes_equal, assert_each_output_refused, call_out_op,
+                               call_out_wrapper, filled_outputs, full_inputs, functional, on_device, out_op_args,
+                               output_bytes, overlap_pairs, with_overlap)
 
 ops = torch.ops.qwen_fp4
 OPS = tuple(OUTPUTS)
@@ -95,15 +95,7 @@ def _assert_untouched(before, outs):
 @pytest.mark.parametrize("caller", CALLERS)
 def test_static_refusals_name_the_output(op, break_, caller):
     make, error, words = STATIC_BREAKS[break_]
-    inp = full_inputs(6, 64, seed=1)
-    for name in OUTPUTS[op]:
-        outs = filled_outputs(op, inp)
-        outs[name] = make(outs[name])
-        kept = {k: v for k, v in outs.items() if k != name}
-        before = output_bytes(kept)
-        with pytest.raises(error, match=rf"{name} {words}"):
-            CALLERS[caller](op, inp, outs)
-        _assert_untouched(before, kept)
+    assert_each_output_refused(op, full_inputs(6, 64, seed=1), make, error, words, CALLERS[caller])
 
 
 @pytest.mark.parametrize("op", OPS)
