@@ -350,6 +350,44 @@ def graph_replay_us(rows: int, dim: int, fast_math: bool, calls: Optional[int] =
     return _graph_replay(rows, dim, fast_math, calls, replays)
 
 
+def capture_calls(fn: Callable[[int], object], calls: int) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of fn(0) .. fn(calls - 1), after three warm-up calls on a side stream (as torch's
+    capture rules ask), replayed once."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(min(3, calls)):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_once_us(graph: "torch.cuda.CUDAGraph") -> float:
+    """GPU time (us) of one replay of graph, by CUDA events."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    graph.replay()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) * 1e3
+
+
+def replay_us_per_call(fn: Callable[[int], object], calls: int, replays: int) -> float:
+    """GPU time per call (us): the median over `replays` replays of a graph of `calls` calls of fn
+    (:func:`capture_calls`), divided by `calls`."""
+    graph = capture_calls(fn, calls)
+    us = statistics.median(replay_once_us(graph) for _ in range(replays)) / calls
+    del graph
+    return us
+
+
 def _graph_replay(rows: int, dim: int, fast_math: bool, calls: int, replays: int) -> Dict[str, float]:
     inp = Inputs(rows, dim, calls, seed=1)
     impls = make_impls(inp, fast_math, None)
@@ -357,32 +395,8 @@ def _graph_replay(rows: int, dim: int, fast_math: bool, calls: int, replays: int
         impls["quantize"](i)
     torch.cuda.synchronize()
     impls["copy"], copy_bytes = copy_of_same_bytes(bytes_moved(rows, dim), calls)
-    out = {}
-    for name in ("fused", "unfused", "resnorm", "quantize", "copy"):
-        fn = impls[name]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for i in range(3):
-                fn(i)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(calls):
-                fn(i)
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(replays):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            graph.replay()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e) * 1e3 / calls)
-        out[name] = statistics.median(times)
-        del graph
+    out = {name: replay_us_per_call(impls[name], calls, replays)
+           for name in ("fused", "unfused", "resnorm", "quantize", "copy")}
     out["calls"] = calls
     out["copy_bytes"] = copy_bytes
     return out
