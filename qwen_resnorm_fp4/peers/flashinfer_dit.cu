@@ -3,9 +3,9 @@
 // by flashinfer_dit.py from FlashInfer's installed header. It calls FlashInfer's own launcher; nothing of
 // FlashInfer is reproduced here. FlashInfer's kernel reads its three biases unconditionally, so they are
 // passed (zeros: the biases of the per-token modulation being compared).
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>  // not ATen/cuda/CUDAContext.h: that needs the cuSPARSE / cuBLAS headers
 #include <torch/extension.h>
 
 #include <flashinfer/norm/fused_dit_layernorm.cuh>
@@ -65,7 +65,7 @@ void gate_residual_layernorm_scale_shift_bf16(const torch::Tensor& x, const torc
                            bf16_ptr(scale), scale_bias.data_ptr<float>(), bf16_ptr(shift),
                            shift_bias.data_ptr<float>(), static_cast<float>(eps), static_cast<int>(x.size(0)),
                            static_cast<int>(x.size(1)), static_cast<int>(kDim),
-                           at::cuda::getCurrentCUDAStream(x.get_device()).stream(),
+                           c10::cuda::getCurrentCUDAStream(x.get_device()).stream(),
                            fl::FusedLayerNormMode::GATE_RESIDUAL_SCALE_SHIFT, fl::OutputFormat::BF16);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -96,7 +96,7 @@ def load(verbose: bool = False) -> Tuple[Optional[ModuleType], str]:
              "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__"]
     try:
         module = cpp_extension.load(name=EXTENSION_NAME, sources=[str(SOURCE)], extra_include_paths=[str(root)],
-                                    extra_cuda_cflags=["-O3", "-std=c++17", *undef], verbose=verbose)
+                                    extra_cuda_cflags=["-O3", *undef], verbose=verbose)
     except (RuntimeError, OSError, ImportError) as exc:  # a peer that fails to build is reported, not fatal
         return None, f"building {SOURCE.name} against {root} failed: {type(exc).__name__}: {str(exc)[-500:]}"
     return module, f"built from {root / HEADER}"
