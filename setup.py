@@ -195,7 +195,7 @@ ext_modules, cmdclass = extension_modules()
 
 setup(
     packages=find_packages(include=["qwen_resnorm_fp4", "qwen_resnorm_fp4.*"]),
-    package_data={"qwen_resnorm_fp4": ["_licenses/*"]},
+    package_data={"qwen_resnorm_fp4": ["_licenses/*"], "qwen_resnorm_fp4.peers": ["*.cu"]},  # peers: benchmark-time builds
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     options={"bdist_wheel": {"py_limited_api": "cp310"}} if ext_modules else {},

@@ -114,4 +114,9 @@ void launch_nvfp4_dequantize_bf16(const uint8_t* packed, const uint8_t* scales, 
 // Throws std::runtime_error on a CUDA error of the last launch.
 void check_launch(const char* what);
 
+// Whether the row kernels launch with programmatic dependent launch (pdl.cuh): QWEN_FP4_PDL "0" off, "1"
+// on, otherwise (unset) on. Read at every call, as qwen_resnorm_fp4.env reads it, so that a change made
+// from Python takes effect at the next call; one getenv is far below a call's host time.
+bool pdl_enabled();
+
 }  // namespace qwen_fp4

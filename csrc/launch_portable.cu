@@ -1,6 +1,8 @@
 // Launchers of the portable path: resnorm (no conversion, every GPU) and the software E2M1 conversion.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -15,6 +17,15 @@ void check_launch(const char* what) {
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("qwen_fp4: launching ") + what + " failed: " + cudaGetErrorString(err));
   }
+}
+
+bool pdl_enabled() {
+  constexpr bool kPdlByDefault = true;  // what an unset (or any other) value means
+  const char* value = std::getenv("QWEN_FP4_PDL");
+  if (value == nullptr) return kPdlByDefault;
+  if (std::strcmp(value, "0") == 0) return false;
+  if (std::strcmp(value, "1") == 0) return true;
+  return kPdlByDefault;
 }
 
 void launch_resnorm(const ResnormArgs& args, const LaunchTarget& on) {

@@ -1,7 +1,8 @@
 // The one launch path of the row kernels, shared by the portable and Blackwell translation units: one CTA
 // per row (two for few rows of the fused op, split_rows), plus (the quantizing kernels, quantize_grid)
 // CTAs that zero the scale tensor's padding rows, with the first-wave stagger where the configuration
-// (row_config.cuh) takes it.
+// (row_config.cuh) takes it. Every launch is a programmatic dependent launch (pdl.cuh) unless
+// QWEN_FP4_PDL=0 (pdl_enabled).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 
 #include "dispatch.cuh"
 #include "launch.h"
+#include "pdl.cuh"
 #include "resnorm_kernel.cuh"
 
 namespace qwen_fp4 {
@@ -94,6 +96,7 @@ struct ResnormQuantKernels {
 template <class Kernels>
 void launch_row_kernels(const ResnormArgs& args, const LaunchTarget& on) {
   const auto s = static_cast<cudaStream_t>(on.stream);
+  const bool pdl = pdl_enabled();
   dispatch_row_kernel(args, [&](auto config, auto plain_params) {
     // (std::decay_t: nvcc's launch rewriting sees the lambda's parameters as references)
     using Config = std::decay_t<decltype(config)>;
@@ -102,7 +105,7 @@ void launch_row_kernels(const ResnormArgs& args, const LaunchTarget& on) {
     if constexpr (Kernels::kQuantizes && Config::kHasSplitKernel) {
       if (split_rows(args, on.device)) {
         constexpr auto split = Kernels::template Split<Config, kPlainParams>::value;
-        split<<<quantize_grid(args.rows, Config::kVectorsPerThread), threads, 0, s>>>(args);  // a CTA per slot
+        launch_kernel(split, quantize_grid(args.rows, Config::kVectorsPerThread), threads, s, pdl, args);  // a CTA per slot
         return;
       }
     }
@@ -111,12 +114,12 @@ void launch_row_kernels(const ResnormArgs& args, const LaunchTarget& on) {
       constexpr auto staggered = Kernels::template Row<Config, kPlainParams, true>::value;
       ResnormArgs a = args;
       if (set_first_wave_stagger<staggered, Config>(a, on.device, threads)) {
-        staggered<<<grid, threads, 0, s>>>(a);
+        launch_kernel(staggered, grid, threads, s, pdl, a);
         return;
       }
     }
     constexpr auto kernel = Kernels::template Row<Config, kPlainParams, Config::kStaggerOneWave>::value;
-    kernel<<<grid, threads, 0, s>>>(args);
+    launch_kernel(kernel, grid, threads, s, pdl, args);
   });
 }
 
@@ -133,7 +136,8 @@ template <class Quantizer>
 void launch_nvfp4_quantize_rows(const QuantizeArgs& args, cudaStream_t s) {
   dispatch_row_config(args.cols, args.rows, [&](auto config) {
     using Shape = typename std::decay_t<decltype(config)>::Shape;
-    nvfp4_quantize_kernel<Quantizer, Shape><<<quantize_grid(args.rows), Shape::threads_for(args.cols), 0, s>>>(args);
+    launch_kernel(nvfp4_quantize_kernel<Quantizer, Shape>, quantize_grid(args.rows), Shape::threads_for(args.cols), s,
+                  pdl_enabled(), args);
   });
 }
 

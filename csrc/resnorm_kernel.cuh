@@ -14,12 +14,17 @@
 // Grid of the quantizing kernels: quantize_grid(rows) CTAs, one per row, then one per
 // kPaddingRowsPerCta padding rows of the scale tensor, which it zeroes; the fused op's split kernel (few
 // rows) has two CTAs per row, then the same padding CTAs. resnorm (no scales) launches one CTA per row.
+//
+// Programmatic dependent launch (pdl.cuh): every kernel starts with begin_after_predecessor, before its
+// first global load or store (the padding CTAs' scale stores and the global scale included), so only the
+// launch and the CTAs' start overlap the kernel before it.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cstdint>
 
 #include "launch.h"
+#include "pdl.cuh"
 #include "reduce.cuh"
 #include "row_config.cuh"
 #include "sf_layout.cuh"
@@ -50,12 +55,21 @@ __device__ __forceinline__ bool zero_scales_if_padding_cta(uint8_t* scales, int6
   return true;
 }
 
+// Waits for the predecessor grid (a no-op unless launched with PDL), then lets a PDL-launched successor
+// start launching: it waits for this grid's completion on its own griddepcontrol.wait, and by the time every
+// CTA of this grid has got here none is left to place, so its CTAs take only the SM slots ours free.
+__device__ __forceinline__ void begin_after_predecessor() {
+  wait_for_predecessor_grid();
+  allow_dependent_launch();
+}
+
 // The first wave (kernels with kStagger; RowConfig's stagger policy says which, set_first_wave_stagger
 // when). With every resident CTA starting at once, the whole first wave loads at once and then computes at
 // once while DRAM idles, so first-wave rows live much longer than later ones. CTA slot k of the first wave
 // (blockIdx / SMs, the order the CTAs are handed to the SMs) sleeps k * stagger_ns before its loads, so
 // each SM computes its early rows while the later ones' bytes arrive. Later waves start as rows finish,
-// already spread out.
+// already spread out. Called after begin_after_predecessor: a sleep before the wait would end inside it
+// and leave the whole first wave to start at once when the predecessor completes.
 __device__ __forceinline__ void stagger_first_wave(const ResnormArgs& args) {
   const int64_t cta = blockIdx.x;
   if (args.stagger_ns > 0 && cta >= args.sms && cta < args.first_wave_ctas) {
@@ -333,6 +347,7 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
 // resnorm: writes y. No scales, so no padding rows: grid = rows. kStagger: stagger_first_wave compiled in.
 template <class Config, bool kPlainParams, bool kStagger>
 __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm) resnorm_kernel(const ResnormArgs args) {
+  begin_after_predecessor();
   if constexpr (kStagger) stagger_first_wave(args);
   const int64_t row = blockIdx.x;
   uint4 y[Config::kVectorsPerThread];
@@ -351,6 +366,7 @@ template <class Quantizer, class Config, bool kPlainParams, bool kStagger>
 __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm)
     resnorm_quant_kernel(const ResnormArgs args) {
   const int32_t cols = Config::cols(args.cols);
+  begin_after_predecessor();
   if (zero_scales_if_padding_cta<Config>(args.scales, args.rows, cols, args.rows)) return;
   if constexpr (kStagger) stagger_first_wave(args);
   const int64_t row = blockIdx.x;
@@ -374,6 +390,7 @@ __global__ void __launch_bounds__(Config::kMaxThreads, 1) resnorm_quant_split_ke
   static_assert(Config::kHasSplitKernel && kSlots == 2 && Config::kMinCtasPerSm == 1,
                 "the few-rows shapes of the fixed widths only");
   constexpr int32_t cols = Config::kFixedCols;
+  begin_after_predecessor();
   if (zero_scales_if_padding_cta<Config>(args.scales, args.rows, cols, kSlots * args.rows)) return;
   const int64_t row = blockIdx.x / kSlots;  // one CTA per vector slot: quantize_grid(rows, kSlots)
   const int slot = blockIdx.x % kSlots;
@@ -403,6 +420,7 @@ __global__ void __launch_bounds__(Config::kMaxThreads, 1) resnorm_quant_split_ke
 template <class Quantizer, class Shape>
 __global__ void __launch_bounds__(Shape::kMaxThreads, Shape::kMinCtasPerSm) nvfp4_quantize_kernel(const QuantizeArgs args) {
   const int32_t cols = Shape::cols(args.cols);
+  begin_after_predecessor();
   if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols, args.rows)) return;
   const int64_t row = blockIdx.x;
   const float global_scale = __ldg(args.global_scale);

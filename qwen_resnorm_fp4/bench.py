@@ -26,6 +26,10 @@ reported next to the per-call figures (the goals there use the per-call figures)
 call of the Python wrapper, the raw op and the integrations' fused path, with one PyTorch op as a peer
 (:func:`host_overhead_cases`).
 
+Optional sections: ``--pdl-sequence`` (a GEMM -> fused op pair with programmatic dependent launch on and off,
+:mod:`.bench_pdl`) and ``--peer-dit`` (per-token modulation against FlashInfer's DiT kernel,
+:mod:`.bench_per_token`); ``--sections-only`` runs just those.
+
 Everything here imports on a machine without a GPU and without matplotlib.
 """
 
@@ -350,6 +354,44 @@ def graph_replay_us(rows: int, dim: int, fast_math: bool, calls: Optional[int] =
     return _graph_replay(rows, dim, fast_math, calls, replays)
 
 
+def capture_calls(fn: Callable[[int], object], calls: int) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of fn(0) .. fn(calls - 1), after three warm-up calls on a side stream (as torch's
+    capture rules ask), replayed once."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(min(3, calls)):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_once_us(graph: "torch.cuda.CUDAGraph") -> float:
+    """GPU time (us) of one replay of graph, by CUDA events."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    graph.replay()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) * 1e3
+
+
+def replay_us_per_call(fn: Callable[[int], object], calls: int, replays: int) -> float:
+    """GPU time per call (us): the median over `replays` replays of a graph of `calls` calls of fn
+    (:func:`capture_calls`), divided by `calls`."""
+    graph = capture_calls(fn, calls)
+    us = statistics.median(replay_once_us(graph) for _ in range(replays)) / calls
+    del graph
+    return us
+
+
 def _graph_replay(rows: int, dim: int, fast_math: bool, calls: int, replays: int) -> Dict[str, float]:
     inp = Inputs(rows, dim, calls, seed=1)
     impls = make_impls(inp, fast_math, None)
@@ -357,32 +399,8 @@ def _graph_replay(rows: int, dim: int, fast_math: bool, calls: int, replays: int
         impls["quantize"](i)
     torch.cuda.synchronize()
     impls["copy"], copy_bytes = copy_of_same_bytes(bytes_moved(rows, dim), calls)
-    out = {}
-    for name in ("fused", "unfused", "resnorm", "quantize", "copy"):
-        fn = impls[name]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for i in range(3):
-                fn(i)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(calls):
-                fn(i)
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(replays):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            graph.replay()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e) * 1e3 / calls)
-        out[name] = statistics.median(times)
-        del graph
+    out = {name: replay_us_per_call(impls[name], calls, replays)
+           for name in ("fused", "unfused", "resnorm", "quantize", "copy")}
     out["calls"] = calls
     out["copy_bytes"] = copy_bytes
     return out
@@ -555,12 +573,13 @@ def graph_table_lines(rows: List[Dict[str, object]]) -> List[str]:
     return lines
 
 
-def write_csv(path: Path, rows: List[Dict[str, object]]) -> None:
+def write_csv(path: Path, rows: List[Dict[str, object]], fields: Sequence[str] = CSV_FIELDS) -> None:
+    """rows as CSV, one column per field (empty where a row lacks it)."""
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=list(fields), extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: r.get(k, "") for k in CSV_FIELDS})
+            w.writerow({k: r.get(k, "") for k in fields})
 
 
 def write_png(path: Path, rows: List[Dict[str, object]], copy_gbps: float, title: str) -> Optional[str]:
@@ -691,7 +710,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-static", action="store_true",
                    help="compile a static graph for every shape (slower to run; default: torch's automatic "
                         "dynamic shapes, i.e. one recompile per D for the row count)")
+    p.add_argument("--pdl-sequence", action="store_true",
+                   help="also: a GEMM -> fused op pair under CUDA-graph replay with programmatic dependent launch "
+                        "on and off (D=3072; results_pdl.csv)")
+    p.add_argument("--pdl-rows", type=positive_int_list, default=None,
+                   help="row counts of --pdl-sequence (default 256,4096,6889)")
+    p.add_argument("--peer-dit", action="store_true",
+                   help="also: per-token modulation (temb.chunk(6, dim=2) views) against FlashInfer's DiT LayerNorm "
+                        "kernel, built now from FlashInfer's header where installed, else skipped (D=3072; "
+                        "results_per_token.csv)")
+    p.add_argument("--per-token-rows", type=positive_int_list, default=None,
+                   help="row counts of --peer-dit (default 256,4096,6889,16384)")
+    p.add_argument("--sections-only", action="store_true",
+                   help="run only the sections asked for with --pdl-sequence / --peer-dit (and the copy ceiling), "
+                        "not the per-case tables")
     return p
+
+
+def check_section_args(args: argparse.Namespace) -> Optional[str]:
+    """The error in the section options, or None."""
+    if args.sections_only and not (args.pdl_sequence or args.peer_dit):
+        return "--sections-only needs --pdl-sequence or --peer-dit"
+    if args.pdl_rows is not None and not args.pdl_sequence:
+        return "--pdl-rows needs --pdl-sequence"
+    if args.per_token_rows is not None and not args.peer_dit:
+        return "--per-token-rows needs --peer-dit"
+    return None
+
+
+def run_sections(args: argparse.Namespace, copy_gbps: float, out_dir: Path) -> Tuple[List[str], bool]:
+    """The sections asked for (--pdl-sequence, --peer-dit): their markdown lines (also printed) and whether
+    every byte check in them held. Each writes its CSV into out_dir."""
+    md: List[str] = []
+    ok = True
+    if args.pdl_sequence:
+        from . import bench_pdl
+
+        res = bench_pdl.run(tuple(args.pdl_rows or bench_pdl.DEFAULT_ROWS))
+        lines = bench_pdl.table_lines(res)
+        write_csv(out_dir / "results_pdl.csv", res, bench_pdl.CSV_FIELDS)
+        print("\n" + bench_pdl.TITLE + "\n" + "\n".join(lines))
+        md += ["", bench_pdl.TITLE, ""] + lines
+        ok = ok and all(r["byte_exact"] for r in res)
+    if args.peer_dit:
+        from . import bench_per_token
+
+        res, notes = bench_per_token.run(tuple(args.per_token_rows or bench_per_token.DEFAULT_ROWS), copy_gbps)
+        lines = bench_per_token.table_lines(res)
+        write_csv(out_dir / "results_per_token.csv", res, bench_per_token.CSV_FIELDS)
+        print("\n" + bench_per_token.TITLE + "\n" + "\n".join(lines))
+        md += ["", bench_per_token.TITLE, ""] + lines + [""] + [f"- {n}" for n in notes]
+        ok = ok and all(r.get("fused_equals_unfused", True) for r in res)
+    return md, ok
 
 
 def gpu_unavailable_reason() -> Optional[str]:
@@ -712,6 +782,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not is_supported_width(d):
             print(f"qwen_resnorm_fp4 bench: --dims: D must be {WIDTH_RULE}, got {d}", file=sys.stderr)
             return 2
+    section_error = check_section_args(args)
+    if section_error is not None:
+        print(f"qwen_resnorm_fp4 bench: {section_error}", file=sys.stderr)
+        return 2
     reason = gpu_unavailable_reason()
     if reason is not None:
         print(f"qwen_resnorm_fp4 bench: GPU only, and {reason}. Nothing to measure; run it on a machine with a "
@@ -751,6 +825,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     clock_note = (f"SM clock under a spinning kernel (torch.cuda._sleep): {timer.cycles_per_us:.0f} MHz"
                   if timer.has_sleep else "SM clock: not measured (no torch.cuda._sleep)")
     print(clock_note)
+    if args.sections_only:
+        section_md, sections_ok = run_sections(args, copy_gbps, out_dir)
+        md = ["# resnorm_quant benchmark: sections", ""] + [f"- {h}" for h in header] + \
+            [f"- copy ceiling: {copy_gbps:.0f} GB/s ({copy_detail})", f"- {clock_note}"] + section_md
+        (out_dir / "results_sections.md").write_text("\n".join(md) + "\n")
+        print(f"wrote {out_dir / 'results_sections.md'}; total {time.perf_counter() - t_start:.0f} s")
+        if not sections_ok:
+            print("FAIL: a byte check of the sections failed (see the tables)", file=sys.stderr)
+        return 0 if sections_ok else 1
 
     compile_kw: Dict[str, object] = {} if args.compile_mode == "default" else {"mode": args.compile_mode}
     if args.compile_static:
@@ -838,6 +921,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     md = ["# resnorm_quant benchmark", ""] + [f"- {h}" for h in header] + [f"- {n}" for n in notes] + [""] + \
         lines + ["", GRAPH_TABLE_TITLE, ""] + glines + [""] + [f"- {e}" for e in extra]
+    section_md, sections_ok = run_sections(args, copy_gbps, out_dir)
+    md += section_md
     target_res = check_targets(results, graph) if args.check_targets else []
     if target_res:
         md += ["", f"## Performance goals (D = {TARGET_DIM}, docs/performance.md)", ""] + [f"- {v}: {n} ({d})" for n, v, d in target_res]
@@ -861,6 +946,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not all(r["byte_exact"] for r in results):
         print("FAIL: fused and unfused outputs differ (not byte-exact) in: " +
               ", ".join(f"D={r['dim']} rows={r['rows']}" for r in results if not r["byte_exact"]), file=sys.stderr)
+        rc = 1
+    if not sections_ok:
+        print("FAIL: a byte check of the sections failed (see the tables)", file=sys.stderr)
         rc = 1
     return rc
 

@@ -58,6 +58,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         lines.append("GPU:              none found")
         lines.append(f"  path:           {info['path']}")
     lines.append(f"fast math:        {'on' if info['fast_math_default'] else 'off'} by default")
+    lines.append(f"PDL:              {'on' if info['pdl'] else 'off'} (programmatic dependent launch; "
+                 "QWEN_FP4_PDL=0 turns it off)")
     sw = info["switches"]
     lines.append("switches:         " + (", ".join(f"{k}={v}" for k, v in sw.items()) if sw else "none set"))
     print("\n".join(lines))

@@ -22,8 +22,13 @@ FAST_MATH_DISABLE_VARS = ("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "TRTLLM_DISA
 FOUR_OVER_SIX_VAR = "FLASHINFER_NVFP4_4OVER6"
 #: "1" turns the fused path off in try_fused_resnorm_quant.
 DISABLE_VAR = "QWEN_FP4_DISABLE"
+#: Programmatic dependent launch of the kernels: "0" off, "1" on, unset (or any other value): PDL_DEFAULT.
+#: The compiled library reads it too (csrc/launch_portable.cu, pdl_enabled), with the same rule, at every call.
+PDL_VAR = "QWEN_FP4_PDL"
+#: What an unset QWEN_FP4_PDL means.
+PDL_DEFAULT = True
 
-ALL_VARS = (DISABLE_VAR, *FAST_MATH_DISABLE_VARS, FOUR_OVER_SIX_VAR)
+ALL_VARS = (DISABLE_VAR, PDL_VAR, *FAST_MATH_DISABLE_VARS, FOUR_OVER_SIX_VAR)
 
 
 def _libc_getenv() -> Optional[Callable[[bytes], Optional[bytes]]]:
@@ -54,6 +59,21 @@ def flag_enabled(name: str) -> bool:
     if _libc_readable():
         return _GETENV(os.fsencode(name)) == _ONE
     return os.environ.get(name) == "1"
+
+
+def pdl_enabled() -> bool:
+    """Whether the kernels launch with programmatic dependent launch, read now by the C++ rule:
+    QWEN_FP4_PDL "0" off, "1" on, anything else (unset) PDL_DEFAULT."""
+    if _libc_readable():
+        raw = _GETENV(os.fsencode(PDL_VAR))
+        value = None if raw is None else os.fsdecode(raw)
+    else:
+        value = os.environ.get(PDL_VAR)
+    if value == "0":
+        return False
+    if value == "1":
+        return True
+    return PDL_DEFAULT
 
 
 def default_fast_math() -> bool:

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from . import _library
-from .env import default_fast_math, switches_in_force
+from .env import default_fast_math, pdl_enabled, switches_in_force
 
 PATH_BLACKWELL = "Blackwell (FlashInfer conversion)"
 PATH_PORTABLE = "portable (software E2M1, = cuda_fp4.h)"
@@ -102,5 +102,6 @@ def collect_info() -> Dict[str, object]:
         "gpus": gpus,
         "path": gpus[0]["path"] if gpus else kernel_path(None),
         "fast_math_default": default_fast_math(),
+        "pdl": pdl_enabled(),
         "switches": switches_in_force(),
     }
