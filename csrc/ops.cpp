@@ -11,6 +11,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -229,7 +231,21 @@ std::pair<Tensor, Tensor> new_quantized_outputs(Args& a, const Tensor& like, con
   return {packed, scales};
 }
 
-bool use_blackwell(const Tensor& x) { return blackwell_kernels_usable(x.get_device_index()); }
+// The quantizing ops' kernel path on x's device, by QWEN_FP4_KERNEL_PATH read on every call (getenv, no
+// allocation): "auto" (or unset/empty) takes the Blackwell path where usable, "portable" never, "blackwell"
+// always (an error where it is not usable); any other value is an error.
+bool blackwell_path(const Tensor& x) {
+  const char* choice = std::getenv("QWEN_FP4_KERNEL_PATH");
+  const int device = x.get_device_index();
+  if (choice == nullptr || *choice == '\0' || std::strcmp(choice, "auto") == 0) return blackwell_kernels_usable(device);
+  if (std::strcmp(choice, "portable") == 0) return false;
+  STD_TORCH_CHECK(std::strcmp(choice, "blackwell") == 0,
+                  "qwen_fp4: QWEN_FP4_KERNEL_PATH must be auto, portable or blackwell (or unset), got '", choice, "'");
+  STD_TORCH_CHECK(blackwell_kernels_usable(device), "qwen_fp4: QWEN_FP4_KERNEL_PATH=blackwell, but the Blackwell "
+                  "path is not usable on cuda:", device, " (this build has no Blackwell cubin for it); use auto or "
+                  "portable");
+  return true;
+}
 
 // The input of the test-only ops (_rcp_approx, _e2m1_codes): a float32 CUDA tensor.
 void check_test_op_input(const char* op, const Tensor& x) {
@@ -255,7 +271,7 @@ std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, co
   Tensor residual_out = empty_like_bf16(x);
   a.residual_out = residual_out.data_ptr();
   const LaunchTarget on = launch_target(x);
-  if (use_blackwell(x)) launch_resnorm_quant_blackwell(a, fast_math, on);
+  if (blackwell_path(x)) launch_resnorm_quant_blackwell(a, fast_math, on);
   else launch_resnorm_quant_portable(a, fast_math, on);
   return {packed, scales, residual_out};
 }
@@ -287,7 +303,7 @@ std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& gl
   a.rows = check_rows("y", y, cols);
   auto [packed, scales] = new_quantized_outputs(a, y, global_scale);
   const LaunchTarget on = launch_target(y);
-  if (use_blackwell(y)) launch_nvfp4_quantize_blackwell(a, fast_math, on);
+  if (blackwell_path(y)) launch_nvfp4_quantize_blackwell(a, fast_math, on);
   else launch_nvfp4_quantize_portable(a, fast_math, on);
   return {packed, scales};
 }
