@@ -172,6 +172,7 @@ def emulated_flashinfer_include(nv: Path) -> str:
     spec = importlib.util.spec_from_file_location("emulated_flashinfer_header",
                                                   ROOT / "tools" / "emulated_flashinfer_header.py")
     gen = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gen  # dataclasses look their module up there
     spec.loader.exec_module(gen)
     include = ROOT / "build" / "qwen_fp4_emulation" / "include"
     try:
