@@ -149,7 +149,7 @@ def write_build_info(archs: list[str], flashinfer: str | None, cuda: str | None,
         f"BUILD_TORCH = {torch.__version__!r}\n"
         f"BUILD_CUDA = {cuda!r}\n"
         f"BUILD_COMMIT = {source_commit()!r}\n"
-        f"BLACKWELL_EMULATION = {emulation!r}  # a test build, never shipped (QWEN_FP4_EMULATE_BLACKWELL=1)\n")
+        f"BLACKWELL_EMULATION = {emulation!r}  # True only in the emulation build (QWEN_FP4_EMULATE_BLACKWELL=1), never shipped\n")
 
 
 EMULATION_BUILD_TAG = "0blackwellemulation"  # a wheel build tag starts with a digit

@@ -43,7 +43,7 @@ case "$gpu" in
       echo "blackwell_check: this is not a Blackwell GPU (compute capability: $gpu); the kit needs a B200, GB200," \
            "B300 or RTX 50 (10.x / 12.x). For a dry run on Hopper install the emulation build" \
            "(QWEN_FP4_EMULATE_BLACKWELL=1) and set BLACKWELL_CHECK_EMULATION=1." >&2
-      exit 3
+      rm -rf "$WORK"; exit 3
     fi ;;
 esac
 

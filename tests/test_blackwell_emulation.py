@@ -16,7 +16,7 @@ import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import _library, info
 from qwen_resnorm_fp4.env import KERNEL_PATH_VAR
 from qwen_resnorm_fp4.layout import round_up
-from reliability_utils import as_bits, block_inputs, extra_kwargs, first_difference, resnorm_args
+from reliability_utils import as_bits, block_inputs, extra_kwargs, first_difference, resnorm_args, special_values_y
 
 EMULATION = bool(info.build_info()["blackwell_emulation"])
 
@@ -143,26 +143,6 @@ def test_modulate_index_dtypes(monkeypatch, index_dtype):
     run_case(monkeypatch, 2 * 1031, 3072, True, batches=2, form="indexed", index_dtype=index_dtype)
 
 
-def _special_y(rows: int, cols: int, seed: int) -> torch.Tensor:
-    """bf16 values over the whole exponent range, 5% replaced by zeros, signed zeros, subnormals, huge, inf
-    and NaN; an all-zero row, an all-NaN block, -NaN, half a block of -0."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    base = torch.randn(rows, cols, generator=g, device="cuda")
-    scale = torch.exp2(torch.randint(-130, 120, (rows, 1), generator=g, device="cuda").float())
-    y = (base * scale).to(torch.bfloat16)
-    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-40, 3.0e38],
-                           device="cuda").to(torch.bfloat16)
-    pick = torch.randint(0, special.numel(), (rows, cols), generator=g, device="cuda")
-    y = torch.where(torch.rand(rows, cols, generator=g, device="cuda") < 0.05, special[pick], y)
-    y[0] = 0
-    y[1, :16] = float("nan")
-    neg_nan = torch.tensor([-1], dtype=torch.int16, device="cuda").view(torch.bfloat16)
-    y[2, 5] = neg_nan
-    y[2, 40:56] = neg_nan
-    y[3, :8] = -0.0
-    return y
-
-
 GLOBAL_SCALES = (1.0, 448 * 6 / 3.0, 1e-20, 1e20, -2.0, 0.0, 1e-40, float("inf"), 3.0e38)
 
 
@@ -170,7 +150,7 @@ GLOBAL_SCALES = (1.0, 448 * 6 / 3.0, 1e-20, 1e20, -2.0, 0.0, 1e-40, float("inf")
 @pytest.mark.parametrize("gs", GLOBAL_SCALES)
 def test_quantizer_special_values_and_global_scales(monkeypatch, gs, fast):
     rows, cols = 1000, 1024
-    y = _special_y(rows, cols, _seed())
+    y = special_values_y(rows, cols, _seed())
     G = torch.tensor([gs], device="cuda")
     assert_paths_agree(monkeypatch, lambda: q.nvfp4_quantize(y, G, fast), rows, cols, f"nvfp4_quantize G={gs}",
                        names=("packed", "scales"))
@@ -182,7 +162,7 @@ def test_fused_special_values(monkeypatch, gs, fast):
     """x and residual with the special values: NaN, inf, huge and subnormal rows through the LayerNorm too."""
     rows, cols = 1000, 3072
     kw = block_inputs(rows, cols, device="cuda", seed=7, form="batch", batches=4)
-    kw["x"] = _special_y(rows, cols, _seed()).reshape(kw["x"].shape)
+    kw["x"] = special_values_y(rows, cols, _seed()).reshape(kw["x"].shape)
     kw["residual"][:, 5] = float("nan")
     G = torch.tensor([gs], device="cuda")
     assert_paths_agree(monkeypatch, lambda: q.resnorm_quant(*resnorm_args(kw), G, 1e-6, fast, **extra_kwargs(kw)),
