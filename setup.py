@@ -6,6 +6,9 @@ Environment:
                           sm_90a, sm_100f, sm_120f and compute_90 PTX for GPUs the wheel does not know).
   QWEN_FP4_FLASHINFER_DIR FlashInfer headers for the Blackwell targets (see third_party/README.md).
   QWEN_FP4_NO_CUDA=1      Pure-Python install (CPU reference only), even with a CUDA toolkit.
+  QWEN_FP4_EMULATE_BLACKWELL=1  A test build, never shipped: the Blackwell path for sm_90a, FlashInfer 0.7.4's
+                          conversion with its Blackwell-only instructions emulated in software
+                          (tools/emulated_flashinfer_header.py), so the H200 can run it against the portable path.
   MAX_JOBS                Parallel compile jobs (ninja).
 """
 
@@ -55,8 +58,14 @@ def is_blackwell(arch: str) -> bool:
     return int(digits) >= 100
 
 
-def find_flashinfer() -> tuple[Path, str, Path | None]:
-    """(include root holding tensorrt_llm/ and flashinfer/, a description, the licence file)."""
+def emulating_blackwell() -> bool:
+    """QWEN_FP4_EMULATE_BLACKWELL=1: the emulation build (see the module docstring)."""
+    return os.environ.get("QWEN_FP4_EMULATE_BLACKWELL") == "1"
+
+
+def find_flashinfer(any_version_allowed: bool = True) -> tuple[Path, str, Path | None]:
+    """(include root holding tensorrt_llm/ and flashinfer/, a description, the licence file).
+    any_version_allowed: whether QWEN_FP4_FLASHINFER_ANY_VERSION=1 may admit an unpinned flashinfer-python."""
 
     def layout(base: Path):
         nv = base / "csrc" / "nv_internal"
@@ -87,7 +96,8 @@ def find_flashinfer() -> tuple[Path, str, Path | None]:
         nv = layout(pkg / "data")
         version = importlib.metadata.version("flashinfer-python")
         if nv:
-            if version != FLASHINFER_PINNED and os.environ.get("QWEN_FP4_FLASHINFER_ANY_VERSION") != "1":
+            escape = any_version_allowed and os.environ.get("QWEN_FP4_FLASHINFER_ANY_VERSION") == "1"
+            if version != FLASHINFER_PINNED and not escape:
                 raise SystemExit(
                     f"qwen-resnorm-fp4: flashinfer-python {version} is installed, but the Blackwell path is tested "
                     f"against {FLASHINFER_PINNED}: pip install --no-deps flashinfer-python=={FLASHINFER_PINNED} "
@@ -128,7 +138,7 @@ def source_commit() -> str | None:
         return None
 
 
-def write_build_info(archs: list[str], flashinfer: str | None, cuda: str | None) -> None:
+def write_build_info(archs: list[str], flashinfer: str | None, cuda: str | None, emulation: bool = False) -> None:
     import torch
 
     (PACKAGE / "_version.py").write_text(f'__version__ = "{VERSION}"\n')
@@ -138,7 +148,40 @@ def write_build_info(archs: list[str], flashinfer: str | None, cuda: str | None)
         f"FLASHINFER = {flashinfer!r}\n"
         f"BUILD_TORCH = {torch.__version__!r}\n"
         f"BUILD_CUDA = {cuda!r}\n"
-        f"BUILD_COMMIT = {source_commit()!r}\n")
+        f"BUILD_COMMIT = {source_commit()!r}\n"
+        f"BLACKWELL_EMULATION = {emulation!r}  # True only in the emulation build (QWEN_FP4_EMULATE_BLACKWELL=1), never shipped\n")
+
+
+EMULATION_BUILD_TAG = "0blackwellemulation"  # a wheel build tag starts with a digit
+
+
+def emulation_archs() -> list[str]:
+    """The emulation build's targets: sm_90a only (Blackwell targets have the real instructions; the compute_90
+    PTX would JIT the emulation onto any GPU). QWEN_FP4_CUDA_ARCHS may be unset or "90a"."""
+    archs = cuda_archs() if os.environ.get("QWEN_FP4_CUDA_ARCHS") else ["90a"]
+    if archs != ["90a"]:
+        raise SystemExit(
+            f"qwen-resnorm-fp4: QWEN_FP4_EMULATE_BLACKWELL=1 builds for sm_90a only, but QWEN_FP4_CUDA_ARCHS asks for "
+            f"{' '.join(archs)}: set QWEN_FP4_CUDA_ARCHS=90a (or unset it) for the emulation build")
+    return archs
+
+
+def emulated_flashinfer_include(nv: Path) -> str:
+    """Write the emulation copy of FlashInfer's quantization_utils.cuh into the build tree, print its diff
+    against the original, and return the include root that holds it (qwen_fp4_emulated/...)."""
+    spec = importlib.util.spec_from_file_location("emulated_flashinfer_header",
+                                                  ROOT / "tools" / "emulated_flashinfer_header.py")
+    gen = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gen  # dataclasses look their module up there
+    spec.loader.exec_module(gen)
+    include = ROOT / "build" / "qwen_fp4_emulation" / "include"
+    try:
+        diff = gen.write_emulated_header(nv / "tensorrt_llm" / "kernels" / "quantization_utils.cuh",
+                                         include / "qwen_fp4_emulated" / "quantization_utils.cuh")
+    except gen.HeaderMismatch as exc:
+        raise SystemExit(f"qwen-resnorm-fp4: the Blackwell emulation cannot use this FlashInfer header: {exc}")
+    log("the emulation copy of FlashInfer's quantization_utils.cuh differs from the original only by:\n" + diff)
+    return str(include)
 
 
 def extension_modules():
@@ -153,7 +196,8 @@ def extension_modules():
         write_build_info([], None, None)
         return [], {}
 
-    archs = cuda_archs()
+    emulation = emulating_blackwell()
+    archs = emulation_archs() if emulation else cuda_archs()
     sources = ["csrc/registration.cpp", "csrc/ops.cpp", "csrc/launch_portable.cu", "csrc/nvfp4_dequantize.cu"]
     include_dirs = [str(ROOT / "csrc")]
     # torch adds Py_LIMITED_API itself for py_limited_api; USE_CUDA declares the CUDA parts of the shim.
@@ -161,7 +205,16 @@ def extension_modules():
     flashinfer_desc = None
     licences_dir = PACKAGE / "_licenses"
     shutil.rmtree(licences_dir, ignore_errors=True)
-    if any(is_blackwell(a) and not a.startswith("compute_") for a in archs):
+    if emulation:
+        nv, flashinfer_desc, licence = find_flashinfer(any_version_allowed=False)
+        log(f"Blackwell EMULATION build (never ship it) against FlashInfer's headers from {flashinfer_desc}")
+        sources.append("csrc/launch_blackwell.cu")
+        include_dirs += [emulated_flashinfer_include(nv), str(nv), str(nv / "include"), str(nv.parent.parent / "include")]
+        defines.append("-DQWEN_FP4_EMULATE_BLACKWELL=1")
+        if licence is not None:
+            licences_dir.mkdir(exist_ok=True)
+            shutil.copy(licence, licences_dir / "LICENSE.flashinfer.txt")
+    elif any(is_blackwell(a) and not a.startswith("compute_") for a in archs):
         nv, flashinfer_desc, licence = find_flashinfer()
         log(f"Blackwell targets use FlashInfer's headers from {flashinfer_desc}")
         sources.append("csrc/launch_blackwell.cu")
@@ -175,7 +228,7 @@ def extension_modules():
 
     import torch
 
-    write_build_info(archs, flashinfer_desc, torch.version.cuda)
+    write_build_info(archs, flashinfer_desc, torch.version.cuda, emulation)
     # torch's defaults hide the bf16/half operators that FlashInfer's headers use: undo that.
     undef = ["-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
              "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_OPERATORS__"]
@@ -198,5 +251,7 @@ setup(
     package_data={"qwen_resnorm_fp4": ["_licenses/*"], "qwen_resnorm_fp4.peers": ["*.cu"]},  # peers: benchmark-time builds
     ext_modules=ext_modules,
     cmdclass=cmdclass,
-    options={"bdist_wheel": {"py_limited_api": "cp310"}} if ext_modules else {},
+    # The emulation wheel carries the build tag EMULATION_BUILD_TAG in its file name, so it is never taken for a release.
+    options=({"bdist_wheel": {"py_limited_api": "cp310", **({"build_number": EMULATION_BUILD_TAG} if emulating_blackwell() else {})}}
+             if ext_modules else {}),
 )

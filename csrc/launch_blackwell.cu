@@ -11,6 +11,18 @@
 
 namespace qwen_fp4 {
 
+#if QWEN_FP4_EMULATE_BLACKWELL
+// Found by scripts/check_wheel.py, which refuses a wheel holding it as a release.
+extern "C" __attribute__((used, visibility("default"))) const char qwen_fp4_blackwell_emulation_build[] =
+    "qwen_fp4 Blackwell emulation build: software E2M1 on sm_90a, never to be shipped";
+// The emulation build's only cubin is sm_90a: the Blackwell path runs on compute capability 9.0.
+constexpr int kBlackwellMajor = 9, kMinPtxVersion = 90;
+#else
+// ptxVersion < 100 means the driver would run the compute_90 PTX of this TU, where FlashInfer's
+// conversion is compiled out: only a real Blackwell cubin will do.
+constexpr int kBlackwellMajor = 10, kMinPtxVersion = 100;
+#endif
+
 bool blackwell_kernels_usable(int device_index) {
   static std::once_flag once[kMaxCachedDevices];
   static bool usable[kMaxCachedDevices];
@@ -22,13 +34,11 @@ bool blackwell_kernels_usable(int device_index) {
     cudaGetDevice(&previous);
     cudaSetDevice(device_index);
     cudaFuncAttributes attr{};
-    // ptxVersion < 100 means the driver would run the compute_90 PTX of this TU, where FlashInfer's
-    // conversion is compiled out: only a real Blackwell cubin will do.
     const cudaError_t err =
         cudaFuncGetAttributes(&attr, resnorm_quant_kernel<FlashInferNvfp4<true>, RowConfig<4, 0, 1, false>, false, false>);
     cudaSetDevice(previous);
     cudaGetLastError();  // clear a "no kernel image" error: that is an answer, not a failure
-    usable[device_index] = major >= 10 && err == cudaSuccess && attr.ptxVersion >= 100;
+    usable[device_index] = major >= kBlackwellMajor && err == cudaSuccess && attr.ptxVersion >= kMinPtxVersion;
   });
   return usable[device_index];
 }

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -330,7 +332,21 @@ void check_standard_recipe(int64_t nvfp4_4over6_code) {
                   ": the out-variants implement only the standard NVFP4 recipe (0)");
 }
 
-bool use_blackwell(const Tensor& x) { return blackwell_kernels_usable(x.get_device_index()); }
+// The quantizing ops' kernel path on x's device, by QWEN_FP4_KERNEL_PATH read on every call (getenv, no
+// allocation): "auto" (or unset/empty) takes the Blackwell path where usable, "portable" never, "blackwell"
+// always (an error where it is not usable); any other value is an error.
+bool blackwell_path(const Tensor& x) {
+  const char* choice = std::getenv("QWEN_FP4_KERNEL_PATH");
+  const int device = x.get_device_index();
+  if (choice == nullptr || *choice == '\0' || std::strcmp(choice, "auto") == 0) return blackwell_kernels_usable(device);
+  if (std::strcmp(choice, "portable") == 0) return false;
+  STD_TORCH_CHECK(std::strcmp(choice, "blackwell") == 0,
+                  "qwen_fp4: QWEN_FP4_KERNEL_PATH must be auto, portable or blackwell (or unset), got '", choice, "'");
+  STD_TORCH_CHECK(blackwell_kernels_usable(device), "qwen_fp4: QWEN_FP4_KERNEL_PATH=blackwell, but the Blackwell "
+                  "path is not usable on cuda:", device, " (this build has no Blackwell cubin for it); use auto or "
+                  "portable");
+  return true;
+}
 
 // The input of the test-only ops (_rcp_approx, _e2m1_codes): a float32 CUDA tensor.
 void check_test_op_input(const char* op, const Tensor& x) {
@@ -353,7 +369,7 @@ void run_resnorm_quant(ResnormArgs& a, const Tensor& x, const Tensor& global_sca
   a.residual_out = residual_out.data_ptr();
   (void)nvfp4_4over6_code;  // MERGE(4over6): hand nvfp4_4over6_code to the kernel arguments here
   const LaunchTarget on = launch_target(x);
-  if (use_blackwell(x)) launch_resnorm_quant_blackwell(a, fast_math, on);
+  if (blackwell_path(x)) launch_resnorm_quant_blackwell(a, fast_math, on);
   else launch_resnorm_quant_portable(a, fast_math, on);
 }
 
@@ -381,7 +397,7 @@ void run_nvfp4_quantize(QuantizeArgs& a, const Tensor& y, const Tensor& global_s
   set_quantized_outputs(a, packed, scales, global_scale);
   (void)nvfp4_4over6_code;  // MERGE(4over6): hand nvfp4_4over6_code to the kernel arguments here
   const LaunchTarget on = launch_target(y);
-  if (use_blackwell(y)) launch_nvfp4_quantize_blackwell(a, fast_math, on);
+  if (blackwell_path(y)) launch_nvfp4_quantize_blackwell(a, fast_math, on);
   else launch_nvfp4_quantize_portable(a, fast_math, on);
 }
 

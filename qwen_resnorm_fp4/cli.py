@@ -50,6 +50,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"built with:       torch {info['build_torch'] or '?'}, CUDA {info['build_cuda'] or 'none'}, "
         f"from commit {info['build_commit'] or 'n/a'}",
     ]
+    if info["blackwell_emulation"]:
+        lines.append("build kind:       Blackwell EMULATION (software E2M1 on sm_90a; a test build, never ship it)")
+    lines.append(f"kernel path:      QWEN_FP4_KERNEL_PATH={info['kernel_path_switch']} (auto, portable or blackwell)")
     if info["gpus"]:
         for g in info["gpus"]:
             lines.append(f"GPU {g['index']}:            {g['name']} (compute capability {g['capability']})")

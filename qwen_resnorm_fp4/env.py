@@ -27,8 +27,13 @@ DISABLE_VAR = "QWEN_FP4_DISABLE"
 PDL_VAR = "QWEN_FP4_PDL"
 #: What an unset QWEN_FP4_PDL means.
 PDL_DEFAULT = True
+#: The quantizing CUDA ops' kernel path, read by csrc/ops.cpp on every call: one of KERNEL_PATHS (unset: auto).
+KERNEL_PATH_VAR = "QWEN_FP4_KERNEL_PATH"
+#: auto: the Blackwell path where this build can run it, else portable; portable: always the portable path;
+#: blackwell: always the Blackwell path (the op raises where it is not usable).
+KERNEL_PATHS = ("auto", "portable", "blackwell")
 
-ALL_VARS = (DISABLE_VAR, PDL_VAR, *FAST_MATH_DISABLE_VARS, FOUR_OVER_SIX_VAR)
+ALL_VARS = (DISABLE_VAR, PDL_VAR, *FAST_MATH_DISABLE_VARS, FOUR_OVER_SIX_VAR, KERNEL_PATH_VAR)
 
 
 def _libc_getenv() -> Optional[Callable[[bytes], Optional[bytes]]]:
@@ -97,3 +102,12 @@ def resolve_fast_math(fast_math: Optional[bool]) -> bool:
 def switches_in_force() -> Dict[str, str]:
     """The switches that are set, with their values."""
     return {v: os.environ[v] for v in ALL_VARS if v in os.environ}
+
+
+def kernel_path_choice() -> str:
+    """QWEN_FP4_KERNEL_PATH as the CUDA ops read it now: "auto" when unset or empty, else its value, which
+    must be one of KERNEL_PATHS (ValueError naming the variable otherwise, as the ops raise)."""
+    value = os.environ.get(KERNEL_PATH_VAR) or "auto"
+    if value not in KERNEL_PATHS:
+        raise ValueError(f"{KERNEL_PATH_VAR} must be one of {', '.join(KERNEL_PATHS)} (or unset), got {value!r}")
+    return value

@@ -3,14 +3,17 @@ kernel path a GPU takes (used by the command line's ``info`` and by the benchmar
 
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from . import _library
-from .env import default_fast_math, pdl_enabled, switches_in_force
+from .env import KERNEL_PATH_VAR, default_fast_math, kernel_path_choice, pdl_enabled, switches_in_force
 
 PATH_BLACKWELL = "Blackwell (FlashInfer conversion)"
+PATH_BLACKWELL_EMULATED = ("Blackwell (FlashInfer conversion, its E2M1 instructions emulated in software on sm_90: "
+                           "an emulation build, never shipped)")
 PATH_PORTABLE = "portable (software E2M1, = cuda_fp4.h)"
 PATH_PORTABLE_JIT = "portable (software E2M1, = cuda_fp4.h; compute_90 PTX JIT)"
 PATH_CPU = "CPU reference"
@@ -22,13 +25,15 @@ def build_info() -> Dict[str, object]:
     try:
         from . import _build_info as b
     except ImportError:
-        return {"cuda_archs": None, "flashinfer": None, "build_torch": None, "build_cuda": None, "build_commit": None}
+        return {"cuda_archs": None, "flashinfer": None, "build_torch": None, "build_cuda": None, "build_commit": None,
+                "blackwell_emulation": False}
     return {
         "cuda_archs": list(getattr(b, "CUDA_ARCHS", []) or []),
         "flashinfer": getattr(b, "FLASHINFER", None),
         "build_torch": getattr(b, "BUILD_TORCH", None),
         "build_cuda": getattr(b, "BUILD_CUDA", None),
         "build_commit": getattr(b, "BUILD_COMMIT", None),  # the checkout's commit at build time
+        "blackwell_emulation": bool(getattr(b, "BLACKWELL_EMULATION", False)),  # QWEN_FP4_EMULATE_BLACKWELL=1
     }
 
 
@@ -53,12 +58,17 @@ def _cubin_runs_on(major: int, minor: int, am: int, an: int, suffix: str) -> boo
 
 
 def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]] = None,
-                library_loaded: Optional[bool] = None) -> str:
-    """Which implementation the ops take on a GPU of this compute capability (None: no GPU)."""
+                library_loaded: Optional[bool] = None, choice: Optional[str] = None,
+                emulation: Optional[bool] = None) -> str:
+    """Which implementation the quantizing ops take on a GPU of this compute capability (None: no GPU), as
+    csrc/ops.cpp chooses it: choice is QWEN_FP4_KERNEL_PATH (None: read it now), emulation whether this is
+    the Blackwell emulation build (None: from the build info); archs and library_loaded likewise."""
     if library_loaded is None:
         library_loaded = _library.cuda_available()
     if archs is None:
         archs = build_info()["cuda_archs"] or []
+    if emulation is None:
+        emulation = bool(build_info()["blackwell_emulation"])
     if capability is None:
         return f"{PATH_CPU} (no GPU)" if library_loaded else PATH_CPU
     if not library_loaded:
@@ -66,8 +76,20 @@ def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]
     major, minor = capability
     parsed = [p for p in (_parse_arch(a) for a in archs) if p is not None]
     cubins = [(am, an, sfx) for ptx, am, an, sfx in parsed if not ptx and _cubin_runs_on(major, minor, am, an, sfx)]
-    if major >= 10 and any(am >= 10 for am, _, _ in cubins):
-        return PATH_BLACKWELL
+    if choice is None:
+        try:
+            choice = kernel_path_choice()
+        except ValueError as exc:
+            return f"error: {exc}; the quantizing CUDA ops raise"
+    if emulation:  # blackwell_kernels_usable of the emulation build: its sm_90a cubin runs
+        blackwell = PATH_BLACKWELL_EMULATED if any((am, an, sfx) == (9, 0, "a") for am, an, sfx in cubins) else None
+    else:
+        blackwell = PATH_BLACKWELL if major >= 10 and any(am >= 10 for am, _, _ in cubins) else None
+    if blackwell is not None and choice != "portable":
+        return blackwell
+    if choice == "blackwell":
+        return (f"error: {KERNEL_PATH_VAR}=blackwell, but this build ({' '.join(archs) or 'no GPU targets'}) has no "
+                f"Blackwell path for sm_{major}{minor}; the quantizing CUDA ops raise")
     if cubins:
         return PATH_PORTABLE
     if any(ptx and (am, an) <= (major, minor) for ptx, am, an, _ in parsed):
@@ -99,6 +121,8 @@ def collect_info() -> Dict[str, object]:
         "build_torch": bi["build_torch"],
         "build_cuda": bi["build_cuda"],
         "build_commit": bi["build_commit"],
+        "blackwell_emulation": bi["blackwell_emulation"],
+        "kernel_path_switch": os.environ.get(KERNEL_PATH_VAR) or "auto",
         "gpus": gpus,
         "path": gpus[0]["path"] if gpus else kernel_path(None),
         "fast_math_default": default_fast_math(),

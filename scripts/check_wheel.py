@@ -16,6 +16,8 @@ Prints one line per check (PASS / FAIL / SKIP) and exits non-zero if any check f
               no c10:: / at:: / torch:: C++ symbol, no libtorch_python / libpython dependency. Parsed here;
               symbols are also resolved against the installed torch's libraries when torch is installed.
   abi-audit   torch-abi-audit's verdict (pip install torch-abi-audit; Python >= 3.11), SKIP if not installed.
+  release     not the Blackwell emulation build (QWEN_FP4_EMULATE_BLACKWELL=1, a test build): its build info, the
+              marker string its library holds, and its file name's build tag each say so.
   licences    our LICENSE (Apache-2.0) in the .dist-info, and FlashInfer's licence
               (qwen_resnorm_fp4/_licenses/LICENSE.flashinfer.txt) when Blackwell code is compiled in.
 
@@ -47,6 +49,7 @@ from pathlib import Path
 DEFAULT_TARGETS = "90a;100f;120f;compute_90"  # setup.py's DEFAULT_ARCHS
 PACKAGE = "qwen_resnorm_fp4"
 FLASHINFER_LICENCE = f"{PACKAGE}/_licenses/LICENSE.flashinfer.txt"
+EMULATION_MARKER = b"qwen_fp4 Blackwell emulation build"  # csrc/launch_blackwell.cu, emulation build only
 
 # ---------------------------------------------------------------------------------------------------------
 # ELF (64-bit little-endian: Linux x86_64 / aarch64 hosts and CUDA cubins)
@@ -574,6 +577,23 @@ def check_abi_audit(rep: Report, so: Path) -> None:
                  f"min torch {r.torch.min_torch_version}")
 
 
+def check_release(rep: Report, wheel_name: str, build: dict | None, so: Path | None) -> None:
+    """FAIL for the Blackwell emulation build (software E2M1 on sm_90a), which is never to be published."""
+    problems = []
+    if build is not None and build.get("BLACKWELL_EMULATION"):
+        problems.append("_build_info.py says BLACKWELL_EMULATION = True")
+    if so is not None and EMULATION_MARKER in so.read_bytes():
+        problems.append(f"{so.name} holds the emulation marker {EMULATION_MARKER.decode()!r}")
+    parts = wheel_name[:-4].split("-") if wheel_name.endswith(".whl") else []
+    if len(parts) == 6 and "emulation" in parts[2]:
+        problems.append(f"the file name's build tag is {parts[2]!r}")
+    if problems:
+        rep.line("FAIL", "release", "a Blackwell emulation build (QWEN_FP4_EMULATE_BLACKWELL=1), never to be "
+                 "published: " + "; ".join(problems))
+    else:
+        rep.line("PASS", "release", "not an emulation build (build info, library, file name)")
+
+
 def check_licences(rep: Report, zf: zipfile.ZipFile, has_blackwell: bool) -> None:
     names = zf.namelist()
     problems, found = [], []
@@ -623,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(libs) == 1:
             so = Path(zf.extract(libs[0], tmp))
         info = f"{PACKAGE}/_build_info.py"
+        build = None
         if info in zf.namelist():
             build = {}
             exec(zf.read(info).decode(), build)  # our own generated constants
@@ -640,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
                 rep.line("FAIL", "extension", str(exc))
                 so = None
         check_tag(rep, args.wheel, zf, machine)
+        check_release(rep, args.wheel.name, build, so)
         if so is None:
             why = "none" if not libs else ", ".join(libs)
             rep.line("FAIL", "extension", f"want exactly one {PACKAGE}/_C*.so, found {why} (pure-Python build?)")

@@ -4,12 +4,15 @@
 # must hold the in-place build (the README's quickstart, or a qwen_resnorm_fp4/_C*.so copied in); with
 # WHEEL=path it installs that wheel and runs everything against the installed package instead.
 #
-#   bash scripts/gpu_check.sh [demo] [tests] [bench] [gemm] [model] [ncu] [sanitizer]     (default: tests)
+#   bash scripts/gpu_check.sh [demo] [tests] [bench] [gemm] [model] [ncu] [sanitizer] [emulation]   (default: tests)
 #   PYTEST_ARGS="-m gpu" bash scripts/gpu_check.sh tests
 #   PYTEST_K="not exhaustively" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
 #   WHEEL=dist/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests bench
 #   BASELINE_WHEEL=old.whl bash scripts/gpu_check.sh bench     (the benchmark of old.whl first, then of this build,
 #                                                              same machine, same arguments: a before/after pair)
+#   EMULATION_WHEEL=emu.whl bash scripts/gpu_check.sh emulation   (the Blackwell emulation wheel, built elsewhere with
+#                       QWEN_FP4_EMULATE_BLACKWELL=1, installed into /tmp/emulation_site: the blackwell_emulation
+#                       tests, then the whole suite against it; logs emulation_*.txt/log)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$REPO/gpu_logs}
@@ -21,6 +24,8 @@ status=0
 if [ -n "${WHEEL:-}" ]; then
   bash "$REPO/scripts/install_wheel.sh" "$WHEEL" || { echo "installing $WHEEL failed"; exit 2; }
   RUN_DIR=/tmp  # import the installed package, not the source tree
+elif [ "${stages[*]}" = emulation ]; then
+  RUN_DIR=/tmp  # the emulation stage tests its own wheel only
 else
   ls "$REPO"/qwen_resnorm_fp4/_C*.so >/dev/null 2>&1 || { echo "no in-place build in $REPO/qwen_resnorm_fp4 (run the README's quickstart, or pass WHEEL=)"; exit 2; }
   RUN_DIR=$REPO
@@ -64,6 +69,23 @@ for stage in "${stages[@]}"; do
         tail -25 /tmp/sanitizer_$tool.log >> "$OUT/sanitizer.log"
         echo "== $tool: $(tail -2 /tmp/sanitizer_$tool.log | tr '\n' ' ')"
       done ;;
+    emulation)  # builds nothing here: installs EMULATION_WHEEL into its own target and tests against it
+      if [ -z "${EMULATION_WHEEL:-}" ] || [ ! -f "$EMULATION_WHEEL" ]; then
+        echo "stage emulation: set EMULATION_WHEEL to the emulation wheel (QWEN_FP4_EMULATE_BLACKWELL=1), got '${EMULATION_WHEEL:-}'"
+        status=2; continue
+      fi
+      rm -rf /tmp/emulation_site
+      if ! python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/emulation_site "$EMULATION_WHEEL"; then
+        echo "installing $EMULATION_WHEEL failed"; status=1; continue
+      fi
+      (cd /tmp && export PYTHONPATH=/tmp/emulation_site${PYTHONPATH:+:$PYTHONPATH}
+       python3 -m qwen_resnorm_fp4 info 2>&1 | tee "$OUT/emulation_info.txt"
+       python3 -c "import qwen_resnorm_fp4.info as i, sys; sys.exit(0 if i.build_info()['blackwell_emulation'] else 1)" \
+         || { echo "$EMULATION_WHEEL is not an emulation build"; exit 1; }
+       python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs -m blackwell_emulation --durations=10 2>&1 \
+         | tee "$OUT/emulation_tests.log"; rc=${PIPESTATUS[0]}
+       python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs --durations=15 ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
+         | tee "$OUT/emulation_full.log"; exit $(( rc || PIPESTATUS[0] ))) || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from qwen_resnorm_fp4 import bench, cli, info
+from qwen_resnorm_fp4 import bench, cli, env, info
 from qwen_resnorm_fp4.layout import round_up
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ def test_info_text():
     assert p.returncode == 0, p.stderr
     out = p.stdout
     for key in ("qwen_resnorm_fp4", "torch:", "compiled library:", "GPU targets:", "FlashInfer:", "path:",
-                "switches:"):
+                "switches:", "kernel path:      QWEN_FP4_KERNEL_PATH="):
         assert key in out, (key, out)
     assert torch.__version__ in out
     assert info.PATH_CPU in out
@@ -48,7 +48,7 @@ def test_info_json():
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     for key in ("version", "torch", "torch_cuda", "library_loaded", "library", "cuda_archs", "flashinfer",
-                "gpus", "path", "switches"):
+                "gpus", "path", "switches", "blackwell_emulation", "kernel_path_switch"):
         assert key in doc
     assert doc["torch"] == torch.__version__
     assert doc["gpus"] == []
@@ -234,7 +234,39 @@ def test_bytes_moved_formula():
     ((12, 0), ["90a", "compute_90"], info.PATH_PORTABLE_JIT),
 ])
 def test_kernel_path(cap, archs, expected):
-    assert info.kernel_path(cap, archs, library_loaded=True) == expected
+    assert info.kernel_path(cap, archs, library_loaded=True, choice="auto", emulation=False) == expected
+
+
+ARCHS = ["90a", "100f", "120f", "compute_90"]
+
+
+@pytest.mark.parametrize("cap,archs,choice,emulation,expected", [
+    ((10, 0), ARCHS, "portable", False, info.PATH_PORTABLE),
+    ((10, 0), ARCHS, "blackwell", False, info.PATH_BLACKWELL),
+    ((12, 0), ["90a", "compute_90"], "portable", False, info.PATH_PORTABLE_JIT),
+    ((9, 0), ["90a"], "auto", True, info.PATH_BLACKWELL_EMULATED),
+    ((9, 0), ["90a"], "blackwell", True, info.PATH_BLACKWELL_EMULATED),
+    ((9, 0), ["90a"], "portable", True, info.PATH_PORTABLE),
+])
+def test_kernel_path_switch(cap, archs, choice, emulation, expected):
+    assert info.kernel_path(cap, archs, library_loaded=True, choice=choice, emulation=emulation) == expected
+
+
+def test_kernel_path_switch_blackwell_unusable_and_unknown(monkeypatch):
+    for cap, archs, emulation in (((9, 0), ARCHS, False), ((12, 0), ["90a", "compute_90"], False),
+                                  ((10, 0), ["90a"], True)):
+        path = info.kernel_path(cap, archs, library_loaded=True, choice="blackwell", emulation=emulation)
+        assert path.startswith("error: QWEN_FP4_KERNEL_PATH=blackwell"), path
+    monkeypatch.setenv("QWEN_FP4_KERNEL_PATH", "Blackwell")
+    with pytest.raises(ValueError, match="QWEN_FP4_KERNEL_PATH must be one of auto, portable, blackwell"):
+        env.kernel_path_choice()
+    assert info.kernel_path((10, 0), ARCHS, library_loaded=True, emulation=False).startswith("error:")
+    monkeypatch.setenv("QWEN_FP4_KERNEL_PATH", "")
+    assert env.kernel_path_choice() == "auto"
+    monkeypatch.setenv("QWEN_FP4_KERNEL_PATH", "portable")
+    assert info.kernel_path((10, 0), ARCHS, library_loaded=True, emulation=False) == info.PATH_PORTABLE
+    assert info.collect_info()["kernel_path_switch"] == "portable"
+    assert info.collect_info()["switches"]["QWEN_FP4_KERNEL_PATH"] == "portable"
 
 
 def test_kernel_path_no_kernel_or_no_library():

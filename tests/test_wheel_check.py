@@ -127,6 +127,29 @@ def test_pure_python_wheel_fails(tmp_path, capsys):
     assert re.search(r"^PASS licences: ", out, re.M)
 
 
+def test_emulation_build_is_refused_as_a_release(tmp_path, capsys):
+    """Each sign of the Blackwell emulation build fails the release check: build info, the library's
+    marker string (csrc/launch_blackwell.cu), the file name's build tag; a clean wheel passes it."""
+    marker = (Path(__file__).resolve().parents[1] / "csrc" / "launch_blackwell.cu").read_text()
+    assert cw.EMULATION_MARKER.decode() in marker
+    clean_so, marked_so = tmp_path / "clean.so", tmp_path / "marked.so"
+    clean_so.write_bytes(b"\x7fELF" + bytes(100))
+    marked_so.write_bytes(b"\x7fELF" + bytes(50) + cw.EMULATION_MARKER + b": software E2M1\0" + bytes(50))
+    name = "qwen_resnorm_fp4-0.1.0-cp310-abi3-linux_x86_64.whl"
+    tagged = "qwen_resnorm_fp4-0.1.0-0blackwellemulation-cp310-abi3-linux_x86_64.whl"
+    cases = [(name, {"BLACKWELL_EMULATION": False}, clean_so, "PASS"),
+             (name, None, clean_so, "PASS"),
+             (name, {"BLACKWELL_EMULATION": True}, clean_so, "FAIL"),
+             (name, {"BLACKWELL_EMULATION": False}, marked_so, "FAIL"),
+             (tagged, {"BLACKWELL_EMULATION": False}, clean_so, "FAIL")]
+    for wheel_name, build, so, want in cases:
+        rep = cw.Report()
+        cw.check_release(rep, wheel_name, build, so)
+        out = capsys.readouterr().out
+        assert out.startswith(f"{want} release: "), (wheel_name, build, so.name, out)
+        assert rep.failed == (want == "FAIL")
+
+
 def _nvcc() -> str | None:
     return cw.find_tool("nvcc")
 
