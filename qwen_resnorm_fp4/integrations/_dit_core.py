@@ -413,8 +413,9 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
 
 
 def ones_gate(like: Tensor) -> Tensor:
-    """The gate of an ungated residual update (``residual + x``): fma(x, 1, residual) is that sum."""
-    return torch.ones(like.shape, dtype=like.dtype, device=like.device)
+    """The gate of an ungated residual update (``residual + x``): fma(x, 1, residual) is that sum. One [D] row
+    of ones broadcast to ``like``'s shape (stride 0: per-token modulation allocates no [B, S, D] of ones)."""
+    return torch.ones(like.shape[-1:], dtype=like.dtype, device=like.device).expand(like.shape)
 
 
 # ------------------------------------------------------------------------------------------------------------
