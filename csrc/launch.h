@@ -6,16 +6,21 @@
 
 namespace qwen_fp4 {
 
-// A per-column parameter: bf16 or fp32, or absent (ptr == nullptr).
+// A per-column parameter: bf16 or fp32, or absent (ptr == nullptr). A modulation parameter's row of
+// (batch b, token s) starts b * batch_stride + s * token_stride elements past ptr (ModulationForm says
+// which b and s a row of x uses); both strides are 0 for [D] parameters.
 struct ParamRef {
   const void* ptr = nullptr;
   bool fp32 = false;
+  int64_t batch_stride = 0;
+  int64_t token_stride = 0;
 };
 
 enum class ModulationForm : int32_t {
   kShared = 0,   // [D]
   kPerBatch = 1, // [B, D]: row m uses row m / rows_per_batch
   kIndexed = 2,  // [2B, D] + modulate_index [B, S]: row b or B + b by the index
+  kPerToken = 3, // [M, D] or [B, S, D]: row m uses batch m / rows_per_batch, token m % rows_per_batch
 };
 
 enum class IndexDtype : int32_t { kInt32 = 0, kInt64 = 1, kBool = 2 };

@@ -43,24 +43,37 @@ const char* dtype_name(ScalarType t) {
   }
 }
 
-std::string shape_str(const Tensor& t) {
+// "(v0, v1, ...)" of value(d) over t's dimensions.
+template <class Value>
+std::string dims_str(const Tensor& t, Value value) {
   std::string s = "(";
-  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(value(d));
   return s + ")";
+}
+
+std::string shape_str(const Tensor& t) { return dims_str(t, [&](int64_t d) { return t.size(d); }); }
+std::string strides_str(const Tensor& t) { return dims_str(t, [&](int64_t d) { return t.stride(d); }); }
+
+// On the same CUDA device as x.
+void check_same_cuda_device(const char* name, const Tensor& t, const Tensor& x, const char* x_name = "x") {
+  STD_TORCH_CHECK(t.is_cuda(), "qwen_fp4: ", name, " must be a CUDA tensor (", x_name, " is on cuda:",
+                  x.get_device_index(), ")");
+  STD_TORCH_CHECK(t.get_device_index() == x.get_device_index(), "qwen_fp4: ", name, " is on cuda:",
+                  t.get_device_index(), " but ", x_name, " is on cuda:", x.get_device_index());
+}
+
+// Starts at a 16-byte boundary (the kernels use 16-byte vector accesses).
+void check_aligned16(const char* name, const Tensor& t) {
+  STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "qwen_fp4: ", name,
+                  " must be 16-byte aligned (a view at an odd offset? pass a copy)");
 }
 
 // On the same CUDA device as x, contiguous, 16-byte aligned (the kernels use 16-byte vector accesses).
 void check_cuda_tensor(const char* name, const Tensor& t, const Tensor& x, bool vector_access = true,
                        const char* x_name = "x") {
-  STD_TORCH_CHECK(t.is_cuda(), "qwen_fp4: ", name, " must be a CUDA tensor (", x_name, " is on cuda:",
-                  x.get_device_index(), ")");
-  STD_TORCH_CHECK(t.get_device_index() == x.get_device_index(), "qwen_fp4: ", name, " is on cuda:",
-                  t.get_device_index(), " but ", x_name, " is on cuda:", x.get_device_index());
+  check_same_cuda_device(name, t, x, x_name);
   STD_TORCH_CHECK(t.is_contiguous(), "qwen_fp4: ", name, " must be contiguous");
-  if (vector_access) {
-    STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "qwen_fp4: ", name,
-                    " must be 16-byte aligned (a view at an odd offset? pass a copy)");
-  }
+  if (vector_access) check_aligned16(name, t);
 }
 
 void check_dtype(const char* name, const Tensor& t, bool allow_fp32) {
@@ -103,12 +116,35 @@ ParamRef column_param(const char* name, const std::optional<Tensor>& t, const Te
   return {t->data_ptr(), t->scalar_type() == ScalarType::Float};
 }
 
+// The stride of dimension d in elements, 0 where the dimension has one entry (its stride never matters).
+int64_t stride_or_zero(const Tensor& t, int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); }
+
+// A modulation parameter, [D], [B, D] or [B, S, D] (the shape rules: make_resnorm_args), read in place:
+// last-dimension stride 1, each row at a 16-byte boundary. Strides: [B, D] and [B, 1, D] set batch_stride,
+// [B, S, D] both; make_resnorm_args moves them where the form needs them.
 ParamRef modulation_param(const char* name, const Tensor& t, const Tensor& x, int32_t cols) {
-  check_cuda_tensor(name, t, x);
+  check_same_cuda_device(name, t, x);
   check_dtype(name, t, /*allow_fp32=*/true);
-  STD_TORCH_CHECK((t.dim() == 1 || t.dim() == 2) && t.size(t.dim() - 1) == cols, "qwen_fp4: ", name,
-                  " must be [D] or [B, D] with D=", cols, ", got shape ", shape_str(t));
-  return {t.data_ptr(), t.scalar_type() == ScalarType::Float};
+  STD_TORCH_CHECK(t.dim() >= 1 && t.dim() <= 3 && t.size(t.dim() - 1) == cols, "qwen_fp4: ", name,
+                  " must be [D], [B, D] or [B, S, D] with D=", cols, ", got shape ", shape_str(t));
+  STD_TORCH_CHECK(t.stride(t.dim() - 1) == 1, "qwen_fp4: ", name,
+                  " must have stride 1 in its last dimension, got strides ", strides_str(t), "; pass ", name,
+                  ".contiguous()");
+  check_aligned16(name, t);
+  ParamRef p{t.data_ptr(), t.scalar_type() == ScalarType::Float};
+  if (t.dim() >= 2) p.batch_stride = stride_or_zero(t, 0);
+  if (t.dim() == 3) p.token_stride = stride_or_zero(t, 1);
+  const int64_t elem_bytes = p.fp32 ? 4 : 2;
+  STD_TORCH_CHECK((p.batch_stride * elem_bytes) % 16 == 0 && (p.token_stride * elem_bytes) % 16 == 0, "qwen_fp4: ",
+                  name, "'s rows must start at 16-byte boundaries: its strides ", strides_str(t), " (elements of ",
+                  elem_bytes, " bytes) are not multiples of 16 bytes; pass ", name, ".contiguous()");
+  return p;
+}
+
+// Per token with one row per x row: token m (no batch index), each tensor's row stride token_stride.
+void make_flat_per_token(ParamRef& p, bool from_batch_dim) {
+  if (from_batch_dim) p.token_stride = p.batch_stride;
+  p.batch_stride = 0;
 }
 
 void* current_stream(const Tensor& x) {
@@ -153,10 +189,13 @@ ResnormArgs make_resnorm_args(const Tensor& residual, const Tensor& x, const std
   a.gate = modulation_param("gate", gate, x, cols);
   a.scale = modulation_param("scale", scale, x, cols);
   a.shift = modulation_param("shift", shift, x, cols);
-  STD_TORCH_CHECK(gate.dim() == scale.dim() && gate.dim() == shift.dim() && gate.size(0) == scale.size(0) &&
-                      gate.size(0) == shift.size(0),
-                  "qwen_fp4: gate, scale and shift must have one shape, got ", shape_str(gate), ", ", shape_str(scale),
-                  ", ", shape_str(shift));
+  bool one_shape = gate.dim() == scale.dim() && gate.dim() == shift.dim();
+  for (int64_t d = 0; one_shape && d < gate.dim(); ++d) {
+    one_shape = gate.size(d) == scale.size(d) && gate.size(d) == shift.size(d);
+  }
+  STD_TORCH_CHECK(one_shape, "qwen_fp4: gate, scale and shift must have one shape, got ", shape_str(gate), ", ",
+                  shape_str(scale), ", ", shape_str(shift));
+  ParamRef* const modulation[3] = {&a.gate, &a.scale, &a.shift};
 
   if (modulate_index.has_value()) {
     const Tensor& idx = *modulate_index;
@@ -176,13 +215,32 @@ ResnormArgs make_resnorm_args(const Tensor& residual, const Tensor& x, const std
                                                                                            : IndexDtype::kBool;
     a.num_batches = static_cast<int32_t>(b);
     a.rows_per_batch = s;
-  } else if (gate.dim() == 2) {
+  } else if (gate.dim() == 3 && gate.size(1) != 1) {
+    const int64_t b = gate.size(0), s = gate.size(1);
+    STD_TORCH_CHECK(b * s == a.rows, "qwen_fp4: per-token gate/scale/shift [B, S, D] need B * S = x's rows (",
+                    a.rows, "), got shape ", shape_str(gate));
+    a.form = ModulationForm::kPerToken;
+    a.num_batches = static_cast<int32_t>(b);
+    a.rows_per_batch = s;
+    // The two leading dimensions addressed as one row index in all three: token m, no division.
+    bool flat = true;
+    for (const ParamRef* p : modulation) flat = flat && (b == 1 || p->batch_stride == s * p->token_stride);
+    if (flat) {
+      a.rows_per_batch = a.rows;
+      for (ParamRef* p : modulation) make_flat_per_token(*p, /*from_batch_dim=*/false);
+    }
+  } else if (gate.dim() >= 2) {  // [B, D] or [B, 1, D]
     const int64_t b = gate.size(0);
     STD_TORCH_CHECK(b > 0 && a.rows % b == 0, "qwen_fp4: x has ", a.rows,
                     " rows, which do not split into gate.shape[0] = ", b, " batches");
-    a.form = ModulationForm::kPerBatch;
     a.num_batches = static_cast<int32_t>(b);
     a.rows_per_batch = a.rows / b;
+    a.form = ModulationForm::kPerBatch;
+    if (b == a.rows && b > 1) {  // one row per token: per token, no division
+      a.form = ModulationForm::kPerToken;
+      a.rows_per_batch = a.rows;
+      for (ParamRef* p : modulation) make_flat_per_token(*p, /*from_batch_dim=*/true);
+    }
   } else {
     a.form = ModulationForm::kShared;
     a.num_batches = 1;

@@ -120,18 +120,21 @@ __device__ __forceinline__ void load_row(const ResnormArgs& args, int64_t row, u
   }
 }
 
-// Which row of gate/scale/shift row `row` uses.
-__device__ __forceinline__ int64_t modulation_row(const ResnormArgs& args, int64_t row) {
-  if (args.form == ModulationForm::kShared) return 0;
+// Which row of gate/scale/shift row `row` uses. Per token with rows_per_batch == rows (the [B, S] dimensions
+// addressed as one row index): token `row`, no division.
+__device__ __forceinline__ ModulationRow modulation_row(const ResnormArgs& args, int64_t row) {
+  if (args.form == ModulationForm::kShared) return {};
+  if (args.form == ModulationForm::kPerToken && args.rows_per_batch == args.rows) return {0, row};
   const int64_t batch = row / args.rows_per_batch;
-  if (args.form != ModulationForm::kIndexed) return batch;
+  if (args.form == ModulationForm::kPerToken) return {batch, row - batch * args.rows_per_batch};
+  if (args.form != ModulationForm::kIndexed) return {batch, 0};
   bool second;
   switch (args.index_dtype) {
     case IndexDtype::kInt32: second = reinterpret_cast<const int32_t*>(args.modulate_index)[row] != 0; break;
     case IndexDtype::kInt64: second = reinterpret_cast<const int64_t*>(args.modulate_index)[row] != 0; break;
     default: second = reinterpret_cast<const uint8_t*>(args.modulate_index)[row] != 0; break;
   }
-  return second ? args.num_batches + batch : batch;
+  return {second ? args.num_batches + batch : batch, 0};
 }
 
 // A row's per-column parameters, located once per row. kPlainParams: no bias, no LayerNorm affine,
@@ -142,10 +145,9 @@ struct RowParams {
   using Param = ParamRow<!kPlainParams>;
   Param gate, scale, shift, weight, norm_bias;
   bool affine;
-  __device__ __forceinline__ RowParams(const ResnormArgs& args, int64_t mod_row, int32_t cols)
-      : gate(args.gate, mod_row, cols), scale(args.scale, mod_row, cols), shift(args.shift, mod_row, cols),
-        weight(kPlainParams ? ParamRef{} : args.weight, 0, cols),
-        norm_bias(kPlainParams ? ParamRef{} : args.norm_bias, 0, cols),
+  __device__ __forceinline__ RowParams(const ResnormArgs& args, ModulationRow mod_row)
+      : gate(args.gate, mod_row), scale(args.scale, mod_row), shift(args.shift, mod_row),
+        weight(kPlainParams ? ParamRef{} : args.weight), norm_bias(kPlainParams ? ParamRef{} : args.norm_bias),
         affine(!kPlainParams && (weight.present() || norm_bias.present())) {}
 };
 
@@ -161,8 +163,8 @@ struct PlainParams {
 
   // gate for every vector slot of the thread; scale and shift for one slot only when slot >= 0 (the split
   // kernel: into scale[0], shift[0]).
-  __device__ __forceinline__ void load(const ResnormArgs& args, int64_t mod_row, int32_t cols, int vecs, int slot) {
-    const RowParams<true> p(args, mod_row, cols);
+  __device__ __forceinline__ void load(const ResnormArgs& args, ModulationRow mod_row, int vecs, int slot) {
+    const RowParams<true> p(args, mod_row);
     const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int i = 0; i < kVectors; ++i) {
@@ -182,17 +184,17 @@ struct PlainParams {
   }
 
   // Loads them and the row's x and residual in the order above.
-  __device__ __forceinline__ void load_with_row(const ResnormArgs& args, int64_t row, int32_t cols, int vecs,
+  __device__ __forceinline__ void load_with_row(const ResnormArgs& args, int64_t row, int vecs,
                                                 uint4 (&xv)[kVectors], uint4 (&rv)[kVectors], int slot = -1) {
     if constexpr (!Config::kHoistParams) {
-      load(args, modulation_row(args, row), cols, vecs, slot);
+      load(args, modulation_row(args, row), vecs, slot);
       load_row<Config>(args, row, xv, rv);
     } else {
       load_row<Config>(args, row, xv, rv);
       if (args.form == ModulationForm::kShared) {
-        load(args, 0, cols, vecs, slot);
+        load(args, ModulationRow{}, vecs, slot);
       } else {
-        load(args, modulation_row(args, row), cols, vecs, slot);
+        load(args, modulation_row(args, row), vecs, slot);
       }
     }
   }
@@ -228,7 +230,7 @@ __device__ __forceinline__ float residual_and_rstd(const ResnormArgs& args, cons
         p.gate.load8(v, gate);
       }
       if constexpr (!kPlainParams) {
-        const ParamRow<true> bias_row(args.bias, 0, cols);
+        const ParamRow<true> bias_row(args.bias);
         if (bias_row.present()) {
           float bias[kVecElems];
           bias_row.load8(v, bias);
@@ -318,11 +320,11 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
   uint4 xv[kVectors], rv[kVectors];
   PlainParams<Config> pp;  // the parameters where kGrouped (scale and shift also where plain and kHoist)
   if constexpr (kGrouped) {
-    pp.load_with_row(args, row, cols, vecs, xv, rv);
+    pp.load_with_row(args, row, vecs, xv, rv);
   } else {
     load_row<Config>(args, row, xv, rv);
   }
-  const RowParams<kPlainParams> p(args, kGrouped ? 0 : modulation_row(args, row), cols);
+  const RowParams<kPlainParams> p(args, kGrouped ? ModulationRow{} : modulation_row(args, row));
   if constexpr (kPlainParams && kHoist && !kGrouped) {
 #pragma unroll
     for (int i = 0; i < kVectors; ++i) {
@@ -399,11 +401,11 @@ __global__ void __launch_bounds__(Config::kMaxThreads, 1) resnorm_quant_split_ke
   PlainParams<Config> pp;  // the plain kernels' parameters: both slots' gate, this slot's scale and shift
   if constexpr (kPlainParams) {
     static_assert(Config::kGroupedParams, "the split kernel's shapes load their parameters grouped");
-    pp.load_with_row(args, row, cols, Config::kFixedVecs, xv, rv, slot);
+    pp.load_with_row(args, row, Config::kFixedVecs, xv, rv, slot);
   } else {
     load_row<Config>(args, row, xv, rv);
   }
-  const RowParams<kPlainParams> p(args, kPlainParams ? 0 : modulation_row(args, row), cols);
+  const RowParams<kPlainParams> p(args, kPlainParams ? ModulationRow{} : modulation_row(args, row));
   const int v = slot * Config::threads() + threadIdx.x;
   float d[kSlots][kVecElems];
   const float rstd = residual_and_rstd<Config, kPlainParams, kPlainParams>(args, p, row, xv, rv, pp.gate, d, slot);

@@ -61,16 +61,25 @@ __device__ __forceinline__ uint4 load_stream_no_l1(const uint4* p) {
   return v;
 }
 
+// Which row of a modulation parameter a row of x uses (ParamRef's batch and token index); {0, 0} for the
+// shared form and the [D] parameters.
+struct ModulationRow {
+  int64_t batch = 0;
+  int64_t token = 0;
+};
+
 // One row of a per-column parameter (bf16 or fp32), located once per row so that the per-vector loads
 // need only 32-bit offsets. kMaybeFp32 = false: known to be bf16 (the plain kernels), no dtype test.
 template <bool kMaybeFp32 = true>
 struct ParamRow {
   const char* base;  // nullptr: absent
   bool fp32;
-  __device__ __forceinline__ ParamRow(const ParamRef& p, int64_t row, int32_t cols)
-      : base(p.ptr == nullptr ? nullptr
-                              : static_cast<const char*>(p.ptr) + row * cols * (kMaybeFp32 && p.fp32 ? 4 : 2)),
+  __device__ __forceinline__ ParamRow(const ParamRef& p, ModulationRow row = {})
+      : base(p.ptr == nullptr ? nullptr : static_cast<const char*>(p.ptr) + offset_bytes(p, row)),
         fp32(kMaybeFp32 && p.fp32) {}
+  __device__ __forceinline__ static int64_t offset_bytes(const ParamRef& p, ModulationRow row) {
+    return (row.batch * p.batch_stride + row.token * p.token_stride) * (kMaybeFp32 && p.fp32 ? 4 : 2);
+  }
   __device__ __forceinline__ bool present() const { return base != nullptr; }
 
   // The 8 bf16 entries starting at column 8 * vec, still packed (bf16 rows only). kReadOnly as in load8:

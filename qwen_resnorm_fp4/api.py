@@ -4,8 +4,11 @@ Every call checks its arguments first (the rules of :mod:`qwen_resnorm_fp4.valid
 (wrong type or dtype) or ValueError (wrong shape, device or value) naming the argument, then calls the op
 once; an error of the op itself reaches the caller as it is. Inputs are never modified (except residual
 by an out-variant given ``residual_out=residual``). Non-contiguous or misaligned inputs are copied
-(contiguous, 16-byte aligned) so that the kernels can use vector loads; the outputs an out-variant is
-given are never copied, so they must fit as they are (validation.py's out-variant rules).
+(contiguous, 16-byte aligned) so that the kernels can use vector loads, except gate, scale and shift where
+the op reads them in place (stride 1 in the last dimension, 16-byte aligned rows: e.g.
+``temb.chunk(6, dim=-1)`` views, :func:`~qwen_resnorm_fp4.validation.modulation_layout_problem`); the
+outputs an out-variant is given are never copied, so they must fit as they are (validation.py's out-variant
+rules).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import torch
 from . import reference
 from .env import resolve_fast_math
 from .layout import round_up
-from .validation import dequantize_problem, has_data, quantize_out_problem, quantize_problem, require
-from .validation import resnorm_out_problem, resnorm_problem, resnorm_quant_out_problem, resnorm_quant_problem
+from .validation import dequantize_problem, has_data, modulation_in_place, quantize_out_problem, quantize_problem
+from .validation import require, resnorm_out_problem, resnorm_problem, resnorm_quant_out_problem
+from .validation import resnorm_quant_problem
 from .validation import MAX_COLS, WIDTH_RULE, is_supported_width  # noqa: F401 - also importable from here
 
 Tensor = torch.Tensor
@@ -57,12 +61,20 @@ def _operand():
     return _contiguous if torch.compiler.is_compiling() else _aligned
 
 
+def _modulation_operand(t: Tensor, op) -> Tensor:
+    """gate, scale or shift as it is where the op reads it in place (strided rows included), else ``op(t)``."""
+    has_data = not torch.compiler.is_compiling() and (type(t) in _PLAIN_TENSOR_TYPES or _has_data(t))
+    return t if modulation_in_place(t, has_data) else op(t)
+
+
 def _resnorm_operands(residual, x, bias, gate, scale, shift, middle: tuple, weight, norm_bias,
                       modulate_index) -> tuple:
-    """The resnorm / resnorm_quant op's arguments, tensors prepared by :func:`_operand`, with ``middle``
-    (the op's arguments between shift and weight) in place."""
+    """The resnorm / resnorm_quant op's arguments, tensors prepared by :func:`_operand` (gate, scale and shift
+    by :func:`_modulation_operand`), with ``middle`` (the op's arguments between shift and weight) in place."""
     op = _operand()
-    return (op(residual), op(x), None if bias is None else op(bias), op(gate), op(scale), op(shift), *middle,
+    mod = _modulation_operand
+    return (op(residual), op(x), None if bias is None else op(bias), mod(gate, op), mod(scale, op), mod(shift, op),
+            *middle,
             None if weight is None else op(weight), None if norm_bias is None else op(norm_bias),
             None if modulate_index is None else op(modulate_index))
 
@@ -93,8 +105,11 @@ def resnorm_quant(
 
     Args:
         residual, x: bf16 [..., D], D a multiple of 64 (at most 16384). M = x.numel() / D rows.
-        gate, scale, shift: bf16 or fp32, [D] (shared), [B, D] (per batch: x's rows split into B equal
-            groups, e.g. x of shape [B, S, D]) or [2B, D] with ``modulate_index``.
+        gate, scale, shift: bf16 or fp32, one shape: [D] (shared), [B, D] or [B, 1, D] (per batch: x's rows
+            split into B equal groups, e.g. x of shape [B, S, D]), per token [B, S, D] with B * S = M (row m
+            uses token m; [M, D] too), or [2B, D] with ``modulate_index``. Any row strides: views such as
+            ``temb.chunk(6, dim=-1)`` with stride 1 in the last dimension and 16-byte aligned rows are read
+            in place, other layouts are copied.
         global_scale: fp32 one-element tensor on x's device (the FC1 input global scale, 448*6/amax).
         bias: optional [D], added to x before the gate (a = bf16(x + bias)).
         eps: LayerNorm epsilon.

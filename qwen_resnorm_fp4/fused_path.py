@@ -123,7 +123,8 @@ def try_fused_resnorm_quant(
 
     Args:
         residual, x: bf16 [..., D], contiguous, one shape (typically [B, S, D]).
-        gate, scale, shift: bf16 or fp32, one shape: [D], [B, D], [B, 1, D], or [2B, D] with ``modulate_index``.
+        gate, scale, shift: bf16 or fp32, one shape: [D], [B, D], [B, 1, D], per token [B, S, D] (B * S = x's
+            rows, e.g. ``temb.chunk(6, dim=-1)`` views) or [M, D], or [2B, D] with ``modulate_index``.
         fc1: the FC1 layer, an :class:`~qwen_resnorm_fp4.linear.NVFP4Linear` (or any object with an int
             ``in_features`` and a float32 one-element ``input_global_scale`` tensor on x's device).
         bias: optional [D], added to x before the gate.
@@ -143,8 +144,9 @@ def try_fused_resnorm_quant(
         [round_up(M, 128), D/16] (128x4 swizzled E4M3) quantized with ``fc1.input_global_scale``, and
         residual_out is bf16 like x; or ``None`` (see :func:`last_decline_reason`).
 
-    Non-contiguous x or residual decline (no hidden copy of the activations); the small modulation and norm
-    parameters may be strided (they are copied). A non-bool ``fast_math`` raises TypeError: that is a bug
+    Non-contiguous x or residual decline (no hidden copy of the activations). gate, scale and shift are read
+    in place where their last dimension has stride 1 and their rows start at 16-byte boundaries (per-token
+    chunk views of a contiguous temb do), and copied otherwise; the norm parameters may be strided (copied). A non-bool ``fast_math`` raises TypeError: that is a bug
     in the caller, not a condition to serve around.
     """
     R = DeclineReason
@@ -189,10 +191,7 @@ def try_fused_resnorm_quant(
         if not _norm_field(norm, "elementwise_affine", weight is not None or norm_bias is not None):
             weight = norm_bias = None
 
-    # 4. The ops' rules. [B, 1, D] modulation (the usual unsqueeze(1)) is [B, D]: a view, no copy.
-    if isinstance(gate, Tensor) and gate.dim() == 3 and gate.shape[1] == 1 and isinstance(scale, Tensor) \
-            and isinstance(shift, Tensor) and gate.shape == scale.shape == shift.shape:
-        gate, scale, shift = gate.squeeze(1), scale.squeeze(1), shift.squeeze(1)
+    # 4. The ops' rules.
     problem = resnorm_problem(residual, x, bias, gate, scale, shift, norm_eps, weight, norm_bias, modulate_index)
     if problem is not None:
         return _decline_for(problem)

@@ -64,10 +64,16 @@ def fma_fp32(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
 
 
 def _modulation_rows(p: Tensor, rows: int, rows_per_batch: int, modulate_index: Optional[Tensor]) -> Tensor:
-    """The [rows, D] fp32 view of a modulation parameter given as [D], [B, D] or [2B, D] + modulate_index."""
+    """The [rows, D] fp32 view of a modulation parameter given as [D], [B, D] or [B, 1, D] (row m uses row
+    m // rows_per_batch), per token [B, S, D] with B * S = rows (row m uses token m, whatever the strides),
+    or [2B, D] + modulate_index."""
     pf = p.float()
     if pf.dim() == 1:
         return pf.unsqueeze(0).expand(rows, -1)
+    if pf.dim() == 3:
+        if pf.shape[1] != 1:
+            return pf.reshape(rows, pf.shape[-1])
+        pf = pf.squeeze(1)
     batch = torch.arange(rows, device=p.device) // rows_per_batch
     if modulate_index is not None:
         num_batches = pf.shape[0] // 2

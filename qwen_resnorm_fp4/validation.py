@@ -92,7 +92,7 @@ _DESCRIPTIONS: Dict[DeclineReason, str] = {
         "x or residual is not contiguous; the fused path declines rather than copy the activations"),
     DeclineReason.UNSUPPORTED_MODULATION: (
         "gate, scale and shift must share one shape: [D], [B, D] or [B, 1, D] (x's rows split into B equal "
-        "groups), or [2B, D] with modulate_index [B, S]"),
+        "groups), per token [B, S, D] with B * S = x's rows, or [2B, D] with modulate_index [B, S]"),
     DeclineReason.UNSUPPORTED_NORM: (
         "the norm is not a LayerNorm over the last dimension (e.g. RMSNorm), or its parameters or eps are "
         "unusable"),
@@ -195,8 +195,33 @@ def eps_problem(eps: object) -> Optional[Problem]:
 
 
 def _modulation_shape_problem(name: str, shape: torch.Size, cols: int) -> Problem:
-    return Problem(R.UNSUPPORTED_MODULATION, ValueError, "{} must be [D] or [B, D] with D={}, got shape {}",
-                   (name, cols, tuple(shape)))
+    return Problem(R.UNSUPPORTED_MODULATION, ValueError,
+                   "{} must be [D], [B, D] or [B, S, D] with D={}, got shape {}", (name, cols, tuple(shape)))
+
+
+def modulation_layout_problem(name: str, t: Tensor) -> Optional[Problem]:
+    """The CUDA op's layout rule for gate, scale and shift (csrc/ops.cpp modulation_param), which it reads in
+    place: stride 1 in the last dimension, and every row at a 16-byte boundary, i.e. the stride of each
+    leading dimension with more than one entry a multiple of 16 bytes (and data_ptr() % 16 == 0, which only
+    a tensor with data can tell: :func:`modulation_in_place`). ``temb.chunk(6, dim=-1)`` views of a
+    contiguous temb satisfy it. The typed wrappers copy a tensor that breaks it; the raw op refuses it."""
+    shape, strides = t.shape, t.stride()
+    if shape[-1] != 1 and strides[-1] != 1:
+        return Problem(R.NON_CONTIGUOUS, ValueError, "{} must have stride 1 in its last dimension, got strides {}; "
+                       "pass {}.contiguous()", (name, strides, name))
+    item = t.element_size()
+    for n, stride in zip(shape[:-1], strides[:-1]):
+        if n != 1 and (stride * item) % 16 != 0:
+            return Problem(R.NON_CONTIGUOUS, ValueError, "{}'s rows must start at 16-byte boundaries: its strides {} "
+                           "(elements of {} bytes) are not multiples of 16 bytes; pass {}.contiguous()",
+                           (name, strides, item, name))
+    return None
+
+
+def modulation_in_place(t: Tensor, has_data: bool) -> bool:
+    """Whether the CUDA op reads ``t`` (gate, scale or shift) as it is: :func:`modulation_layout_problem`
+    finds nothing and, for a tensor with data (``has_data``), data_ptr() is 16-byte aligned."""
+    return modulation_layout_problem("", t) is None and not (has_data and t.data_ptr() & 15)
 
 
 def _vector_shape_problem(name: str, shape: torch.Size, cols: int) -> Problem:
@@ -246,10 +271,10 @@ def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, nor
         if i == 0:
             gshape = tshape
             ndim = len(gshape)
-            if ndim not in (1, 2) or gshape[-1] != cols:
+            if ndim not in (1, 2, 3) or gshape[-1] != cols:
                 return _modulation_shape_problem("gate", gshape, cols)
         elif tshape != gshape:
-            if len(tshape) not in (1, 2) or tshape[-1] != cols:
+            if len(tshape) not in (1, 2, 3) or tshape[-1] != cols:
                 return _modulation_shape_problem(_MODULATION[i], tshape, cols)
             return Problem(R.UNSUPPORTED_MODULATION, ValueError, "gate, scale and shift must have one shape, but "
                            "gate is {} and {} is {}", (tuple(gshape), _MODULATION[i], tuple(tshape)))
@@ -269,7 +294,12 @@ def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, nor
         if b * s != rows:
             return Problem(R.UNSUPPORTED_MODULATION, ValueError, "modulate_index has {}x{} = {} entries but x has {} "
                            "rows", (b, s, b * s, rows))
-    elif ndim == 2:
+    elif ndim == 3 and gshape[1] != 1:
+        b, s = gshape[0], gshape[1]
+        if b * s != rows:
+            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "per-token gate/scale/shift [B, S, D] need B * S "
+                           "= x's rows ({}), got shape {}", (rows, tuple(gshape)))
+    elif ndim >= 2:  # [B, D] or [B, 1, D]
         b = gshape[0]
         if b == 0 or rows % b != 0:
             return Problem(R.UNSUPPORTED_MODULATION, ValueError, "x has {} rows, which does not split into "
@@ -363,7 +393,8 @@ def dequantize_bf16_problem(packed, scales) -> Optional[Problem]:
 
 __all__ = ["MAX_COLS", "COLS_MULTIPLE", "MAX_ROWS", "WIDTH_RULE", "is_supported_width", "DeclineReason", "Problem",
            "require", "tensor_problem", "width_problem", "rows_problem", "global_scale_problem", "eps_problem",
-           "resnorm_problem", "resnorm_quant_problem", "quantize_problem", "dequantize_problem",
+           "modulation_layout_problem", "modulation_in_place", "resnorm_problem",
+           "resnorm_quant_problem", "quantize_problem", "dequantize_problem",
            "MAX_DEQUANTIZE_COLS", "dequantize_bf16_problem", "OUTPUT_ALIGNMENT", "OUT_SCALE_DTYPES", "has_data",
            "output_problem", "byte_span", "memory_problem", "four_over_six_code_problem",
            "resnorm_quant_out_problem", "resnorm_out_problem", "quantize_out_problem"]

@@ -35,7 +35,7 @@ from qwen_resnorm_fp4.layout import round_up  # noqa: F401 - the tests' one roun
 # ----------------------------------------------------------------------------------------------------
 
 #: Modulation forms understood by make_inputs.
-FORMS = ("shared", "batch", "indexed_int32", "indexed_int64", "indexed_bool")
+FORMS = ("shared", "batch", "token", "indexed_int32", "indexed_int64", "indexed_bool")
 
 
 def make_inputs(
@@ -54,6 +54,7 @@ def make_inputs(
     x_std: float = 1.0,
     residual_std: float = 2.0,
     generate_on_device: bool = False,
+    strided: bool = False,
 ) -> Dict[str, object]:
     """Random but deterministic inputs of the three ops, the test suite's one input builder
     (``reliability_utils.block_inputs`` and the GPU kernel tests call it with their own defaults).
@@ -63,7 +64,9 @@ def make_inputs(
 
     x, residual: bf16 [B, S, D] with standard deviations ``x_std`` and ``residual_std``. ``form`` picks the
     modulation parameters gate/scale/shift:
-      "shared" -> [D]; "batch" -> [B, D]; "indexed_<int32|int64|bool>" -> [2B, D] plus
+      "shared" -> [D]; "batch" -> [B, D]; "token" -> [B, S, D] (per token; ``strided=True``: shift, scale
+      and gate are ``temb.chunk(6, dim=2)[:3]`` views of one contiguous temb [B, S, 6D], row stride 6D, the
+      other three chunks random, same values as without it); "indexed_<int32|int64|bool>" -> [2B, D] plus
       modulate_index [B, S] of that dtype (about half the tokens non-zero; for the ints, non-zero
       values other than 1 appear too, since the contract says "non-zero", not "1").
     Parameters are ``param_dtype`` (bf16 or fp32). bias: [D] or None; affine: weight/norm_bias [D] or None.
@@ -79,8 +82,10 @@ def make_inputs(
 
     x = randn(B, S, D, std=x_std).to(torch.bfloat16)
     residual = randn(B, S, D, std=residual_std).to(torch.bfloat16)
+    if strided and form != "token":
+        raise ValueError("strided=True needs form='token'")
     rows = 1 if form == "shared" else (B if form == "batch" else 2 * B)
-    pshape = (D,) if form == "shared" else (rows, D)
+    pshape = (D,) if form == "shared" else ((B, S, D) if form == "token" else (rows, D))
     gate = randn(*pshape, std=0.5, mean=0.5).to(param_dtype)
     scale = randn(*pshape, std=0.3).to(param_dtype)
     shift = randn(*pshape, std=0.3).to(param_dtype)
@@ -105,7 +110,11 @@ def make_inputs(
         norm_bias=randn(D, std=0.2).to(param_dtype) if affine else None,
         modulate_index=modulate_index,
     )
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
+    out = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
+    if strided:  # the views are made on the target device (moving a view would copy it contiguous)
+        temb = torch.cat([shift, scale, gate, randn(B, S, 3 * D).to(param_dtype)], dim=2).to(device)
+        out["shift"], out["scale"], out["gate"] = temb.chunk(6, dim=2)[:3]
+    return out
 
 
 def op_args(inp: Dict[str, object], op: str, fast_math: bool = True) -> tuple:
@@ -326,6 +335,8 @@ def modulation_rows(p: torch.Tensor, B: int, S: int, modulate_index: Optional[to
         for s in range(S):
             if p.dim() == 1:
                 row = p
+            elif p.dim() == 3:  # per token
+                row = p[b, s]
             elif modulate_index is None:
                 row = p[b]
             else:

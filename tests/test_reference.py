@@ -208,6 +208,9 @@ def test_modulation_forms_equal_per_batch_loop(form):
         elif form == "batch":
             variants = {0: (inp["gate"][b], inp["scale"][b], inp["shift"][b])}
             pick = torch.zeros(S, dtype=torch.long)
+        elif form == "token":  # every token its own row
+            variants = {s: (inp["gate"][b, s], inp["scale"][b, s], inp["shift"][b, s]) for s in range(S)}
+            pick = torch.arange(S)
         else:
             variants = {0: (inp["gate"][b], inp["scale"][b], inp["shift"][b]),
                         1: (inp["gate"][B + b], inp["scale"][B + b], inp["shift"][B + b])}

@@ -344,18 +344,10 @@ def resolve_input_amax(model: torch.nn.Module, spec: ModelSpec, input_amax: Any,
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _per_batch_or_rows(p: Tensor) -> Tensor:
-    """[B, 1, D] -> [B, D]; per-token [B, S, D] -> [B*S, D] (rows split into B*S groups of one row)."""
-    if p.dim() == 3:
-        return p.squeeze(1) if p.shape[1] == 1 else p.reshape(-1, p.shape[-1])
-    return p
-
-
 def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
              norm: torch.nn.LayerNorm, fc1: NVFP4Linear, index: Optional[Tensor]) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
     """The baseline: ``resnorm`` (residual update, LayerNorm, modulation -> BF16 y), then the quantizer with
     FC1's input global scale and fast-math mode (what ``NVFP4Linear`` does to a BF16 input)."""
-    gate, scale, shift = (_per_batch_or_rows(p) for p in (gate, scale, shift))
     kw = dict(weight=norm.weight, norm_bias=norm.bias, modulate_index=index)
     if _library.has_kernel("resnorm", x.device.type):
         y, residual_out = resnorm(residual, x, bias, gate, scale, shift, float(norm.eps), **kw)
@@ -374,7 +366,7 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
     block. Returns ``(residual_out, ffn_output)``; the caller does the post-FFN update as the model does.
 
     gate/scale/shift: [B, D], [B, 1, D], [2B, D] with ``index`` ([B, S]: row b where 0, B + b elsewhere), or
-    per token [B, S, D] (the fused path declines that and the unfused chain serves it)."""
+    per token [B, S, D] (strided views read in place; both modes serve every form)."""
     state: BlockState = getattr(block, STATE_ATTR)
     spec = next(s for s in state.spec.streams if s.name == stream)
     if residual.dtype != torch.bfloat16 or x.dtype != torch.bfloat16:
@@ -421,8 +413,9 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
 
 
 def ones_gate(like: Tensor) -> Tensor:
-    """The gate of an ungated residual update (``residual + x``): fma(x, 1, residual) is that sum."""
-    return torch.ones(like.shape, dtype=like.dtype, device=like.device)
+    """The gate of an ungated residual update (``residual + x``): fma(x, 1, residual) is that sum. One [D] row
+    of ones broadcast to ``like``'s shape (stride 0: per-token modulation allocates no [B, S, D] of ones)."""
+    return torch.ones(like.shape[-1:], dtype=like.dtype, device=like.device).expand(like.shape)
 
 
 # ------------------------------------------------------------------------------------------------------------

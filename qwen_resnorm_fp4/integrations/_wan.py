@@ -8,9 +8,9 @@ Every ``WanTransformerBlock`` enters its FFN after the cross-attention, diffuser
     hidden_states = (hidden_states.float() + ff_output.float() * c_gate_msa).type_as(hidden_states)
 
 ``norm3`` is an ``FP32LayerNorm`` without affine parameters. ``c_scale_msa`` / ``c_shift_msa`` are fp32
-[B, 1, D] (Wan 2.1, Wan 2.2 A14B) or, in Wan 2.2 TI2V (``timestep`` of shape [B, S]), per token [B, S, D]: the
-fused path declines per-token modulation and the unfused chain serves those calls (counted as fallbacks,
-same bytes in both modes).
+[B, 1, D] (Wan 2.1, Wan 2.2 A14B) or, in Wan 2.2 TI2V (``timestep`` of shape [B, S]), per token [B, S, D]
+(``chunk(6, dim=2)`` views of one contiguous [B, S, 6, D] sum, row stride 6 * D): the fused op serves both,
+reading the per-token views in place.
 
 The converted forward is diffusers' ``WanTransformerBlock.forward`` (diffusers>=0.42.1,<0.43) with those lines
 replaced.

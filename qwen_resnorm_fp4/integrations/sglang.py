@@ -14,20 +14,20 @@ quantizer; it declines everything else.
 
 :func:`try_fused_scale_residual_norm_scale_shift_nvfp4` has the same parameters in the same order and the
 same return value, and serves much more through ``qwen_resnorm_fp4.try_fused_resnorm_quant``: Hopper and
-Blackwell, any batch (scale/shift [B, 1, D] or [B, D]), any width the op supports (a multiple of 64),
+Blackwell, any batch (scale/shift [B, 1, D] or [B, D]), per-token modulation ([B, S, D], strided views such as
+``temb.chunk(6, dim=-1)`` read in place), any width the op supports (a multiple of 64),
 ``torch.compile`` and CUDA-graph capture, an affine LayerNorm (``weight`` / ``bias``), no ``input_bias``,
 fp32 parameters, both quantizer modes (FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH select the exact one,
 as for the production quantizer). It declines (returns ``None``, the reason in
 ``qwen_resnorm_fp4.last_decline_reason()``) what the op cannot serve: ``norm_type`` other than ``"layer"``
-(e.g. ``"rms"``: "unsupported_norm"), a scalar ``gate`` other than 1 or per-token modulation
-("unsupported_modulation"), CPU tensors unless ``allow_cpu=True`` ("cpu_tensors"), the 4over6 recipe, and
+(e.g. ``"rms"``: "unsupported_norm"), a scalar ``gate`` other than 1 ("unsupported_modulation"), CPU tensors unless ``allow_cpu=True`` ("cpu_tensors"), the 4over6 recipe, and
 the rest of the gate's reasons.
 
 Parameter meanings (SGLang's): ``residual``, ``x``: bf16 [B, S, D]; ``input_bias``: the attention output's
-bias, added to ``x`` before the gate, or None; ``gate``: the attention gate ([B, 1, D] or [D]) or the int 1
+bias, added to ``x`` before the gate, or None; ``gate``: the attention gate (like scale, or [D]) or the int 1
 for an ungated update (SGLang's ``ScaleResidualNormScaleShift`` convention; None means the same);
 ``weight``, ``bias``: the norm's affine parameters or None; ``scale``, ``shift``: the adaLN modulation as SGLang
-passes them, [B, 1, D]; ``global_scale``: FC1's ``input_scale_inv`` (448 * 6 / input amax), a float32
+passes them, [B, 1, D] (or per token [B, S, D]); ``global_scale``: FC1's ``input_scale_inv`` (448 * 6 / input amax), a float32
 one-element tensor; ``norm_type``: "layer" or "rms"; ``eps``: the norm's epsilon.
 """
 
@@ -74,7 +74,8 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     ``None`` (then ``qwen_resnorm_fp4.last_decline_reason()`` says why). ``allow_cpu``: run the pure-PyTorch
     reference on CPU tensors. ``fast_math``: the quantizer's mode (None: the environment)."""
     if gate is None or (type(gate) is int and gate == 1):  # an ungated update: fma(a, 1, residual)
-        gate = torch.ones(scale.shape, dtype=scale.dtype, device=scale.device) if isinstance(scale, Tensor) else 1
+        gate = (torch.ones(scale.shape[-1:], dtype=scale.dtype, device=scale.device).expand(scale.shape)
+                if isinstance(scale, Tensor) else 1)  # one [D] row, broadcast: no per-token ones in memory
     elif isinstance(gate, Tensor) and isinstance(scale, Tensor) and gate.dim() < scale.dim():
         gate = gate.expand(scale.shape)  # a shared [D] gate next to per-batch [B, 1, D] scale and shift
     if norm_type == LAYER_NORM_TYPE and weight is None and bias is None:
