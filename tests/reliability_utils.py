@@ -1,13 +1,13 @@
 """Helpers shared by the reliability tests (test_special_values.py, test_properties.py,
-test_gpu_reliability.py): device-independent inputs, NaN-aware bitwise comparison, the logical
-(de-swizzled) view of the 128x4 scale layout.
+test_gpu_reliability.py) and the GPU kernel tests: device-independent inputs, NaN-aware bitwise comparison,
+the logical (de-swizzled) view of the 128x4 scale layout, CUDA-graph capture.
 
 Written from the contract (docs/numerics.md) and the layout module; they do not call the reference.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -16,6 +16,19 @@ from qwen_resnorm_fp4 import _library
 from qwen_resnorm_fp4.layout import round_up, sf_offset_128x4
 
 CUDA_OK = torch.cuda.is_available() and _library.cuda_available()
+
+
+def capture_graph(fn: Callable, *static) -> Tuple["torch.cuda.CUDAGraph", object]:
+    """fn(*static) warmed up once off the default stream, then captured: returns (graph, its outputs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(*static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*static)
+    return graph, out
 
 
 def ulp_bf16(m: torch.Tensor) -> torch.Tensor:

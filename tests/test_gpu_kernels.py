@@ -31,8 +31,8 @@ from qwen_resnorm_fp4 import _library, reference
 from qwen_resnorm_fp4.layout import round_up
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
 from qwen_resnorm_fp4.ops import gpu_rcp
-from reliability_utils import (Y_ULPS_BOUND, block_inputs, logical_scales, padding_scale_bytes, special_values_y,
-                               y_ulps)
+from reliability_utils import (Y_ULPS_BOUND, block_inputs, capture_graph, logical_scales, padding_scale_bytes,
+                               special_values_y, y_ulps)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -264,14 +264,7 @@ def test_cuda_graph_replay_matches_eager():
     G = torch.tensor([100.0], device="cuda")
     static = [kw["residual"].clone(), kw["x"].clone(), kw["gate"].clone(), kw["scale"].clone(),
               kw["shift"].clone(), G.clone()]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        _fused(*static)  # warm-up off the default stream
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = _fused(*static)
+    graph, out = capture_graph(_fused, *static)
     fresh = gpu_block_inputs(4608, 3072, seed=4)
     for dst, src in zip(static, (fresh["residual"], fresh["x"], fresh["gate"], fresh["scale"], fresh["shift"],
                                  torch.tensor([50.0], device="cuda"))):

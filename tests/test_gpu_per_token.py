@@ -22,7 +22,7 @@ from qwen_resnorm_fp4 import _library, reference
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
 from qwen_resnorm_fp4.ops import gpu_rcp
 from conftest import make_inputs
-from reliability_utils import Y_ULPS_BOUND, logical_scales, y_ulps
+from reliability_utils import Y_ULPS_BOUND, capture_graph, logical_scales, y_ulps
 
 pytestmark = [
     pytest.mark.gpu,
@@ -203,14 +203,7 @@ def test_cuda_graph_replay_with_chunk_views(rows):
     kw = _inputs(rows, 3072, torch.bfloat16, False, seed=6)
     static = [kw["residual"].clone(), kw["x"].clone(), torch.randn(b, s, 6 * 3072, device="cuda").to(torch.bfloat16),
               torch.tensor([100.0], device="cuda")]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        _block(*static)  # warm-up off the default stream
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = _block(*static)
+    graph, out = capture_graph(_block, *static)
     static[2].copy_(torch.randn(b, s, 6 * 3072, device="cuda"))
     static[0].copy_(torch.randn(b, s, 3072, device="cuda"))
     graph.replay()

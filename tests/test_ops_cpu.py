@@ -235,7 +235,7 @@ BAD = [
     (dict(gate=torch.zeros(2, D + 64, dtype=torch.bfloat16)), ValueError, r"^gate "),
     (dict(scale=torch.zeros(D, dtype=torch.bfloat16)), ValueError, r"scale"),
     (dict(shift=torch.zeros(2, D - 64, dtype=torch.bfloat16)), ValueError, r"^shift "),
-    (dict(scale=torch.zeros(1, 2, D, dtype=torch.bfloat16)), ValueError, r"^scale "),
+    (dict(scale=torch.zeros(1, 1, 2, D, dtype=torch.bfloat16)), ValueError, r"^scale "),
     (dict(gate=torch.zeros(3, D), scale=torch.zeros(3, D), shift=torch.zeros(3, D)), ValueError, r"gate\.shape\[0\]"),
     (dict(bias=torch.zeros(D, dtype=torch.float64)), TypeError, r"^bias "),
     (dict(bias=torch.zeros(2, D, dtype=torch.bfloat16)), ValueError, r"^bias "),
