@@ -119,12 +119,31 @@ void launch_row_kernels(const ResnormArgs& args, const LaunchTarget& on) {
   });
 }
 
-// Fast and exact mode are template parameters of the quantizer.
-template <template <bool> class Quantizer>
+// The 4over6 recipe's launch: each configuration's row kernel for general parameters, without the split,
+// plain or staggered variants (the bytes do not depend on the variant; one kernel per configuration bounds
+// what the recipe adds to the build).
+template <class Kernels>
+void launch_general_row_kernel(const ResnormArgs& args, const LaunchTarget& on) {
+  dispatch_row_config(args.cols, args.rows, [&](auto config) {
+    using Config = std::decay_t<decltype(config)>;
+    constexpr auto kernel = Kernels::template Row<Config, false, false>::value;
+    kernel<<<quantize_grid(args.rows), Config::threads_for(args.cols), 0, static_cast<cudaStream_t>(on.stream)>>>(args);
+  });
+}
+
+// Fast and exact mode are template parameters of the quantizer; the recipe code picks the standard
+// Quantizer or FourOverSix (which reads the rest of the code at run time).
+template <template <bool> class Quantizer, template <bool> class FourOverSix>
 void launch_resnorm_quant_mode(const ResnormArgs& args, bool fast_math, const LaunchTarget& on, const char* what) {
   if (args.rows == 0) return;
-  if (fast_math) launch_row_kernels<ResnormQuantKernels<Quantizer<true>>>(args, on);
-  else launch_row_kernels<ResnormQuantKernels<Quantizer<false>>>(args, on);
+  if (recipe_uses_4over6(args.nvfp4_4over6_code)) {
+    if (fast_math) launch_general_row_kernel<ResnormQuantKernels<FourOverSix<true>>>(args, on);
+    else launch_general_row_kernel<ResnormQuantKernels<FourOverSix<false>>>(args, on);
+  } else if (fast_math) {
+    launch_row_kernels<ResnormQuantKernels<Quantizer<true>>>(args, on);
+  } else {
+    launch_row_kernels<ResnormQuantKernels<Quantizer<false>>>(args, on);
+  }
   check_launch(what);
 }
 
@@ -136,12 +155,18 @@ void launch_nvfp4_quantize_rows(const QuantizeArgs& args, cudaStream_t s) {
   });
 }
 
-template <template <bool> class Quantizer>
+template <template <bool> class Quantizer, template <bool> class FourOverSix>
 void launch_nvfp4_quantize_mode(const QuantizeArgs& args, bool fast_math, const LaunchTarget& on, const char* what) {
   if (args.rows == 0) return;
   auto s = static_cast<cudaStream_t>(on.stream);
-  if (fast_math) launch_nvfp4_quantize_rows<Quantizer<true>>(args, s);
-  else launch_nvfp4_quantize_rows<Quantizer<false>>(args, s);
+  if (recipe_uses_4over6(args.nvfp4_4over6_code)) {
+    if (fast_math) launch_nvfp4_quantize_rows<FourOverSix<true>>(args, s);
+    else launch_nvfp4_quantize_rows<FourOverSix<false>>(args, s);
+  } else if (fast_math) {
+    launch_nvfp4_quantize_rows<Quantizer<true>>(args, s);
+  } else {
+    launch_nvfp4_quantize_rows<Quantizer<false>>(args, s);
+  }
   check_launch(what);
 }
 

@@ -90,6 +90,18 @@ void check_global_scale(const Tensor& g, const Tensor& like, const char* like_na
   STD_TORCH_CHECK(g.numel() == 1, "qwen_fp4: global_scale must have exactly one element, got shape ", shape_str(g));
 }
 
+// The recipe code (launch.h, kNvfp4Recipe*; qwen_resnorm_fp4/validation.py has the same rule): 0, or bit 0
+// set with an error mode of 0 (MAE) or 1 (MSE) and no bit above bit 4.
+int32_t check_nvfp4_4over6_code(int64_t code) {
+  const bool known_bits = code >= 0 && (code >> kNvfp4RecipeKnownBits) == 0;
+  const int64_t err_mode = (code >> kNvfp4RecipeErrModeShift) & kNvfp4RecipeErrModeMask;
+  const bool valid = code == 0 || (known_bits && (code & kNvfp4Recipe4Over6) != 0 && err_mode <= 1);
+  STD_TORCH_CHECK(valid, "qwen_fp4: nvfp4_4over6_code must be 0 (the standard recipe) or FlashInfer's packing of "
+                  "NVFP44Over6Config (bit 0 set; bit 1: e4m3_max 256; bits 2-3: err_mode 0 = MAE or 1 = MSE; "
+                  "bit 4: err_use_fast_math; no other bits), got ", code);
+  return static_cast<int32_t>(code);
+}
+
 ParamRef column_param(const char* name, const std::optional<Tensor>& t, const Tensor& x, int32_t cols) {
   if (!t.has_value()) return {};
   check_cuda_tensor(name, *t, x);
@@ -247,10 +259,12 @@ std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, co
                                                       const Tensor& global_scale, double eps, bool fast_math,
                                                       const std::optional<Tensor>& weight,
                                                       const std::optional<Tensor>& norm_bias,
-                                                      const std::optional<Tensor>& modulate_index) {
+                                                      const std::optional<Tensor>& modulate_index,
+                                                      int64_t nvfp4_4over6_code) {
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
   ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
   check_global_scale(global_scale, x);
+  a.nvfp4_4over6_code = check_nvfp4_4over6_code(nvfp4_4over6_code);
   auto [packed, scales] = new_quantized_outputs(a, x, global_scale);
   Tensor residual_out = empty_like_bf16(x);
   a.residual_out = residual_out.data_ptr();
@@ -274,7 +288,8 @@ std::tuple<Tensor, Tensor> resnorm_cuda(const Tensor& residual, const Tensor& x,
   return {y, residual_out};
 }
 
-std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math) {
+std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math,
+                                               int64_t nvfp4_4over6_code) {
   STD_TORCH_CHECK(y.is_cuda(), "qwen_fp4: y must be a CUDA tensor for the CUDA kernels");
   torch::stable::accelerator::DeviceGuard guard(y.get_device_index());
   check_cuda_tensor("y", y, y, /*vector_access=*/true, "y");
@@ -285,6 +300,7 @@ std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& gl
   a.y = y.data_ptr();
   a.cols = cols;
   a.rows = check_rows("y", y, cols);
+  a.nvfp4_4over6_code = check_nvfp4_4over6_code(nvfp4_4over6_code);
   auto [packed, scales] = new_quantized_outputs(a, y, global_scale);
   const LaunchTarget on = launch_target(y);
   if (use_blackwell(y)) launch_nvfp4_quantize_blackwell(a, fast_math, on);

@@ -11,7 +11,7 @@ import torch
 
 from . import reference
 from .layout import round_up
-from .validation import quantize_problem, require, resnorm_problem, resnorm_quant_problem
+from .validation import nvfp4_4over6_code_problem, quantize_problem, require, resnorm_problem, resnorm_quant_problem
 
 Tensor = torch.Tensor
 
@@ -21,13 +21,18 @@ SCHEMAS = {
     "resnorm_quant": (
         "resnorm_quant(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, "
         "Tensor global_scale, float eps, bool fast_math, Tensor? weight=None, Tensor? norm_bias=None, "
-        "Tensor? modulate_index=None) -> (Tensor packed, Tensor scales, Tensor residual_out)"
+        "Tensor? modulate_index=None, int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales, Tensor residual_out)"
     ),
     "resnorm": (
         "resnorm(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, float eps, "
         "Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None) -> (Tensor y, Tensor residual_out)"
     ),
-    "nvfp4_quantize": "nvfp4_quantize(Tensor y, Tensor global_scale, bool fast_math) -> (Tensor packed, Tensor scales)",
+    # nvfp4_4over6_code: the block-scale recipe, 0 (standard) or FlashInfer's packing of NVFP44Over6Config
+    # (qwen_resnorm_fp4/recipe.py); the same last argument in resnorm_quant.
+    "nvfp4_quantize": (
+        "nvfp4_quantize(Tensor y, Tensor global_scale, bool fast_math, int nvfp4_4over6_code=0) "
+        "-> (Tensor packed, Tensor scales)"
+    ),
     # The GPU's rcp.approx.ftz.f32, element-wise on fp32: lets the reference reproduce fast mode exactly.
     "_rcp_approx": "_rcp_approx(Tensor x) -> Tensor",
     # E2M1 codes of fp32 values by the kernels' conversion, or (toolkit=True) by cuda_fp4.h: for tests.
@@ -51,7 +56,7 @@ def _quant_shapes(like: Tensor) -> Tuple[Tensor, Tensor]:
 
 @torch.library.register_fake(f"{NAMESPACE}::resnorm_quant")
 def _resnorm_quant_fake(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
-                        weight=None, norm_bias=None, modulate_index=None):
+                        weight=None, norm_bias=None, modulate_index=None, nvfp4_4over6_code=0):
     packed, scales = _quant_shapes(x)
     return packed, scales, torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -63,7 +68,7 @@ def _resnorm_fake(residual, x, bias, gate, scale, shift, eps, weight=None, norm_
 
 
 @torch.library.register_fake(f"{NAMESPACE}::nvfp4_quantize")
-def _nvfp4_quantize_fake(y, global_scale, fast_math):
+def _nvfp4_quantize_fake(y, global_scale, fast_math, nvfp4_4over6_code=0):
     return _quant_shapes(y)
 
 
@@ -88,11 +93,11 @@ def _nvfp4_dequantize_bf16_fake(packed, scales):
 # and misaligned tensors (the reference reads any strides).
 @torch.library.impl(f"{NAMESPACE}::resnorm_quant", "CPU", lib=_lib)
 def _resnorm_quant_cpu(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
-                       weight=None, norm_bias=None, modulate_index=None):
+                       weight=None, norm_bias=None, modulate_index=None, nvfp4_4over6_code=0):
     require(resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
-                                  modulate_index))
+                                  modulate_index) or nvfp4_4over6_code_problem(nvfp4_4over6_code))
     return reference.resnorm_quant(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
-                                   weight, norm_bias, modulate_index)
+                                   weight, norm_bias, modulate_index, nvfp4_4over6_code=nvfp4_4over6_code)
 
 
 @torch.library.impl(f"{NAMESPACE}::resnorm", "CPU", lib=_lib)
@@ -102,9 +107,9 @@ def _resnorm_cpu(residual, x, bias, gate, scale, shift, eps, weight=None, norm_b
 
 
 @torch.library.impl(f"{NAMESPACE}::nvfp4_quantize", "CPU", lib=_lib)
-def _nvfp4_quantize_cpu(y, global_scale, fast_math):
-    require(quantize_problem(y, global_scale))
-    return reference.nvfp4_quantize(y, global_scale, fast_math)
+def _nvfp4_quantize_cpu(y, global_scale, fast_math, nvfp4_4over6_code=0):
+    require(quantize_problem(y, global_scale) or nvfp4_4over6_code_problem(nvfp4_4over6_code))
+    return reference.nvfp4_quantize(y, global_scale, fast_math, nvfp4_4over6_code=nvfp4_4over6_code)
 
 
 @torch.library.impl(f"{NAMESPACE}::nvfp4_dequantize_bf16", "CPU", lib=_lib)
