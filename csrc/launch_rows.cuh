@@ -119,12 +119,22 @@ void launch_row_kernels(const ResnormArgs& args, const LaunchTarget& on) {
   });
 }
 
-// The 4over6 recipe's launch: each configuration's row kernel for general parameters, without the split,
-// plain or staggered variants (the bytes do not depend on the variant; one kernel per configuration bounds
-// what the recipe adds to the build).
+// The configurations of the 4over6 recipe's kernels: the three generic shapes (any width up to their
+// capacity), many-rows policy. The bytes do not depend on the configuration; three kernels per mode bound
+// what the recipe adds to the build.
+template <class F>
+void dispatch_generic_row_config(int32_t cols, F&& f) {
+  const int vecs = cols / kVecElems;
+  if (vecs <= 256) return f(RowConfig<2, 0, 1, false>{});   // D <= 2048
+  if (vecs <= 1024) return f(RowConfig<4, 0, 1, false>{});  // D <= 8192
+  return f(RowConfig<8, 0, 1, false>{});                    // D <= 16384
+}
+
+// The 4over6 recipe's launch: the generic configuration's row kernel for general parameters, without the
+// split, plain or staggered variants.
 template <class Kernels>
 void launch_general_row_kernel(const ResnormArgs& args, const LaunchTarget& on) {
-  dispatch_row_config(args.cols, args.rows, [&](auto config) {
+  dispatch_generic_row_config(args.cols, [&](auto config) {
     using Config = std::decay_t<decltype(config)>;
     constexpr auto kernel = Kernels::template Row<Config, false, false>::value;
     kernel<<<quantize_grid(args.rows), Config::threads_for(args.cols), 0, static_cast<cudaStream_t>(on.stream)>>>(args);
@@ -149,10 +159,12 @@ void launch_resnorm_quant_mode(const ResnormArgs& args, bool fast_math, const La
 
 template <class Quantizer>
 void launch_nvfp4_quantize_rows(const QuantizeArgs& args, cudaStream_t s) {
-  dispatch_row_config(args.cols, args.rows, [&](auto config) {
+  auto launch = [&](auto config) {
     using Shape = typename std::decay_t<decltype(config)>::Shape;
     nvfp4_quantize_kernel<Quantizer, Shape><<<quantize_grid(args.rows), Shape::threads_for(args.cols), 0, s>>>(args);
-  });
+  };
+  if constexpr (TakesRecipeCode<Quantizer>::value) dispatch_generic_row_config(args.cols, launch);  // 4over6
+  else dispatch_row_config(args.cols, args.rows, launch);
 }
 
 template <template <bool> class Quantizer, template <bool> class FourOverSix>

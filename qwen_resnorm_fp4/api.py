@@ -14,6 +14,7 @@ import torch
 
 from . import reference
 from .env import resolve_fast_math
+from .recipe import UNSET, resolve_nvfp4_4over6
 from .validation import dequantize_problem, quantize_problem, require, resnorm_problem, resnorm_quant_problem
 from .validation import MAX_COLS, WIDTH_RULE, is_supported_width  # noqa: F401 - also importable from here
 
@@ -73,10 +74,10 @@ def _resnorm_operands(residual, x, bias, gate, scale, shift, middle: tuple, weig
 
 
 def _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool, weight,
-                      norm_bias, modulate_index) -> Tuple[Tensor, Tensor, Tensor]:
+                      norm_bias, modulate_index, nvfp4_4over6_code: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """The resnorm_quant op on arguments that passed the rules: operands prepared, the op called once."""
     return _RESNORM_QUANT(*_resnorm_operands(residual, x, bias, gate, scale, shift, (global_scale, eps, fast_math),
-                                             weight, norm_bias, modulate_index))
+                                             weight, norm_bias, modulate_index), nvfp4_4over6_code)
 
 
 def resnorm_quant(
@@ -93,6 +94,7 @@ def resnorm_quant(
     weight: Optional[Tensor] = None,
     norm_bias: Optional[Tensor] = None,
     modulate_index: Optional[Tensor] = None,
+    nvfp4_4over6: object = UNSET,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gated residual update + LayerNorm + adaLN modulation + NVFP4 quantization, in one kernel.
 
@@ -107,6 +109,9 @@ def resnorm_quant(
         weight, norm_bias: optional affine LayerNorm parameters, [D].
         modulate_index: optional [B, S] (int32, int64 or bool); token (b, s) uses modulation row b where the
             index is 0 and row B + b elsewhere (diffusers' zero_cond_t).
+        nvfp4_4over6: the block-scale recipe, as FlashInfer's fp4_quantize takes it: omitted, the
+            FLASHINFER_NVFP4_4OVER6* environment; None, the standard recipe; an NVFP44Over6Config
+            (qwen_resnorm_fp4.recipe's or FlashInfer's), that 4over6 recipe.
 
     Returns:
         packed: uint8 [M, D/2], two E2M1 codes a byte (even element in the low nibble);
@@ -116,10 +121,11 @@ def resnorm_quant(
     Bytes are identical to ``nvfp4_quantize(*resnorm(...))``.
     """
     fm = resolve_fast_math(fast_math)
+    code = resolve_nvfp4_4over6(nvfp4_4over6)
     require(resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
                                   modulate_index))
     return _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, float(eps), fm, weight, norm_bias,
-                             modulate_index)
+                             modulate_index, code)
 
 
 def resnorm(
@@ -144,12 +150,15 @@ def resnorm(
                                        modulate_index))
 
 
-def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
+def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None, *,
+                   nvfp4_4over6: object = UNSET) -> Tuple[Tensor, Tensor]:
     """NVFP4-quantize bf16 ``y`` [..., D] with the production recipe (FlashInfer / TensorRT-LLM fp4_quantize,
-    128x4 swizzled E4M3 scales). Returns (packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16])."""
+    128x4 swizzled E4M3 scales). Returns (packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16]).
+    ``nvfp4_4over6`` as in :func:`resnorm_quant`."""
     fm = resolve_fast_math(fast_math)
+    code = resolve_nvfp4_4over6(nvfp4_4over6)
     require(quantize_problem(y, global_scale))
-    return _NVFP4_QUANTIZE(_operand()(y), global_scale, fm)
+    return _NVFP4_QUANTIZE(_operand()(y), global_scale, fm, code)
 
 
 def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: Optional[int] = None) -> Tensor:
