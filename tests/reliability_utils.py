@@ -134,3 +134,26 @@ def reference_rcp(device) -> Optional[object]:
     from qwen_resnorm_fp4.ops import reference_rcp_for
 
     return reference_rcp_for(torch.device(device))
+
+
+def special_values_y(rows: int, cols: int, seed: int, device: str = "cuda") -> torch.Tensor:
+    """bf16 [rows, cols] of hard values for the quantizer: blocks over magnitudes 2^-130 .. 2^120, 5% of the
+    elements from zeros, signed zeros, subnormals, huge values, inf and NaN; row 0 all zero, an all-NaN
+    block, a NaN with the sign bit set (code 0x7 like any NaN) and an all-(-NaN) block, half a block of -0
+    next to finite values."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    base = torch.randn(rows, cols, generator=g, device=device)
+    scale = torch.exp2(torch.randint(-130, 120, (rows, 1), generator=g, device=device).float())
+    y = (base * scale).to(torch.bfloat16)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-40, 3.0e38],
+                           device=device).to(torch.bfloat16)
+    pick = torch.randint(0, special.numel(), (rows, cols), generator=g, device=device)
+    mask = torch.rand(rows, cols, generator=g, device=device) < 0.05
+    y = torch.where(mask, special[pick], y)
+    y[0] = 0
+    y[1, :16] = float("nan")
+    neg_nan = torch.tensor([-1], dtype=torch.int16, device=device).view(torch.bfloat16)  # 0xFFFF: sign set
+    y[2, 5] = neg_nan
+    y[2, 40:56] = neg_nan
+    y[3, :8] = -0.0
+    return y

@@ -17,7 +17,7 @@ from qwen_resnorm_fp4 import _library, reference
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
 from qwen_resnorm_fp4.ops import gpu_rcp
 from qwen_resnorm_fp4.recipe import NVFP44Over6Config, nvfp4_4over6_code
-from reliability_utils import block_inputs
+from reliability_utils import block_inputs, special_values_y
 
 pytestmark = [
     pytest.mark.gpu,
@@ -91,22 +91,7 @@ def test_special_values_and_extreme_global_scales(config):
     """Zeros, signed zeros, subnormals, huge values, inf, NaN (also with the sign bit), all-zero, all-NaN and
     half -0 blocks, at global scales from 0 and negative to 1e20 (zero-scale candidates, no guard in fast
     mode)."""
-    g = torch.Generator(device="cuda").manual_seed(_seed())
-    rows, cols = 1000, 1024
-    base = torch.randn(rows, cols, generator=g, device="cuda")
-    scale = torch.exp2(torch.randint(-130, 120, (rows, 1), generator=g, device="cuda").float())
-    y = (base * scale).to(torch.bfloat16)
-    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-40, 3.0e38],
-                           device="cuda").to(torch.bfloat16)
-    pick = torch.randint(0, special.numel(), (rows, cols), generator=g, device="cuda")
-    mask = torch.rand(rows, cols, generator=g, device="cuda") < 0.05
-    y = torch.where(mask, special[pick], y)
-    y[0] = 0
-    y[1, :16] = float("nan")
-    neg_nan = torch.tensor([-1], dtype=torch.int16, device="cuda").view(torch.bfloat16)
-    y[2, 5] = neg_nan
-    y[2, 40:56] = neg_nan
-    y[3, :8] = -0.0
+    y = special_values_y(1000, 1024, _seed())
     y[4, :16] = 3.0  # equal values: the candidates tie
     code = nvfp4_4over6_code(config)
     for fast in (True, False):

@@ -31,7 +31,8 @@ from qwen_resnorm_fp4 import _library, reference
 from qwen_resnorm_fp4.layout import round_up
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
 from qwen_resnorm_fp4.ops import gpu_rcp
-from reliability_utils import Y_ULPS_BOUND, block_inputs, logical_scales, padding_scale_bytes, y_ulps
+from reliability_utils import (Y_ULPS_BOUND, block_inputs, logical_scales, padding_scale_bytes, special_values_y,
+                               y_ulps)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -214,22 +215,7 @@ def test_padding_scales_zero_on_dirty_memory(rows, cols):
 
 def test_quantizer_special_values():
     """The standalone quantizer on hard values (zeros, signed zeros, subnormals, huge, inf, NaN, ties)."""
-    g = torch.Generator(device="cuda").manual_seed(_seed())
-    rows, cols = 1000, 1024
-    base = torch.randn(rows, cols, generator=g, device="cuda")
-    scale = torch.exp2(torch.randint(-130, 120, (rows, 1), generator=g, device="cuda").float())
-    y = (base * scale).to(torch.bfloat16)
-    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-40, 3.0e38],
-                           device="cuda").to(torch.bfloat16)
-    pick = torch.randint(0, special.numel(), (rows, cols), generator=g, device="cuda")
-    mask = torch.rand(rows, cols, generator=g, device="cuda") < 0.05
-    y = torch.where(mask, special[pick], y)
-    y[0] = 0  # an all-zero row
-    y[1, :16] = float("nan")  # an all-NaN block
-    neg_nan = torch.tensor([-1], dtype=torch.int16, device="cuda").view(torch.bfloat16)  # 0xFFFF: sign set
-    y[2, 5] = neg_nan  # NaN with the sign bit set: code 0x7 like any NaN
-    y[2, 40:56] = neg_nan  # an all-(-NaN) block
-    y[3, :8] = -0.0  # half a block of -0 next to finite values
+    y = special_values_y(1000, 1024, _seed())
     for fast in (True, False):
         for gs in (1.0, 448 * 6 / 3.0, 1e-20, 1e20, -2.0, 0.0):
             G = torch.tensor([gs], device="cuda")
