@@ -43,6 +43,7 @@ struct ResnormArgs {
   uint8_t* packed;     // [rows, cols / 2]       (resnorm_quant only)
   uint8_t* scales;     // [round_up(rows, 128), cols / 16], 128x4 swizzled
   const float* global_scale;
+  int32_t nvfp4_4over6_code;  // the block-scale recipe, kNvfp4Recipe* bits below; 0: the standard recipe
   // First-wave stagger of the row kernels (launch_rows.cuh, set_first_wave_stagger); 0: none.
   int32_t sms;              // SMs of the device
   int32_t first_wave_ctas;  // row CTAs resident at once: sms x CTAs per SM
@@ -95,7 +96,25 @@ struct QuantizeArgs {
   uint8_t* packed;
   uint8_t* scales;
   const float* global_scale;
+  int32_t nvfp4_4over6_code;  // as in ResnormArgs
 };
+
+// The NVFP4 block-scale recipe code, FlashInfer's packing of NVFP44Over6Config (ops.cpp refuses other
+// values): bit 0 the 4over6 recipe on; bit 1 e4m3_max == 256 (the caller's global-scale rule only: the
+// kernels compute the same bytes for 448 and 256); bits 2-3 the error mode; bit 4 the fp16 error form.
+constexpr int32_t kNvfp4Recipe4Over6 = 1;
+constexpr int32_t kNvfp4RecipeE4m3Max256 = 2;
+constexpr int32_t kNvfp4RecipeErrModeShift = 2;  // 0: MAE (sum |d|), 1: MSE (sum d^2)
+constexpr int32_t kNvfp4RecipeErrModeMask = 3;
+constexpr int32_t kNvfp4RecipeErrFastMath = 16;
+constexpr int32_t kNvfp4RecipeKnownBits = 5;
+QWEN_FP4_HOST_DEVICE constexpr bool recipe_uses_4over6(int32_t code) { return (code & kNvfp4Recipe4Over6) != 0; }
+QWEN_FP4_HOST_DEVICE constexpr bool recipe_error_is_mse(int32_t code) {
+  return ((code >> kNvfp4RecipeErrModeShift) & kNvfp4RecipeErrModeMask) == 1;
+}
+QWEN_FP4_HOST_DEVICE constexpr bool recipe_error_fast_math(int32_t code) {
+  return (code & kNvfp4RecipeErrFastMath) != 0;
+}
 
 // Portable path (software E2M1, = cuda_fp4.h): sm_90a and the compute_90 PTX. Also resnorm everywhere.
 void launch_resnorm(const ResnormArgs& args, const LaunchTarget& on);

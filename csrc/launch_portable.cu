@@ -8,6 +8,7 @@
 
 #include "launch.h"
 #include "launch_rows.cuh"
+#include "nvfp4_4over6.cuh"
 #include "nvfp4_portable.cuh"
 
 namespace qwen_fp4 {
@@ -35,11 +36,11 @@ void launch_resnorm(const ResnormArgs& args, const LaunchTarget& on) {
 }
 
 void launch_resnorm_quant_portable(const ResnormArgs& args, bool fast_math, const LaunchTarget& on) {
-  launch_resnorm_quant_mode<PortableNvfp4>(args, fast_math, on, "resnorm_quant");
+  launch_resnorm_quant_mode<PortableNvfp4, Portable4Over6Nvfp4>(args, fast_math, on, "resnorm_quant");
 }
 
 void launch_nvfp4_quantize_portable(const QuantizeArgs& args, bool fast_math, const LaunchTarget& on) {
-  launch_nvfp4_quantize_mode<PortableNvfp4>(args, fast_math, on, "nvfp4_quantize");
+  launch_nvfp4_quantize_mode<PortableNvfp4, Portable4Over6Nvfp4>(args, fast_math, on, "nvfp4_quantize");
 }
 
 __global__ void e2m1_codes_kernel(const float* in, uint8_t* out, int64_t n, bool toolkit) {

@@ -123,30 +123,68 @@ void launch_row_kernels(const ResnormArgs& args, const LaunchTarget& on) {
   });
 }
 
-// Fast and exact mode are template parameters of the quantizer.
-template <template <bool> class Quantizer>
+// The configurations of the 4over6 recipe's kernels: the three generic shapes (any width up to their
+// capacity), many-rows policy. The bytes do not depend on the configuration; three kernels per mode bound
+// what the recipe adds to the build.
+template <class F>
+void dispatch_generic_row_config(int32_t cols, F&& f) {
+  const int vecs = cols / kVecElems;
+  if (vecs <= 256) return f(RowConfig<2, 0, 1, false>{});   // D <= 2048
+  if (vecs <= 1024) return f(RowConfig<4, 0, 1, false>{});  // D <= 8192
+  return f(RowConfig<8, 0, 1, false>{});                    // D <= 16384
+}
+
+// The 4over6 recipe's launch: the generic configuration's row kernel for general parameters, without the
+// split, plain or staggered variants.
+template <class Kernels>
+void launch_general_row_kernel(const ResnormArgs& args, const LaunchTarget& on) {
+  dispatch_generic_row_config(args.cols, [&](auto config) {
+    using Config = std::decay_t<decltype(config)>;
+    constexpr auto kernel = Kernels::template Row<Config, false, false>::value;
+    launch_kernel(kernel, quantize_grid(args.rows), Config::threads_for(args.cols), static_cast<cudaStream_t>(on.stream),
+                  pdl_enabled(), args);
+  });
+}
+
+// Fast and exact mode are template parameters of the quantizer; the recipe code picks the standard
+// Quantizer or FourOverSix (which reads the rest of the code at run time).
+template <template <bool> class Quantizer, template <bool> class FourOverSix>
 void launch_resnorm_quant_mode(const ResnormArgs& args, bool fast_math, const LaunchTarget& on, const char* what) {
   if (args.rows == 0) return;
-  if (fast_math) launch_row_kernels<ResnormQuantKernels<Quantizer<true>>>(args, on);
-  else launch_row_kernels<ResnormQuantKernels<Quantizer<false>>>(args, on);
+  if (recipe_uses_4over6(args.nvfp4_4over6_code)) {
+    if (fast_math) launch_general_row_kernel<ResnormQuantKernels<FourOverSix<true>>>(args, on);
+    else launch_general_row_kernel<ResnormQuantKernels<FourOverSix<false>>>(args, on);
+  } else if (fast_math) {
+    launch_row_kernels<ResnormQuantKernels<Quantizer<true>>>(args, on);
+  } else {
+    launch_row_kernels<ResnormQuantKernels<Quantizer<false>>>(args, on);
+  }
   check_launch(what);
 }
 
 template <class Quantizer>
 void launch_nvfp4_quantize_rows(const QuantizeArgs& args, cudaStream_t s) {
-  dispatch_row_config(args.cols, args.rows, [&](auto config) {
+  auto launch = [&](auto config) {
     using Shape = typename std::decay_t<decltype(config)>::Shape;
     launch_kernel(nvfp4_quantize_kernel<Quantizer, Shape>, quantize_grid(args.rows), Shape::threads_for(args.cols), s,
                   pdl_enabled(), args);
-  });
+  };
+  if constexpr (TakesRecipeCode<Quantizer>::value) dispatch_generic_row_config(args.cols, launch);  // 4over6
+  else dispatch_row_config(args.cols, args.rows, launch);
 }
 
-template <template <bool> class Quantizer>
+template <template <bool> class Quantizer, template <bool> class FourOverSix>
 void launch_nvfp4_quantize_mode(const QuantizeArgs& args, bool fast_math, const LaunchTarget& on, const char* what) {
   if (args.rows == 0) return;
   auto s = static_cast<cudaStream_t>(on.stream);
-  if (fast_math) launch_nvfp4_quantize_rows<Quantizer<true>>(args, s);
-  else launch_nvfp4_quantize_rows<Quantizer<false>>(args, s);
+  if (recipe_uses_4over6(args.nvfp4_4over6_code)) {
+    if (fast_math) launch_nvfp4_quantize_rows<FourOverSix<true>>(args, s);
+    else launch_nvfp4_quantize_rows<FourOverSix<false>>(args, s);
+  } else if (fast_math) {
+    launch_nvfp4_quantize_rows<Quantizer<true>>(args, s);
+  } else {
+    launch_nvfp4_quantize_rows<Quantizer<false>>(args, s);
+  }
   check_launch(what);
 }
 

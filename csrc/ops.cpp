@@ -107,6 +107,18 @@ void check_global_scale(const Tensor& g, const Tensor& like, const char* like_na
   STD_TORCH_CHECK(g.numel() == 1, "qwen_fp4: global_scale must have exactly one element, got shape ", shape_str(g));
 }
 
+// The recipe code (launch.h, kNvfp4Recipe*; qwen_resnorm_fp4/validation.py has the same rule): 0, or bit 0
+// set with an error mode of 0 (MAE) or 1 (MSE) and no bit above bit 4.
+int32_t check_nvfp4_4over6_code(int64_t code) {
+  const bool known_bits = code >= 0 && (code >> kNvfp4RecipeKnownBits) == 0;
+  const int64_t err_mode = (code >> kNvfp4RecipeErrModeShift) & kNvfp4RecipeErrModeMask;
+  const bool valid = code == 0 || (known_bits && (code & kNvfp4Recipe4Over6) != 0 && err_mode <= 1);
+  STD_TORCH_CHECK(valid, "qwen_fp4: nvfp4_4over6_code must be 0 (the standard recipe) or FlashInfer's packing of "
+                  "NVFP44Over6Config (bit 0 set; bit 1: e4m3_max 256; bits 2-3: err_mode 0 = MAE or 1 = MSE; "
+                  "bit 4: err_use_fast_math; no other bits), got ", code);
+  return static_cast<int32_t>(code);
+}
+
 ParamRef column_param(const char* name, const std::optional<Tensor>& t, const Tensor& x, int32_t cols) {
   if (!t.has_value()) return {};
   check_cuda_tensor(name, *t, x);
@@ -384,12 +396,6 @@ void check_no_overlap(std::initializer_list<NamedTensor> outputs, std::initializ
   }
 }
 
-// nvfp4_4over6_code of the out-variants: the standard recipe (0) only.
-void check_standard_recipe(int64_t nvfp4_4over6_code) {
-  STD_TORCH_CHECK(nvfp4_4over6_code == 0, "qwen_fp4: nvfp4_4over6_code=", nvfp4_4over6_code,
-                  ": the out-variants implement only the standard NVFP4 recipe (0)");
-}
-
 // The quantizing ops' kernel path on x's device, by QWEN_FP4_KERNEL_PATH read on every call (getenv, no
 // allocation): "auto" (or unset/empty) takes the Blackwell path where usable, "portable" never, "blackwell"
 // always (an error where it is not usable); any other value is an error.
@@ -425,7 +431,7 @@ void run_resnorm_quant(ResnormArgs& a, const Tensor& x, const Tensor& global_sca
                        const Tensor& residual_out) {
   set_quantized_outputs(a, packed, scales, global_scale);
   a.residual_out = residual_out.data_ptr();
-  (void)nvfp4_4over6_code;  // MERGE(4over6): hand nvfp4_4over6_code to the kernel arguments here
+  a.nvfp4_4over6_code = check_nvfp4_4over6_code(nvfp4_4over6_code);
   const LaunchTarget on = launch_target(x);
   if (blackwell_path(x)) launch_resnorm_quant_blackwell(a, fast_math, on);
   else launch_resnorm_quant_portable(a, fast_math, on);
@@ -453,7 +459,7 @@ QuantizeArgs make_quantize_args(const Tensor& y, const Tensor& global_scale) {
 void run_nvfp4_quantize(QuantizeArgs& a, const Tensor& y, const Tensor& global_scale, bool fast_math,
                         int64_t nvfp4_4over6_code, const Tensor& packed, const Tensor& scales) {
   set_quantized_outputs(a, packed, scales, global_scale);
-  (void)nvfp4_4over6_code;  // MERGE(4over6): hand nvfp4_4over6_code to the kernel arguments here
+  a.nvfp4_4over6_code = check_nvfp4_4over6_code(nvfp4_4over6_code);
   const LaunchTarget on = launch_target(y);
   if (blackwell_path(y)) launch_nvfp4_quantize_blackwell(a, fast_math, on);
   else launch_nvfp4_quantize_portable(a, fast_math, on);
@@ -467,13 +473,14 @@ std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, co
                                                       const Tensor& global_scale, double eps, bool fast_math,
                                                       const std::optional<Tensor>& weight,
                                                       const std::optional<Tensor>& norm_bias,
-                                                      const std::optional<Tensor>& modulate_index) {
+                                                      const std::optional<Tensor>& modulate_index,
+                                                      int64_t nvfp4_4over6_code) {
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
   ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
   check_global_scale(global_scale, x);
   auto [packed, scales] = new_quantized_outputs(x, a.rows, a.cols);
   Tensor residual_out = empty_like_bf16(x);
-  run_resnorm_quant(a, x, global_scale, fast_math, /*nvfp4_4over6_code=*/0, packed, scales, residual_out);
+  run_resnorm_quant(a, x, global_scale, fast_math, nvfp4_4over6_code, packed, scales, residual_out);
   return {packed, scales, residual_out};
 }
 
@@ -486,7 +493,6 @@ void resnorm_quant_out_cuda(const Tensor& residual, const Tensor& x, const std::
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
   ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
   check_global_scale(global_scale, x);
-  check_standard_recipe(nvfp4_4over6_code);
   check_quantized_outputs(packed, scales, x, "x", a.rows, a.cols);
   check_output("residual_out", residual_out, x, "x", {ScalarType::BFloat16}, sizes_of(x));
   check_no_overlap({{"packed", &packed}, {"scales", &scales}, {"residual_out", &residual_out}},
@@ -526,12 +532,13 @@ void resnorm_out_cuda(const Tensor& residual, const Tensor& x, const std::option
   run_resnorm(a, x, y, residual_out);
 }
 
-std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math) {
+std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math,
+                                               int64_t nvfp4_4over6_code) {
   STD_TORCH_CHECK(y.is_cuda(), "qwen_fp4: y must be a CUDA tensor for the CUDA kernels");
   torch::stable::accelerator::DeviceGuard guard(y.get_device_index());
   QuantizeArgs a = make_quantize_args(y, global_scale);
   auto [packed, scales] = new_quantized_outputs(y, a.rows, a.cols);
-  run_nvfp4_quantize(a, y, global_scale, fast_math, /*nvfp4_4over6_code=*/0, packed, scales);
+  run_nvfp4_quantize(a, y, global_scale, fast_math, nvfp4_4over6_code, packed, scales);
   return {packed, scales};
 }
 
@@ -540,7 +547,6 @@ void nvfp4_quantize_out_cuda(const Tensor& y, const Tensor& global_scale, bool f
   STD_TORCH_CHECK(y.is_cuda(), "qwen_fp4: y must be a CUDA tensor for the CUDA kernels");
   torch::stable::accelerator::DeviceGuard guard(y.get_device_index());
   QuantizeArgs a = make_quantize_args(y, global_scale);
-  check_standard_recipe(nvfp4_4over6_code);
   check_quantized_outputs(packed, scales, y, "y", a.rows, a.cols);
   check_no_overlap({{"packed", &packed}, {"scales", &scales}}, {{"y", &y}, {"global_scale", &global_scale}});
   run_nvfp4_quantize(a, y, global_scale, fast_math, nvfp4_4over6_code, packed, scales);

@@ -17,7 +17,8 @@ std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, co
                                                       const Tensor& global_scale, double eps, bool fast_math,
                                                       const std::optional<Tensor>& weight,
                                                       const std::optional<Tensor>& norm_bias,
-                                                      const std::optional<Tensor>& modulate_index);
+                                                      const std::optional<Tensor>& modulate_index,
+                                                      int64_t nvfp4_4over6_code);
 
 // The out-variants: the same launches into caller-provided outputs; residual_out may be residual itself.
 void resnorm_quant_out_cuda(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
@@ -40,7 +41,8 @@ std::tuple<Tensor, Tensor> resnorm_cuda(const Tensor& residual, const Tensor& x,
                                         const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,
                                         const std::optional<Tensor>& modulate_index);
 
-std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math);
+std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math,
+                                               int64_t nvfp4_4over6_code);
 
 Tensor rcp_approx_cuda(const Tensor& x);
 

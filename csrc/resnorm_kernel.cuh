@@ -22,6 +22,7 @@
 
 #include <cuda_bf16.h>
 #include <cstdint>
+#include <type_traits>
 
 #include "launch.h"
 #include "pdl.cuh"
@@ -77,6 +78,14 @@ __device__ __forceinline__ void stagger_first_wave(const ResnormArgs& args) {
   }
 }
 
+// Whether Quantizer::quantize takes the recipe code as a fourth argument (the 4over6 quantizers:
+// kTakesRecipeCode); the standard ones take three.
+template <class Quantizer, class = void>
+struct TakesRecipeCode : std::false_type {};
+template <class Quantizer>
+struct TakesRecipeCode<Quantizer, std::void_t<decltype(Quantizer::kTakesRecipeCode)>>
+    : std::bool_constant<Quantizer::kTakesRecipeCode> {};
+
 // Quantizes the row's vectors and stores packed codes and scales. All lanes take part (shuffles).
 // Vector v = i * threads + tid holds half of block v / 2; the even lane of each pair writes its scale.
 // threads % 32 == 0, so block v / 2 = i * threads / 2 + tid / 2 sits at sf_block_offset(tid / 2) +
@@ -85,7 +94,7 @@ __device__ __forceinline__ void stagger_first_wave(const ResnormArgs& args) {
 template <class Quantizer, class Shape, int kVectors>
 __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[kVectors], int64_t row, int32_t cols,
                                                        int vecs, float global_scale, uint8_t* packed,
-                                                       uint8_t* scales, int first_slot = 0) {
+                                                       uint8_t* scales, int32_t recipe_code, int first_slot = 0) {
   uint32_t* packed_row = reinterpret_cast<uint32_t*>(packed + row * (cols / 2));
   uint8_t* sf_lane = scales + sf_row_offset_128x4(row, cols) + sf_block_offset_128x4(threadIdx.x / 2);
   const bool writes_scales = threadIdx.x % 2 == 0;
@@ -94,7 +103,9 @@ __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[kVectors
     const int v = (first_slot + i) * Shape::threads() + threadIdx.x;
     const bool valid = Shape::valid(v, vecs);
     uint8_t* sf = (valid && writes_scales) ? sf_lane + (first_slot + i) * Shape::threads() * 64 : nullptr;
-    const uint32_t codes = Quantizer::quantize(y[i], global_scale, sf);
+    uint32_t codes;
+    if constexpr (TakesRecipeCode<Quantizer>::value) codes = Quantizer::quantize(y[i], global_scale, sf, recipe_code);
+    else codes = Quantizer::quantize(y[i], global_scale, sf);
     if (valid) store_stream(packed_row + v, codes);
   }
 }
@@ -376,7 +387,7 @@ __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm)
   uint4 y[Config::kVectorsPerThread];
   resnorm_row<Config, kPlainParams>(args, row, y);
   quantize_row_and_store<Quantizer, Config>(y, row, cols, Config::vecs(cols), global_scale, args.packed,
-                                            args.scales);
+                                            args.scales, args.nvfp4_4over6_code);
 }
 
 // resnorm_quant for few rows, two CTAs per row (Config::kHasSplitKernel: two vectors per thread, a fixed
@@ -414,7 +425,7 @@ __global__ void __launch_bounds__(Config::kMaxThreads, 1) resnorm_quant_split_ke
   for (int j = 0; j < kVecElems; ++j) mine[j] = slot ? d[1][j] : d[0][j];
   const uint4 y[1] = {modulate_vec<kPlainParams, true>(p, v, mine, rstd, pp.scale[0], pp.shift[0])};
   quantize_row_and_store<Quantizer, Config>(y, row, cols, Config::kFixedVecs, global_scale, args.packed,
-                                            args.scales, slot);
+                                            args.scales, args.nvfp4_4over6_code, slot);
 }
 
 // nvfp4_quantize: the standalone quantizer over bf16 rows. Shape: a BlockShape (no RowConfig policy
@@ -434,7 +445,8 @@ __global__ void __launch_bounds__(Shape::kMaxThreads, Shape::kMinCtasPerSm) nvfp
     const int v = i * Shape::threads() + threadIdx.x;
     y[i] = Shape::valid(v, vecs) ? load_stream(y_row + v) : make_uint4(0, 0, 0, 0);
   }
-  quantize_row_and_store<Quantizer, Shape>(y, row, cols, vecs, global_scale, args.packed, args.scales);
+  quantize_row_and_store<Quantizer, Shape>(y, row, cols, vecs, global_scale, args.packed, args.scales,
+                                           args.nvfp4_4over6_code);
 }
 
 }  // namespace qwen_fp4

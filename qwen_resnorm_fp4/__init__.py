@@ -16,6 +16,8 @@ from .api import dequantize_nvfp4, nvfp4_quantize, resnorm, resnorm_quant  # noq
 from .api import empty_quantize_outputs, empty_resnorm_outputs, empty_resnorm_quant_outputs  # noqa: E402
 from .api import nvfp4_quantize_out, resnorm_out, resnorm_quant_out  # noqa: E402
 from .layout import sf_offset_128x4  # noqa: E402
+from . import recipe  # noqa: E402
+from .recipe import NVFP44Over6Config  # noqa: E402
 from .gemm import apply_nvfp4_gemm_prequantized  # noqa: E402
 from .linear import NVFP4Linear  # noqa: E402
 from .fused_path import DeclineReason, last_decline_detail, last_decline_reason, try_fused_resnorm_quant  # noqa: E402
@@ -27,5 +29,6 @@ except ImportError:  # a source tree that was never built: no version of its own
 
 __all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "sf_offset_128x4", "__version__",
            "try_fused_resnorm_quant", "last_decline_reason", "last_decline_detail", "DeclineReason",
-           "NVFP4Linear", "apply_nvfp4_gemm_prequantized", "resnorm_quant_out", "resnorm_out", "nvfp4_quantize_out",
-           "empty_resnorm_quant_outputs", "empty_resnorm_outputs", "empty_quantize_outputs"]
+           "NVFP4Linear", "apply_nvfp4_gemm_prequantized", "NVFP44Over6Config", "recipe", "resnorm_quant_out",
+           "resnorm_out", "nvfp4_quantize_out", "empty_resnorm_quant_outputs", "empty_resnorm_outputs",
+           "empty_quantize_outputs"]

@@ -23,6 +23,7 @@ from .layout import round_up
 from .validation import dequantize_problem, has_data, modulation_in_place, quantize_out_problem, quantize_problem
 from .validation import require, resnorm_out_problem, resnorm_problem, resnorm_quant_out_problem
 from .validation import resnorm_quant_problem
+from .recipe import UNSET, resolve_nvfp4_4over6
 from .validation import MAX_COLS, WIDTH_RULE, is_supported_width  # noqa: F401 - also importable from here
 
 Tensor = torch.Tensor
@@ -63,8 +64,8 @@ def _operand():
 
 def _modulation_operand(t: Tensor, op) -> Tensor:
     """gate, scale or shift as it is where the op reads it in place (strided rows included), else ``op(t)``."""
-    has_data = not torch.compiler.is_compiling() and (type(t) in _PLAIN_TENSOR_TYPES or _has_data(t))
-    return t if modulation_in_place(t, has_data) else op(t)
+    with_data = not torch.compiler.is_compiling() and (type(t) in _PLAIN_TENSOR_TYPES or has_data(t))
+    return t if modulation_in_place(t, with_data) else op(t)
 
 
 def _resnorm_operands(residual, x, bias, gate, scale, shift, middle: tuple, weight, norm_bias,
@@ -80,10 +81,10 @@ def _resnorm_operands(residual, x, bias, gate, scale, shift, middle: tuple, weig
 
 
 def _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool, weight,
-                      norm_bias, modulate_index) -> Tuple[Tensor, Tensor, Tensor]:
+                      norm_bias, modulate_index, nvfp4_4over6_code: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """The resnorm_quant op on arguments that passed the rules: operands prepared, the op called once."""
     return _RESNORM_QUANT(*_resnorm_operands(residual, x, bias, gate, scale, shift, (global_scale, eps, fast_math),
-                                             weight, norm_bias, modulate_index))
+                                             weight, norm_bias, modulate_index), nvfp4_4over6_code)
 
 
 def resnorm_quant(
@@ -100,6 +101,7 @@ def resnorm_quant(
     weight: Optional[Tensor] = None,
     norm_bias: Optional[Tensor] = None,
     modulate_index: Optional[Tensor] = None,
+    nvfp4_4over6: object = UNSET,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gated residual update + LayerNorm + adaLN modulation + NVFP4 quantization, in one kernel.
 
@@ -117,6 +119,9 @@ def resnorm_quant(
         weight, norm_bias: optional affine LayerNorm parameters, [D].
         modulate_index: optional [B, S] (int32, int64 or bool); token (b, s) uses modulation row b where the
             index is 0 and row B + b elsewhere (diffusers' zero_cond_t).
+        nvfp4_4over6: the block-scale recipe, as FlashInfer's fp4_quantize takes it: omitted, the
+            FLASHINFER_NVFP4_4OVER6* environment; None, the standard recipe; an NVFP44Over6Config
+            (qwen_resnorm_fp4.recipe's or FlashInfer's), that 4over6 recipe.
 
     Returns:
         packed: uint8 [M, D/2], two E2M1 codes a byte (even element in the low nibble);
@@ -126,10 +131,11 @@ def resnorm_quant(
     Bytes are identical to ``nvfp4_quantize(*resnorm(...))``.
     """
     fm = resolve_fast_math(fast_math)
+    code = resolve_nvfp4_4over6(nvfp4_4over6)
     require(resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
                                   modulate_index))
     return _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, float(eps), fm, weight, norm_bias,
-                             modulate_index)
+                             modulate_index, code)
 
 
 def resnorm(
@@ -154,12 +160,15 @@ def resnorm(
                                        modulate_index))
 
 
-def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None) -> Tuple[Tensor, Tensor]:
+def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None, *,
+                   nvfp4_4over6: object = UNSET) -> Tuple[Tensor, Tensor]:
     """NVFP4-quantize bf16 ``y`` [..., D] with the production recipe (FlashInfer / TensorRT-LLM fp4_quantize,
-    128x4 swizzled E4M3 scales). Returns (packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16])."""
+    128x4 swizzled E4M3 scales). Returns (packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16]).
+    ``nvfp4_4over6`` as in :func:`resnorm_quant`."""
     fm = resolve_fast_math(fast_math)
+    code = resolve_nvfp4_4over6(nvfp4_4over6)
     require(quantize_problem(y, global_scale))
-    return _NVFP4_QUANTIZE(_operand()(y), global_scale, fm)
+    return _NVFP4_QUANTIZE(_operand()(y), global_scale, fm, code)
 
 
 def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: Optional[int] = None) -> Tensor:
@@ -222,11 +231,12 @@ def resnorm_quant_out(
     weight: Optional[Tensor] = None,
     norm_bias: Optional[Tensor] = None,
     modulate_index: Optional[Tensor] = None,
+    nvfp4_4over6: object = UNSET,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`resnorm_quant` writing into the given outputs: the same bytes, no allocation.
 
     Args:
-        residual ... modulate_index: as in :func:`resnorm_quant`.
+        residual ... modulate_index, nvfp4_4over6: as in :func:`resnorm_quant`.
         packed: uint8 [M, D/2], contiguous, 16-byte aligned, on x's device.
         scales: uint8 or float8_e4m3fn [round_up(M, 128), D/16], contiguous, 16-byte aligned; every byte is
             written (the padding rows with zero).
@@ -240,11 +250,12 @@ def resnorm_quant_out(
         (packed, scales, residual_out), the given tensors.
     """
     fm = resolve_fast_math(fast_math)
+    code = resolve_nvfp4_4over6(nvfp4_4over6)
     require(resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scale, eps, packed, scales,
-                                      residual_out, weight, norm_bias, modulate_index, memory=_memory_rules()))
+                                      residual_out, weight, norm_bias, modulate_index, code, memory=_memory_rules()))
     _RESNORM_QUANT_OUT(*_resnorm_operands(residual, x, bias, gate, scale, shift,
                                           (global_scale, float(eps), fm, packed, scales, residual_out), weight,
-                                          norm_bias, modulate_index))
+                                          norm_bias, modulate_index), code)
     return packed, scales, residual_out
 
 
@@ -274,10 +285,12 @@ def resnorm_out(
 
 
 def nvfp4_quantize_out(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None, *, packed: Tensor,
-                       scales: Tensor) -> Tuple[Tensor, Tensor]:
+                       scales: Tensor, nvfp4_4over6: object = UNSET) -> Tuple[Tensor, Tensor]:
     """:func:`nvfp4_quantize` writing into the given packed and scales (as in :func:`resnorm_quant_out`);
-    neither may share memory with y, global_scale or the other. Returns (packed, scales), the given tensors."""
+    neither may share memory with y, global_scale or the other. ``nvfp4_4over6`` as in :func:`resnorm_quant`.
+    Returns (packed, scales), the given tensors."""
     fm = resolve_fast_math(fast_math)
-    require(quantize_out_problem(y, global_scale, packed, scales, memory=_memory_rules()))
-    _NVFP4_QUANTIZE_OUT(_operand()(y), global_scale, fm, packed, scales)
+    code = resolve_nvfp4_4over6(nvfp4_4over6)
+    require(quantize_out_problem(y, global_scale, packed, scales, code, memory=_memory_rules()))
+    _NVFP4_QUANTIZE_OUT(_operand()(y), global_scale, fm, packed, scales, code)
     return packed, scales

@@ -18,8 +18,17 @@ import torch
 
 #: Either one set to "1" disables fast math in FlashInfer's / TensorRT-LLM's fp4_quantize.
 FAST_MATH_DISABLE_VARS = ("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "TRTLLM_DISABLE_FP4_QUANT_FAST_MATH")
-#: "1" makes FlashInfer's quantizer use the 4over6 recipe, which this library does not implement.
+#: "1" turns on the 4over6 recipe (FlashInfer's legacy switch; an omitted ``nvfp4_4over6=`` reads it), with
+#: the three below as its fields (qwen_resnorm_fp4.recipe.nvfp4_4over6_from_env).
 FOUR_OVER_SIX_VAR = "FLASHINFER_NVFP4_4OVER6"
+#: "1": e4m3_max 256 (else 448).
+FOUR_OVER_SIX_E4M3_256_VAR = "FLASHINFER_NVFP4_4OVER6_E4M3_USE_256"
+#: "MAE" (the default when unset) or "MSE", any case.
+FOUR_OVER_SIX_ERR_MODE_VAR = "FLASHINFER_NVFP4_4OVER6_ERR_MODE"
+#: "1": the fp16 form of the block error.
+FOUR_OVER_SIX_ERR_FAST_MATH_VAR = "FLASHINFER_NVFP4_4OVER6_ERR_USE_FAST_MATH"
+FOUR_OVER_SIX_VARS = (FOUR_OVER_SIX_VAR, FOUR_OVER_SIX_E4M3_256_VAR, FOUR_OVER_SIX_ERR_MODE_VAR,
+                      FOUR_OVER_SIX_ERR_FAST_MATH_VAR)
 #: "1" turns the fused path off in try_fused_resnorm_quant.
 DISABLE_VAR = "QWEN_FP4_DISABLE"
 #: Programmatic dependent launch of the kernels: "0" off, "1" on, unset (or any other value): PDL_DEFAULT.
@@ -33,7 +42,7 @@ KERNEL_PATH_VAR = "QWEN_FP4_KERNEL_PATH"
 #: blackwell: always the Blackwell path (the op raises where it is not usable).
 KERNEL_PATHS = ("auto", "portable", "blackwell")
 
-ALL_VARS = (DISABLE_VAR, PDL_VAR, *FAST_MATH_DISABLE_VARS, FOUR_OVER_SIX_VAR, KERNEL_PATH_VAR)
+ALL_VARS = (DISABLE_VAR, PDL_VAR, *FAST_MATH_DISABLE_VARS, *FOUR_OVER_SIX_VARS, KERNEL_PATH_VAR)
 
 
 def _libc_getenv() -> Optional[Callable[[bytes], Optional[bytes]]]:
@@ -66,14 +75,18 @@ def flag_enabled(name: str) -> bool:
     return os.environ.get(name) == "1"
 
 
+def env_value(name: str) -> Optional[str]:
+    """The variable's value (None when unset), read now."""
+    if _libc_readable():
+        value = _GETENV(os.fsencode(name))
+        return None if value is None else os.fsdecode(value)
+    return os.environ.get(name)
+
+
 def pdl_enabled() -> bool:
     """Whether the kernels launch with programmatic dependent launch, read now by the C++ rule:
     QWEN_FP4_PDL "0" off, "1" on, anything else (unset) PDL_DEFAULT."""
-    if _libc_readable():
-        raw = _GETENV(os.fsencode(PDL_VAR))
-        value = None if raw is None else os.fsdecode(raw)
-    else:
-        value = os.environ.get(PDL_VAR)
+    value = env_value(PDL_VAR)
     if value == "0":
         return False
     if value == "1":

@@ -31,7 +31,8 @@ import torch
 from . import _library
 from .api import _resnorm_quant_op
 from .device import kernel_serves_cuda_device
-from .env import DISABLE_VAR, FOUR_OVER_SIX_VAR, flag_enabled, resolve_fast_math
+from .env import DISABLE_VAR, flag_enabled, resolve_fast_math
+from .recipe import UNSET, resolve_nvfp4_4over6
 from .validation import DeclineReason, Problem, global_scale_problem, resnorm_problem
 
 Tensor = torch.Tensor
@@ -110,6 +111,7 @@ def try_fused_resnorm_quant(
     gate_out: Optional[Tensor] = None,
     allow_cpu: bool = False,
     fast_math: Optional[bool] = None,
+    nvfp4_4over6: Any = UNSET,
 ) -> Optional[Tuple[Tuple[Tensor, Tensor], Tensor, Optional[Tensor]]]:
     """The fused ``residual + gate * (x + bias) -> LayerNorm -> (1 + scale), shift -> NVFP4`` for FC1, or None.
 
@@ -138,6 +140,9 @@ def try_fused_resnorm_quant(
         allow_cpu: run on CPU tensors (the pure-PyTorch reference); otherwise CPU tensors decline.
         fast_math: the quantizer's fast mode. ``None``: ``fc1.fast_math`` when the layer pins one, else the
             environment (FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH), as the production quantizer.
+        nvfp4_4over6: the block-scale recipe (qwen_resnorm_fp4.recipe): None, the standard one; a config, that
+            4over6 recipe. Omitted: ``fc1.nvfp4_4over6`` when the layer has one (an NVFP4Linear pins its
+            recipe), else the FLASHINFER_NVFP4_4OVER6* environment, as FlashInfer's fp4_quantize reads it.
 
     Returns:
         ``((packed, scales), residual_out, gate_out)`` where packed is uint8 [M, D/2], scales uint8
@@ -146,15 +151,24 @@ def try_fused_resnorm_quant(
 
     Non-contiguous x or residual decline (no hidden copy of the activations). gate, scale and shift are read
     in place where their last dimension has stride 1 and their rows start at 16-byte boundaries (per-token
-    chunk views of a contiguous temb do), and copied otherwise; the norm parameters may be strided (copied). A non-bool ``fast_math`` raises TypeError: that is a bug
-    in the caller, not a condition to serve around.
+    chunk views of a contiguous temb do), and copied otherwise; the norm parameters may be strided (copied).
+    A non-bool ``fast_math`` or a malformed ``nvfp4_4over6`` raises TypeError / ValueError: that is a bug in
+    the caller, not a condition to serve around; an environment that names no valid recipe declines
+    ("unsupported_recipe").
     """
     R = DeclineReason
     # 1. Switches (the fast-math ones are read at the end, and only when neither fast_math nor fc1 pins it).
     if flag_enabled(DISABLE_VAR):
         return _decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
-    if flag_enabled(FOUR_OVER_SIX_VAR):
-        return _decline(R.FOUR_OVER_SIX_RECIPE, "{}=1", FOUR_OVER_SIX_VAR)
+    if nvfp4_4over6 is UNSET:
+        nvfp4_4over6 = getattr(fc1, "nvfp4_4over6", UNSET)
+    if nvfp4_4over6 is UNSET:
+        try:
+            recipe_code = resolve_nvfp4_4over6()
+        except ValueError as e:  # the environment's, not the caller's
+            return _decline(R.UNSUPPORTED_RECIPE, "{}", e)
+    else:
+        recipe_code = resolve_nvfp4_4over6(nvfp4_4over6)
 
     # 2. Where the tensors live: a device with a kernel.
     if not (isinstance(x, Tensor) and isinstance(residual, Tensor)):
@@ -221,7 +235,7 @@ def try_fused_resnorm_quant(
 
     fm = resolve_fast_math(getattr(fc1, "fast_math", None) if fast_math is None else fast_math)
     packed, scales, residual_out = _resnorm_quant_op(
-        residual, x, bias, gate, scale, shift, g, float(norm_eps), fm, weight, norm_bias, modulate_index)
+        residual, x, bias, gate, scale, shift, g, float(norm_eps), fm, weight, norm_bias, modulate_index, recipe_code)
     _succeed()
     return (packed, scales), residual_out, gate_out
 

@@ -21,22 +21,26 @@ import torch
 from . import _library, reference
 from .api import nvfp4_quantize
 from .env import resolve_fast_math
+from .recipe import UNSET, global_scale_numerator, nvfp4_4over6_code, nvfp4_4over6_from_code, resolve_nvfp4_4over6
 from .gemm import BACKENDS, apply_nvfp4_gemm_prequantized, drop_cached_weight, host_alpha
 from .layout import round_up, sf_offsets
 from .validation import WIDTH_RULE, is_supported_width
 
 Tensor = torch.Tensor
 
-#: 448 (E4M3 max) * 6 (E2M1 max): global scale = FP4_AMAX_SCALE / amax, as FlashInfer / TensorRT-LLM define it.
+#: 448 (E4M3 max) * 6 (E2M1 max): global scale = FP4_AMAX_SCALE / amax, as FlashInfer / TensorRT-LLM define it
+#: (the 4over6 recipes with e4m3_max 256: 256 * 6, recipe.global_scale_numerator).
 FP4_AMAX_SCALE = 448.0 * 6.0
 
 
-def _quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool]) -> Tuple[Tensor, Tensor]:
-    """nvfp4_quantize, or the reference where no kernel is registered for the device (e.g. a CUDA tensor in a
-    source tree without the compiled library)."""
+def _quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool], nvfp4_4over6: Any
+              ) -> Tuple[Tensor, Tensor]:
+    """nvfp4_quantize with the recipe (a config or None), or the reference where no kernel is registered for
+    the device (e.g. a CUDA tensor in a source tree without the compiled library)."""
     if _library.has_kernel("nvfp4_quantize", y.device.type):
-        return nvfp4_quantize(y, global_scale, fast_math)
-    return reference.nvfp4_quantize(y, global_scale, resolve_fast_math(fast_math))
+        return nvfp4_quantize(y, global_scale, fast_math, nvfp4_4over6=nvfp4_4over6)
+    return reference.nvfp4_quantize(y, global_scale, resolve_fast_math(fast_math),
+                                    nvfp4_4over6_code=nvfp4_4over6_code(nvfp4_4over6))
 
 
 def _positive_scalar(name: str, value: Union[float, Tensor], device: torch.device) -> Tensor:
@@ -63,11 +67,13 @@ def swizzle_scales_128x4(scales: Tensor, rows: int, cols: int) -> Tensor:
     return flat.reshape(round_up(rows, 128), cols // 16)
 
 
-def _global_scale_from_amax(amax: Tensor) -> Tensor:
-    """fp32 [1]: 448 * 6 / amax, with amax = 0 (an all-zero tensor) read as 1."""
+def _global_scale_from_amax(amax: Tensor, nvfp4_4over6_code: int) -> Tensor:
+    """fp32 [1]: e4m3_max * 6 / amax (448 * 6, or 256 * 6 for a 4over6 recipe with e4m3_max 256), with
+    amax = 0 (an all-zero tensor) read as 1."""
     amax = amax.reshape(1).to(torch.float32)
     amax = torch.where(amax > 0, amax, torch.ones_like(amax))
-    return torch.tensor([FP4_AMAX_SCALE], dtype=torch.float32, device=amax.device) / amax
+    numerator = global_scale_numerator(nvfp4_4over6_code)
+    return torch.tensor([numerator], dtype=torch.float32, device=amax.device) / amax
 
 
 class NVFP4Linear(torch.nn.Module):
@@ -77,8 +83,8 @@ class NVFP4Linear(torch.nn.Module):
     Buffers:
         weight_packed: uint8 [N, K/2], two E2M1 codes a byte (even input index in the low nibble).
         weight_scales: uint8 [round_up(N, 128), K/16], E4M3 block scales, 128x4 swizzled.
-        weight_global_scale: fp32 [1], 448 * 6 / amax(|W|).
-        input_global_scale: fp32 [1], 448 * 6 / input_amax (the calibrated activation range).
+        weight_global_scale: fp32 [1], 448 * 6 / amax(|W|) (e4m3_max * 6 for a 4over6 recipe).
+        input_global_scale: fp32 [1], 448 * 6 / input_amax (the calibrated activation range; likewise).
         alpha: fp32 [1], 1 / (input_global_scale * weight_global_scale): the GEMM's output scale.
         bias: optional [N] (bf16 or fp32), added in fp32 after the GEMM.
 
@@ -86,6 +92,11 @@ class NVFP4Linear(torch.nn.Module):
         in_features (K, a multiple of 64, at most 16384), out_features (N);
         fast_math: the activation quantizer's mode (None follows the environment at call time, like the
             production quantizer; the gate uses it too, so that fused and unfused bytes agree);
+        nvfp4_4over6: the block-scale recipe of the activations (and of a weight quantized by
+            :meth:`from_linear`): a config of qwen_resnorm_fp4.recipe, or None for the standard recipe;
+            resolved once when the layer is made, since its global scales follow it, from the
+            ``nvfp4_4over6=`` argument (omitted: the FLASHINFER_NVFP4_4OVER6* environment then);
+            ``nvfp4_4over6_code`` is its code;
         gemm_backend: the ``backend`` passed to :func:`apply_nvfp4_gemm_prequantized` ("auto" by default:
             FlashInfer on Blackwell, "tensor_core" on other CUDA GPUs, "reference" on CPU);
         cache_dequantized_weight: keep the tensor-core path's bf16 weight operand (N * K * 2 bytes) instead of
@@ -95,7 +106,7 @@ class NVFP4Linear(torch.nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  device: Optional[Union[str, torch.device]] = None, bias_dtype: torch.dtype = torch.bfloat16,
                  fast_math: Optional[bool] = None, gemm_backend: str = "auto",
-                 cache_dequantized_weight: bool = False) -> None:
+                 cache_dequantized_weight: bool = False, nvfp4_4over6: Any = UNSET) -> None:
         super().__init__()
         if not is_supported_width(in_features):
             raise ValueError(f"in_features must be {WIDTH_RULE}, got {in_features}")
@@ -108,6 +119,7 @@ class NVFP4Linear(torch.nn.Module):
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.fast_math = fast_math
+        self.nvfp4_4over6 = nvfp4_4over6_from_code(resolve_nvfp4_4over6(nvfp4_4over6))
         self.gemm_backend = gemm_backend
         k, n = self.in_features, self.out_features
         u8 = dict(dtype=torch.uint8, device=device)
@@ -133,6 +145,11 @@ class NVFP4Linear(torch.nn.Module):
                 setattr(self, name, old.to(t.device))
         _after_load_state_dict(self, None)
         return self
+
+    @property
+    def nvfp4_4over6_code(self) -> int:
+        """The ops' code of the layer's recipe (0: the standard recipe)."""
+        return nvfp4_4over6_code(self.nvfp4_4over6)
 
     @property
     def cache_dequantized_weight(self) -> bool:
@@ -162,10 +179,12 @@ class NVFP4Linear(torch.nn.Module):
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, input_amax: Union[float, Tensor], fast_math: Optional[bool] = None,
-                    *, gemm_backend: str = "auto", cache_dequantized_weight: bool = False) -> "NVFP4Linear":
+                    *, gemm_backend: str = "auto", cache_dequantized_weight: bool = False,
+                    nvfp4_4over6: Any = UNSET) -> "NVFP4Linear":
         """Quantize a ``torch.nn.Linear`` (on its device): weight global scale 448*6/amax(|W|), the weight
         quantized with :func:`~qwen_resnorm_fp4.nvfp4_quantize` (the production recipe; the CPU reference on
-        the CPU, the kernel on a GPU), input global scale 448*6/``input_amax``.
+        the CPU, the kernel on a GPU), input global scale 448*6/``input_amax``. ``nvfp4_4over6``: the recipe
+        of both (as for :class:`NVFP4Linear`); with e4m3_max 256 the global scales are 256*6/amax.
 
         A weight that is not bf16 is rounded to bf16 first (the quantizer reads bf16). ``input_amax`` is the
         calibrated max |activation| (a positive float or one-element tensor). ``fast_math`` is used for the
@@ -186,12 +205,13 @@ class NVFP4Linear(torch.nn.Module):
         layer = cls(k, n, bias is not None, device=dev,
                     bias_dtype=bias.dtype if bias is not None else torch.bfloat16,
                     fast_math=fast_math, gemm_backend=gemm_backend,
-                    cache_dequantized_weight=cache_dequantized_weight)
+                    cache_dequantized_weight=cache_dequantized_weight, nvfp4_4over6=nvfp4_4over6)
+        code = layer.nvfp4_4over6_code
         wb = w.to(torch.bfloat16).contiguous()
         w_amax = wb.float().abs().nan_to_num().amax()
-        wgs = _global_scale_from_amax(w_amax)
-        packed, scales = _quantize(wb, wgs, fast_math)
-        igs = _global_scale_from_amax(amax_in)
+        wgs = _global_scale_from_amax(w_amax, code)
+        packed, scales = _quantize(wb, wgs, fast_math, layer.nvfp4_4over6)
+        igs = _global_scale_from_amax(amax_in, code)
         layer._set_quantized(packed, scales, wgs, igs, torch.ones_like(igs) / (igs * wgs), bias)
         return layer
 
@@ -199,7 +219,7 @@ class NVFP4Linear(torch.nn.Module):
     def from_modelopt(cls, weight: Tensor, weight_scale: Tensor, weight_scale_2: Union[float, Tensor],
                       input_scale: Union[float, Tensor], bias: Optional[Tensor] = None, *,
                       fast_math: Optional[bool] = None, gemm_backend: str = "auto",
-                      cache_dequantized_weight: bool = False) -> "NVFP4Linear":
+                      cache_dequantized_weight: bool = False, nvfp4_4over6: Any = UNSET) -> "NVFP4Linear":
         """A layer from NVIDIA ModelOpt's NVFP4 export of a Linear, as it is (on ``weight``'s device).
 
         Args:
@@ -212,7 +232,8 @@ class NVFP4Linear(torch.nn.Module):
             input_scale: fp32 scalar, the calibrated input amax / (6 * 448) (input_global_scale = 1 /
                 input_scale: the activations are quantized with it).
             bias: optional [N], kept in its dtype.
-            fast_math, gemm_backend, cache_dequantized_weight: as for :class:`NVFP4Linear`.
+            fast_math, gemm_backend, cache_dequantized_weight, nvfp4_4over6: as for :class:`NVFP4Linear` (the
+                recipe of the activations; the export's scales are taken as they are).
 
         ``alpha = input_scale * weight_scale_2`` (fp32), as ModelOpt's consumers compute it; nothing is
         re-quantized.
@@ -235,7 +256,8 @@ class NVFP4Linear(torch.nn.Module):
         in_scale = _positive_scalar("input_scale", input_scale, dev)
         layer = cls(k, n, bias is not None, device=dev,
                     bias_dtype=bias.dtype if bias is not None else torch.bfloat16, fast_math=fast_math,
-                    gemm_backend=gemm_backend, cache_dequantized_weight=cache_dequantized_weight)
+                    gemm_backend=gemm_backend, cache_dequantized_weight=cache_dequantized_weight,
+                    nvfp4_4over6=nvfp4_4over6)
         scales = swizzle_scales_128x4(weight_scale.detach().to(dev).contiguous(), n, k)
         one = torch.ones((1,), dtype=torch.float32, device=dev)
         layer._set_quantized(weight.detach(), scales, one / ws2, one / in_scale, in_scale * ws2,
@@ -259,7 +281,7 @@ class NVFP4Linear(torch.nn.Module):
 
     def quantize_input(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """NVFP4 of bf16 ``x`` [..., K] with this layer's input global scale: (packed [M, K/2], scales)."""
-        return _quantize(x, self.input_global_scale, self.fast_math)
+        return _quantize(x, self.input_global_scale, self.fast_math, self.nvfp4_4over6)
 
     def forward(self, x: Union[Tensor, Tuple[Tensor, Tensor]], out_shape: Optional[Sequence[int]] = None) -> Tensor:
         """``x``: bf16 [..., K] (quantized here) -> bf16 [..., N]; or ``(packed, scales)`` (already quantized
@@ -283,7 +305,7 @@ class NVFP4Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"fast_math={self.fast_math}, gemm_backend={self.gemm_backend!r}, "
+                f"fast_math={self.fast_math}, nvfp4_4over6={self.nvfp4_4over6!r}, gemm_backend={self.gemm_backend!r}, "
                 f"cache_dequantized_weight={self.cache_dequantized_weight}")
 
 

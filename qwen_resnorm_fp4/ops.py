@@ -11,8 +11,8 @@ import torch
 
 from . import reference
 from .layout import round_up
-from .validation import quantize_out_problem, quantize_problem, require, resnorm_out_problem, resnorm_problem
-from .validation import resnorm_quant_out_problem, resnorm_quant_problem
+from .validation import nvfp4_4over6_code_problem, quantize_out_problem, quantize_problem, require
+from .validation import resnorm_out_problem, resnorm_problem, resnorm_quant_out_problem, resnorm_quant_problem
 
 Tensor = torch.Tensor
 
@@ -22,13 +22,18 @@ SCHEMAS = {
     "resnorm_quant": (
         "resnorm_quant(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, "
         "Tensor global_scale, float eps, bool fast_math, Tensor? weight=None, Tensor? norm_bias=None, "
-        "Tensor? modulate_index=None) -> (Tensor packed, Tensor scales, Tensor residual_out)"
+        "Tensor? modulate_index=None, int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales, Tensor residual_out)"
     ),
     "resnorm": (
         "resnorm(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, float eps, "
         "Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None) -> (Tensor y, Tensor residual_out)"
     ),
-    "nvfp4_quantize": "nvfp4_quantize(Tensor y, Tensor global_scale, bool fast_math) -> (Tensor packed, Tensor scales)",
+    # nvfp4_4over6_code: the block-scale recipe, 0 (standard) or FlashInfer's packing of NVFP44Over6Config
+    # (qwen_resnorm_fp4/recipe.py); the same last argument in resnorm_quant.
+    "nvfp4_quantize": (
+        "nvfp4_quantize(Tensor y, Tensor global_scale, bool fast_math, int nvfp4_4over6_code=0) "
+        "-> (Tensor packed, Tensor scales)"
+    ),
     # The out-variants: the same ops writing into caller-provided outputs (the functional ops' outputs, in
     # their order, after the functional ops' required arguments). residual_out may be residual itself.
     "resnorm_quant_out": (
@@ -69,7 +74,7 @@ def _quant_shapes(like: Tensor) -> Tuple[Tensor, Tensor]:
 
 @torch.library.register_fake(f"{NAMESPACE}::resnorm_quant")
 def _resnorm_quant_fake(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
-                        weight=None, norm_bias=None, modulate_index=None):
+                        weight=None, norm_bias=None, modulate_index=None, nvfp4_4over6_code=0):
     packed, scales = _quant_shapes(x)
     return packed, scales, torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -81,7 +86,7 @@ def _resnorm_fake(residual, x, bias, gate, scale, shift, eps, weight=None, norm_
 
 
 @torch.library.register_fake(f"{NAMESPACE}::nvfp4_quantize")
-def _nvfp4_quantize_fake(y, global_scale, fast_math):
+def _nvfp4_quantize_fake(y, global_scale, fast_math, nvfp4_4over6_code=0):
     return _quant_shapes(y)
 
 
@@ -128,11 +133,11 @@ def _nvfp4_dequantize_bf16_fake(packed, scales):
 # and misaligned tensors (the reference reads any strides).
 @torch.library.impl(f"{NAMESPACE}::resnorm_quant", "CPU", lib=_lib)
 def _resnorm_quant_cpu(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
-                       weight=None, norm_bias=None, modulate_index=None):
+                       weight=None, norm_bias=None, modulate_index=None, nvfp4_4over6_code=0):
     require(resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
-                                  modulate_index))
+                                  modulate_index) or nvfp4_4over6_code_problem(nvfp4_4over6_code))
     return reference.resnorm_quant(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
-                                   weight, norm_bias, modulate_index)
+                                   weight, norm_bias, modulate_index, nvfp4_4over6_code=nvfp4_4over6_code)
 
 
 @torch.library.impl(f"{NAMESPACE}::resnorm", "CPU", lib=_lib)
@@ -142,9 +147,9 @@ def _resnorm_cpu(residual, x, bias, gate, scale, shift, eps, weight=None, norm_b
 
 
 @torch.library.impl(f"{NAMESPACE}::nvfp4_quantize", "CPU", lib=_lib)
-def _nvfp4_quantize_cpu(y, global_scale, fast_math):
-    require(quantize_problem(y, global_scale))
-    return reference.nvfp4_quantize(y, global_scale, fast_math)
+def _nvfp4_quantize_cpu(y, global_scale, fast_math, nvfp4_4over6_code=0):
+    require(quantize_problem(y, global_scale) or nvfp4_4over6_code_problem(nvfp4_4over6_code))
+    return reference.nvfp4_quantize(y, global_scale, fast_math, nvfp4_4over6_code=nvfp4_4over6_code)
 
 
 def _write_quantized(packed: Tensor, scales: Tensor, result: Tuple[Tensor, Tensor]) -> None:
@@ -164,7 +169,7 @@ def _resnorm_quant_out_cpu(residual, x, bias, gate, scale, shift, global_scale, 
                                       residual_out, weight, norm_bias, modulate_index, nvfp4_4over6_code,
                                       memory=True))
     *quantized, r = reference.resnorm_quant(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
-                                            weight, norm_bias, modulate_index)
+                                            weight, norm_bias, modulate_index, nvfp4_4over6_code=nvfp4_4over6_code)
     _write_quantized(packed, scales, quantized)
     residual_out.copy_(r)
 
@@ -182,7 +187,8 @@ def _resnorm_out_cpu(residual, x, bias, gate, scale, shift, eps, y, residual_out
 @torch.library.impl(f"{NAMESPACE}::nvfp4_quantize_out", "CPU", lib=_lib)
 def _nvfp4_quantize_out_cpu(y, global_scale, fast_math, packed, scales, nvfp4_4over6_code=0):
     require(quantize_out_problem(y, global_scale, packed, scales, nvfp4_4over6_code, memory=True))
-    _write_quantized(packed, scales, reference.nvfp4_quantize(y, global_scale, fast_math))
+    _write_quantized(packed, scales, reference.nvfp4_quantize(y, global_scale, fast_math,
+                                                           nvfp4_4over6_code=nvfp4_4over6_code))
 
 
 @torch.library.impl(f"{NAMESPACE}::nvfp4_dequantize_bf16", "CPU", lib=_lib)

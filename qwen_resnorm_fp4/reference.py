@@ -22,6 +22,7 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from .layout import round_up, sf_offsets
+from .validation import NVFP4_4OVER6_ERR_FAST_MATH, NVFP4_4OVER6_ERR_MODE_SHIFT, NVFP4_4OVER6_ON
 
 Tensor = torch.Tensor
 
@@ -161,17 +162,81 @@ def _ieee_rcp(t: Tensor) -> Tensor:
     return torch.tensor(1.0, dtype=torch.float32, device=t.device) / t
 
 
+def _nvfp4_standard_blocks(blocks: Tensor, amax: Tensor, g: Tensor, fast_math: bool, rcp, code: int = 0
+                           ) -> Tuple[Tensor, Tensor]:
+    """The standard recipe on [rows, K, 16] fp32 blocks: returns (codes uint8 like blocks, scale bytes [rows, K])."""
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=blocks.device)  # noqa: E731
+    if fast_math:
+        sf = e4m3_satfinite(g * (amax * rcp(f32(6.0))))
+        sf_f = e4m3_to_float(sf)
+        out_scale = torch.where(sf != 0, rcp(sf_f * rcp(g)), torch.zeros_like(sf_f))
+    else:
+        nonzero = amax != 0
+        sf = torch.where(nonzero, e4m3_satfinite(amax * (g * (f32(1.0) / f32(6.0)))), torch.zeros_like(amax, dtype=torch.uint8))
+        sf_f = e4m3_to_float(sf)
+        enc = torch.fmin(f32(1.0) / (sf_f * (f32(1.0) / g)), f32(FLT_MAX))
+        out_scale = torch.where(nonzero, enc, torch.zeros_like(enc))
+    return e2m1_code(blocks * out_scale.unsqueeze(-1)), sf
+
+
+def _block_errors(blocks: Tensor, codes: Tensor, scale_value: Tensor, g: Tensor, g_decode: Tensor, fp16_form: bool,
+                  mse: bool) -> Tensor:
+    """4over6 step 4: one candidate's error per block. p = e2m1 * S (exact), d = p * g_decode - y, or
+    p - y * G in the fp16 form; |d| (MAE) or d * d (MSE) summed in the kernel's order: each half-block's 8
+    elements in order (a lane's), then the two halves' sums added."""
+    p = e2m1_value(codes) * scale_value.unsqueeze(-1)
+    d = p - blocks * g if fp16_form else p * g_decode - blocks
+    err = d * d if mse else d.abs()
+    halves = [torch.zeros_like(err[..., 0]), torch.zeros_like(err[..., 0])]
+    for j in range(BLOCK // 2):  # one fp32 addition at a time, as the kernel's: not torch.sum
+        halves[0] = halves[0] + err[..., j]
+        halves[1] = halves[1] + err[..., BLOCK // 2 + j]
+    return halves[0] + halves[1]
+
+
+def _nvfp4_4over6_blocks(blocks: Tensor, amax: Tensor, g: Tensor, fast_math: bool, rcp, code: int
+                         ) -> Tuple[Tensor, Tensor]:
+    """The 4over6 recipe on [rows, K, 16] fp32 blocks (docs/numerics.md, "The 4over6 recipe"): returns
+    (codes [rows, K, 16] uint8, scale bytes [rows, K] uint8)."""
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=blocks.device)  # noqa: E731
+    # 1. the two candidate scales: amax -> 6 and amax -> 4
+    s6 = g * (amax * rcp(f32(6.0))) if fast_math else (amax / f32(6.0)) * g
+    s4 = s6 * f32(1.5)
+    candidates = []
+    for s in (s4, s6):
+        # 2. each candidate's scale byte, its value and its encode scale (fast: no zero-scale guard)
+        sf = e4m3_satfinite(s)
+        sv = e4m3_to_float(sf)
+        g_decode = rcp(g) if fast_math else f32(1.0) / g
+        o = rcp(sv * g_decode) if fast_math else torch.fmin(f32(1.0) / (sv * g_decode), f32(FLT_MAX))
+        # 3. its codes
+        codes = e2m1_code(blocks * o.unsqueeze(-1))
+        # 4. its error
+        err = _block_errors(blocks, codes, sv, g, g_decode, bool(code & NVFP4_4OVER6_ERR_FAST_MATH),
+                            (code >> NVFP4_4OVER6_ERR_MODE_SHIFT) & 3 == 1)
+        candidates.append((codes, sf, err))
+    (codes4, sf4, err4), (codes6, sf6, err6) = candidates
+    # 5. candidate 4 where its error is smaller (ties, NaN: 6); an all-zero block: byte 0, codes 0
+    take4 = err4 < err6
+    zero = amax == 0
+    sf = torch.where(zero, torch.zeros_like(sf6), torch.where(take4, sf4, sf6))
+    codes = torch.where(take4.unsqueeze(-1), codes4, codes6)
+    return torch.where(zero.unsqueeze(-1), torch.zeros_like(codes), codes), sf
+
+
 def nvfp4_quantize(
     y: Tensor,
     global_scale: Tensor,
     fast_math: bool,
     rcp: Optional[Callable[[Tensor], Tensor]] = None,
+    nvfp4_4over6_code: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """Contract step 8: NVFP4 of ``y`` ([..., D] bf16) with the production recipe.
 
     Returns ``packed`` uint8 [M, D/2] (two E2M1 codes a byte, even element in the low nibble) and
     ``scales`` uint8 [round_up(M, 128), D/16] holding E4M3 block scales in the 128x4 swizzled layout,
     padding rows zero. ``rcp`` is the reciprocal used in fast mode (default: IEEE 1/x).
+    ``nvfp4_4over6_code``: 0, the standard recipe, or a 4over6 recipe (qwen_resnorm_fp4/recipe.py).
     """
     d = y.shape[-1]
     rows = y.numel() // d if d else 0
@@ -182,19 +247,9 @@ def nvfp4_quantize(
     # amax ignores NaN (fmax semantics) and is NaN only for an all-NaN block, as in the production kernel.
     amax = torch.where(nan, torch.zeros_like(blocks), blocks.abs()).amax(-1)
     amax = torch.where(nan.all(-1), torch.full_like(amax, float("nan")), amax)
-    f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=dev)  # noqa: E731
-    if fast_math:
-        rcp = rcp or _ieee_rcp
-        sf = e4m3_satfinite(g * (amax * rcp(f32(6.0))))
-        sf_f = e4m3_to_float(sf)
-        out_scale = torch.where(sf != 0, rcp(sf_f * rcp(g)), torch.zeros_like(sf_f))
-    else:
-        nonzero = amax != 0
-        sf = torch.where(nonzero, e4m3_satfinite(amax * (g * (f32(1.0) / f32(6.0)))), torch.zeros_like(amax, dtype=torch.uint8))
-        sf_f = e4m3_to_float(sf)
-        enc = torch.fmin(f32(1.0) / (sf_f * (f32(1.0) / g)), f32(FLT_MAX))
-        out_scale = torch.where(nonzero, enc, torch.zeros_like(enc))
-    codes = e2m1_code(blocks * out_scale.unsqueeze(-1)).reshape(rows, d)
+    recipe = _nvfp4_4over6_blocks if nvfp4_4over6_code & NVFP4_4OVER6_ON else _nvfp4_standard_blocks
+    codes, sf = recipe(blocks, amax, g, fast_math, rcp or _ieee_rcp, nvfp4_4over6_code)
+    codes = codes.reshape(rows, d)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
 
     padded_rows = round_up(rows, 128)
@@ -217,10 +272,11 @@ def resnorm_quant(
     norm_bias: Optional[Tensor] = None,
     modulate_index: Optional[Tensor] = None,
     rcp: Optional[Callable[[Tensor], Tensor]] = None,
+    nvfp4_4over6_code: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Steps 1-8: (packed, scales, residual_out) == nvfp4_quantize(resnorm(...)) by definition."""
     y, residual_out = resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
-    packed, scales = nvfp4_quantize(y, global_scale, fast_math, rcp)
+    packed, scales = nvfp4_quantize(y, global_scale, fast_math, rcp, nvfp4_4over6_code)
     return packed, scales, residual_out
 
 

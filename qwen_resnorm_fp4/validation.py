@@ -20,7 +20,7 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from .env import DISABLE_VAR, FOUR_OVER_SIX_VAR
+from .env import DISABLE_VAR
 from .layout import round_up
 
 Tensor = torch.Tensor
@@ -50,7 +50,7 @@ class DeclineReason(str, enum.Enum):
     stable identifier (compare with the member or with the string); :attr:`description` is a sentence."""
 
     DISABLED_BY_ENV = "disabled_by_env"
-    FOUR_OVER_SIX_RECIPE = "4over6_recipe"
+    UNSUPPORTED_RECIPE = "unsupported_recipe"
     UNSUPPORTED_DEVICE = "unsupported_device"
     CPU_TENSORS = "cpu_tensors"
     DEVICE_MISMATCH = "device_mismatch"
@@ -74,9 +74,9 @@ class DeclineReason(str, enum.Enum):
 
 _DESCRIPTIONS: Dict[DeclineReason, str] = {
     DeclineReason.DISABLED_BY_ENV: f"{DISABLE_VAR}=1 turns the fused path off",
-    DeclineReason.FOUR_OVER_SIX_RECIPE: (
-        f"{FOUR_OVER_SIX_VAR}=1: the production quantizer uses the 4over6 recipe, which the fused kernel "
-        "does not implement, so its bytes would differ"),
+    DeclineReason.UNSUPPORTED_RECIPE: (
+        "the NVFP4 recipe (nvfp4_4over6, or the FLASHINFER_NVFP4_4OVER6* environment) is not an "
+        "NVFP44Over6Config FlashInfer's packing can carry"),
     DeclineReason.UNSUPPORTED_DEVICE: "the tensors are on a device other than CUDA or CPU",
     DeclineReason.CPU_TENSORS: "the tensors are on the CPU (pass allow_cpu=True to run the reference there)",
     DeclineReason.DEVICE_MISMATCH: "the tensors (or FC1's input global scale) are not all on one device",
@@ -332,6 +332,33 @@ def quantize_problem(y, global_scale) -> Optional[Problem]:
     return global_scale_problem(global_scale, y.device, like="y")
 
 
+#: FlashInfer's packing of an NVFP44Over6Config into the ops' nvfp4_4over6_code (csrc/launch.h kNvfp4Recipe*).
+NVFP4_4OVER6_ON = 1
+NVFP4_4OVER6_E4M3_MAX_256 = 2
+NVFP4_4OVER6_ERR_MODE_SHIFT = 2  # 2 bits: 0 = MAE, 1 = MSE
+NVFP4_4OVER6_ERR_FAST_MATH = 16
+NVFP4_4OVER6_KNOWN_BITS = 5
+#: Every code the ops take: 0 (the standard recipe) and the eight 4over6 recipes.
+NVFP4_4OVER6_CODES = frozenset([0] + [NVFP4_4OVER6_ON | e | (m << NVFP4_4OVER6_ERR_MODE_SHIFT) | f
+                                      for e in (0, NVFP4_4OVER6_E4M3_MAX_256) for m in (0, 1)
+                                      for f in (0, NVFP4_4OVER6_ERR_FAST_MATH)])
+
+
+def nvfp4_4over6_code_problem(code: object) -> Optional[Problem]:
+    """The rule of the ops' ``nvfp4_4over6_code`` (csrc/ops.cpp check_nvfp4_4over6_code is the same): an int,
+    0 or FlashInfer's packing (bit 0 on, bit 1 e4m3_max 256, bits 2-3 err_mode 0 = MAE / 1 = MSE, bit 4
+    err_use_fast_math), no other bits."""
+    if isinstance(code, bool) or not isinstance(code, int):
+        return Problem(R.UNSUPPORTED_RECIPE, TypeError, "nvfp4_4over6_code must be an int, got {}",
+                       (type(code).__name__,))
+    if code not in NVFP4_4OVER6_CODES:
+        return Problem(R.UNSUPPORTED_RECIPE, ValueError,
+                       "nvfp4_4over6_code must be 0 (the standard recipe) or FlashInfer's packing of "
+                       "NVFP44Over6Config (bit 0 set; bit 1: e4m3_max 256; bits 2-3: err_mode 0 = MAE or 1 = MSE; "
+                       "bit 4: err_use_fast_math; no other bits), got {}", (code,))
+    return None
+
+
 def dequantize_problem(packed, scales, global_scale, rows: Optional[int]) -> Tuple[Optional[Problem], int, int]:
     """The rules of dequantize_nvfp4; returns (problem, rows, cols), rows resolved (None: packed's rows)."""
     p = tensor_problem("packed", packed, (torch.uint8,), None)
@@ -396,7 +423,7 @@ __all__ = ["MAX_COLS", "COLS_MULTIPLE", "MAX_ROWS", "WIDTH_RULE", "is_supported_
            "modulation_layout_problem", "modulation_in_place", "resnorm_problem",
            "resnorm_quant_problem", "quantize_problem", "dequantize_problem",
            "MAX_DEQUANTIZE_COLS", "dequantize_bf16_problem", "OUTPUT_ALIGNMENT", "OUT_SCALE_DTYPES", "has_data",
-           "output_problem", "byte_span", "memory_problem", "four_over_six_code_problem",
+           "output_problem", "byte_span", "memory_problem", "nvfp4_4over6_code_problem",
            "resnorm_quant_out_problem", "resnorm_out_problem", "quantize_out_problem"]
 
 
@@ -484,17 +511,6 @@ def memory_problem(outputs: Sequence[Tuple[str, Tensor]], inputs: Sequence[Tuple
     return None
 
 
-def four_over_six_code_problem(code: object) -> Optional[Problem]:
-    """nvfp4_4over6_code of the out-variants: 0 (the standard recipe) is the one they implement."""
-    if isinstance(code, bool) or not isinstance(code, int):
-        return Problem(R.FOUR_OVER_SIX_RECIPE, TypeError, "nvfp4_4over6_code must be an int, got {}",
-                       (type(code).__name__,))
-    if code != 0:
-        return Problem(R.FOUR_OVER_SIX_RECIPE, ValueError, "nvfp4_4over6_code={}: the out-variants implement only "
-                       "the standard NVFP4 recipe (0)", (code,))
-    return None
-
-
 def _quantized_output_problem(packed, scales, like: Tensor, like_name: str) -> Optional[Problem]:
     cols = like.shape[-1]
     rows = like.numel() // cols
@@ -516,7 +532,7 @@ def resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scal
     device; and, when ``memory`` (None: when the tensors have data), :func:`memory_problem` with
     residual_out allowed to be residual."""
     p = resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
-                              modulate_index) or four_over_six_code_problem(nvfp4_4over6_code) or \
+                              modulate_index) or nvfp4_4over6_code_problem(nvfp4_4over6_code) or \
         _quantized_output_problem(packed, scales, x, "x") or \
         output_problem("residual_out", residual_out, ACTIVATION_DTYPES, tuple(x.shape), x.device, "x")
     if p is not None:
@@ -551,7 +567,7 @@ def quantize_out_problem(y, global_scale, packed, scales, nvfp4_4over6_code=0,
                          memory: Optional[bool] = None) -> Optional[Problem]:
     """The rules of nvfp4_quantize_out: those of nvfp4_quantize for the inputs, packed and scales as in
     :func:`resnorm_quant_out_problem`, no overlap at all."""
-    p = quantize_problem(y, global_scale) or four_over_six_code_problem(nvfp4_4over6_code) or \
+    p = quantize_problem(y, global_scale) or nvfp4_4over6_code_problem(nvfp4_4over6_code) or \
         _quantized_output_problem(packed, scales, y, "y")
     if p is not None:
         return p

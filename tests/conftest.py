@@ -16,6 +16,7 @@ Helpers
 - ``sf_offsets_by_permute(M, D)``: the 128x4 scale layout built by reshape/permute (no offset formula).
 - ``round_up(n, m)``: the library's own (qwen_resnorm_fp4.layout), checked against its definition.
 - ``nvfp4_quantize_oracle(y, G, fast)``: the whole step-8 recipe with numpy float32 scalars and the oracles.
+- ``nvfp4_4over6_oracle(y, G, fast, mse, fp16_form)``: the same for the 4over6 recipe.
 - ``layer_norm_f64(...)``: steps 1-7 in float64 (no intermediate roundings except where stated).
 """
 
@@ -300,9 +301,10 @@ def block_amax_oracle(block: Sequence[float]) -> float:
     return max(vals) if vals else math.nan
 
 
-def nvfp4_quantize_oracle(y: torch.Tensor, G: float, fast: bool):
-    """Independent step 8 on a small y [..., D] (pure Python loops): returns (packed [M, D/2] uint8,
-    scales [round_up(M,128), D/16] uint8) with the scale layout from sf_offsets_by_permute."""
+def _quantize_rows_oracle(y: torch.Tensor, block_oracle):
+    """Step 8 on a small y [..., D] (pure Python loops), block_oracle(block) -> (SF byte, 16 codes) per block:
+    returns (packed [M, D/2] uint8, scales [round_up(M,128), D/16] uint8) with the scale layout from
+    sf_offsets_by_permute."""
     D = y.shape[-1]
     rows = y.reshape(-1, D).float().tolist()
     M, K = len(rows), D // 16
@@ -312,14 +314,56 @@ def nvfp4_quantize_oracle(y: torch.Tensor, G: float, fast: bool):
         for m, row in enumerate(rows):
             codes = []
             for k in range(K):
-                block = row[16 * k:16 * k + 16]
-                sf, o = block_scale_oracle(block_amax_oracle(block), G, fast)
+                sf, block_codes = block_oracle(row[16 * k:16 * k + 16])
                 logical[m, k] = sf
-                codes += [e2m1_code_oracle(float(f32(v) * o)) for v in block]
+                codes += block_codes
             packed[m] = torch.tensor([codes[2 * i] | (codes[2 * i + 1] << 4) for i in range(D // 2)], dtype=torch.uint8)
     storage = torch.zeros(logical.numel(), dtype=torch.uint8)
     storage[sf_offsets_by_permute(M, D).reshape(-1)] = logical.reshape(-1)
     return packed, storage.reshape(logical.shape)
+
+
+def nvfp4_quantize_oracle(y: torch.Tensor, G: float, fast: bool):
+    """Independent step 8 on a small y [..., D] (:func:`_quantize_rows_oracle`)."""
+    def block_oracle(block):
+        sf, o = block_scale_oracle(block_amax_oracle(block), G, fast)
+        return sf, [e2m1_code_oracle(float(f32(v) * o)) for v in block]
+
+    return _quantize_rows_oracle(y, block_oracle)
+
+
+def block_4over6_oracle(block: Sequence[float], G: float, fast: bool, mse: bool, fp16_form: bool):
+    """(SF byte, 16 codes) of one block by the 4over6 recipe (docs/numerics.md), numpy float32 scalars (fast
+    mode with the IEEE reciprocal, as on CPU): candidates amax -> 6 and amax -> 4 (1.5 x the first scale),
+    each decoded and compared with the block, the error summed per half-block in order, then the halves
+    added; candidate 4 only when its error is strictly smaller; an all-zero block gives byte 0, codes 0."""
+    G, one = f32(G), f32(1.0)
+    amax = f32(block_amax_oracle(block))
+    if amax == 0:
+        return 0, [0] * 16
+    rcp = lambda v: one / v  # noqa: E731
+    s6 = G * (amax * rcp(f32(6.0))) if fast else (amax / f32(6.0)) * G
+    results = []
+    for s in (s6 * f32(1.5), s6):
+        sf = int(e4m3_byte_oracle(np.array([s], dtype=np.float64))[0])
+        sv = f32(e4m3_decode_formula(sf))
+        g_decode = rcp(G) if fast else one / G
+        o = rcp(sv * g_decode) if fast else np.fmin(one / (sv * g_decode), f32(FLT_MAX))
+        codes = [e2m1_code_oracle(float(f32(v) * o)) for v in block]
+        halves = [f32(0.0), f32(0.0)]
+        for i, (v, c) in enumerate(zip(block, codes)):
+            value = f32(E2M1_MAGNITUDES[c & 7] * (-1.0 if c & 8 else 1.0))
+            p = value * sv
+            d = p - f32(v) * G if fp16_form else p * g_decode - f32(v)
+            halves[i // 8] = halves[i // 8] + (d * d if mse else f32(abs(d)))
+        results.append((sf, codes, halves[0] + halves[1]))
+    (sf4, codes4, err4), (sf6, codes6, err6) = results
+    return (sf4, codes4) if err4 < err6 else (sf6, codes6)
+
+
+def nvfp4_4over6_oracle(y: torch.Tensor, G: float, fast: bool, mse: bool, fp16_form: bool):
+    """Step 8 by the 4over6 recipe on a small y [..., D] (:func:`block_4over6_oracle` per block)."""
+    return _quantize_rows_oracle(y, lambda block: block_4over6_oracle(block, G, fast, mse, fp16_form))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -59,14 +59,14 @@ def block(B=2, S=8, D=128, N=96, *, device="cpu", form="batch", param_dtype=torc
     return kw, extra, fc1.to(device)
 
 
-def direct(kw, extra, fc1, *, eps=1e-6, weight=None, norm_bias=None, fast_math=None):
+def direct(kw, extra, fc1, *, eps=1e-6, weight=None, norm_bias=None, fast_math=None, nvfp4_4over6=None):
     """resnorm_quant called directly, the way the fused path should call it."""
     gate, scale, shift = kw["gate"], kw["scale"], kw["shift"]
     if gate.dim() == 3:
         gate, scale, shift = gate.squeeze(1), scale.squeeze(1), shift.squeeze(1)
     return q.resnorm_quant(kw["residual"], kw["x"], extra.get("bias"), gate, scale, shift, fc1.input_global_scale,
                            eps, fast_math, weight=weight, norm_bias=norm_bias,
-                           modulate_index=extra.get("modulate_index"))
+                           modulate_index=extra.get("modulate_index"), nvfp4_4over6=nvfp4_4over6)
 
 
 def call(kw, extra, fc1, **more):
@@ -327,9 +327,21 @@ def test_env_switches(monkeypatch):
         assert call(kw, extra, fc1, allow_cpu=True) is not None
     monkeypatch.delenv("QWEN_FP4_DISABLE")
     monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "1")
-    assert call(kw, extra, fc1, allow_cpu=True) is None
-    assert q.last_decline_reason() is R.FOUR_OVER_SIX_RECIPE
-    assert "FLASHINFER_NVFP4_4OVER6" in q.last_decline_detail()
+    # the layer pinned its recipe (the standard one) when it was made: the environment now does not change it
+    assert_same(call(kw, extra, fc1, allow_cpu=True), direct(kw, extra, fc1, nvfp4_4over6=None))
+    # an FC1 without a recipe of its own follows the environment, as FlashInfer's fp4_quantize does
+    bare = types.SimpleNamespace(in_features=fc1.in_features, input_global_scale=fc1.input_global_scale)
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6_ERR_MODE", "mse")
+    served = call(kw, extra, bare, allow_cpu=True)
+    assert_same(served, direct(kw, extra, fc1, nvfp4_4over6=q.NVFP44Over6Config(err_mode="MSE")))
+    assert not torch.equal(served[0][1], direct(kw, extra, fc1)[1])  # the recipe made a difference
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6_ERR_MODE", "median")
+    assert call(kw, extra, bare, allow_cpu=True) is None
+    assert q.last_decline_reason() is R.UNSUPPORTED_RECIPE
+    assert "median" in q.last_decline_detail()
+    with pytest.raises(ValueError, match="err_mode"):  # a malformed argument is the caller's bug: raised
+        call(kw, extra, bare, allow_cpu=True, nvfp4_4over6=types.SimpleNamespace(
+            e4m3_max=448, err_mode="median", err_use_fast_math=False))
     monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "0")
     assert call(kw, extra, fc1, allow_cpu=True) is not None
     # the switches come first: even an unservable call reports them
@@ -338,11 +350,11 @@ def test_env_switches(monkeypatch):
 
 
 def test_every_reason_is_covered_and_described(monkeypatch):
-    covered = {_case(n)[0] for n in CASES} | {R.DISABLED_BY_ENV, R.FOUR_OVER_SIX_RECIPE}
+    covered = {_case(n)[0] for n in CASES} | {R.DISABLED_BY_ENV, R.UNSUPPORTED_RECIPE}
     assert covered == set(R)
     for r in R:
         assert r.description and str(r) == r.value
-    assert {r.value for r in R} >= {"disabled_by_env", "4over6_recipe", "no_kernel_for_device", "cpu_tensors",
+    assert {r.value for r in R} >= {"disabled_by_env", "unsupported_recipe", "no_kernel_for_device", "cpu_tensors",
                                      "unsupported_dtype", "unsupported_width", "non_contiguous",
                                      "unsupported_norm", "fc1_not_nvfp4", "fc1_width_mismatch"}
 

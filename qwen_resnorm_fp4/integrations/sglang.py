@@ -20,8 +20,11 @@ Blackwell, any batch (scale/shift [B, 1, D] or [B, D]), per-token modulation ([B
 fp32 parameters, both quantizer modes (FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH select the exact one,
 as for the production quantizer). It declines (returns ``None``, the reason in
 ``qwen_resnorm_fp4.last_decline_reason()``) what the op cannot serve: ``norm_type`` other than ``"layer"``
-(e.g. ``"rms"``: "unsupported_norm"), a scalar ``gate`` other than 1 ("unsupported_modulation"), CPU tensors unless ``allow_cpu=True`` ("cpu_tensors"), the 4over6 recipe, and
-the rest of the gate's reasons.
+(e.g. ``"rms"``: "unsupported_norm"), a scalar ``gate`` other than 1 ("unsupported_modulation"), CPU tensors
+unless ``allow_cpu=True`` ("cpu_tensors"), and the rest of the gate's reasons. SGLang's own function declines
+when FLASHINFER_NVFP4_4OVER6 is set (its unfused path then quantizes with FlashInfer's 4over6 recipe, read from
+the environment); this one serves that recipe, read from the same environment unless ``nvfp4_4over6=`` names
+one, so its bytes are the unfused path's.
 
 Parameter meanings (SGLang's): ``residual``, ``x``: bf16 [B, S, D]; ``input_bias``: the attention output's
 bias, added to ``x`` before the gate, or None; ``gate``: the attention gate (like scale, or [D]) or the int 1
@@ -67,12 +70,14 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     *,
     allow_cpu: bool = False,
     fast_math: Optional[bool] = None,
+    nvfp4_4over6=_q.recipe.UNSET,
 ) -> Optional[Tuple[Tuple[Tensor, Tensor], Tensor]]:
     """SGLang's function of this name, served by the fused kernel (see the module docstring).
 
     Returns ``((packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16]), residual_out bf16 like x)`` or
     ``None`` (then ``qwen_resnorm_fp4.last_decline_reason()`` says why). ``allow_cpu``: run the pure-PyTorch
-    reference on CPU tensors. ``fast_math``: the quantizer's mode (None: the environment)."""
+    reference on CPU tensors. ``fast_math``: the quantizer's mode (None: the environment). ``nvfp4_4over6``: the
+    block-scale recipe (omitted: the FLASHINFER_NVFP4_4OVER6* environment; None: standard; a config)."""
     if gate is None or (type(gate) is int and gate == 1):  # an ungated update: fma(a, 1, residual)
         gate = (torch.ones(scale.shape[-1:], dtype=scale.dtype, device=scale.device).expand(scale.shape)
                 if isinstance(scale, Tensor) else 1)  # one [D] row, broadcast: no per-token ones in memory
@@ -88,7 +93,7 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     width = x.shape[-1] if isinstance(x, Tensor) and x.dim() > 0 else 0
     result = _q.try_fused_resnorm_quant(residual, x, gate, scale, shift, _PrequantizedFC1(width, global_scale),
                                         bias=input_bias, eps=eps, norm=norm, allow_cpu=allow_cpu,
-                                        fast_math=fast_math)
+                                        fast_math=fast_math, nvfp4_4over6=nvfp4_4over6)
     if result is None:
         return None
     packed_scales, residual_out, _ = result
