@@ -60,11 +60,15 @@ def filled_outputs(op: str, inp: Dict[str, object], scale_dtype=torch.uint8) -> 
     return outs
 
 
-def functional(op: str, inp: Dict[str, object], fast: bool = True) -> Tuple[torch.Tensor, ...]:
-    """The functional op's outputs."""
+def functional(op: str, inp: Dict[str, object], fast: bool = True, code: Optional[int] = None) -> Tuple[torch.Tensor, ...]:
+    """The functional op's outputs (``code``: nvfp4_4over6_code, passed when given)."""
+    tail = () if code is None else (code,)
     if op == "nvfp4_quantize":
-        return ops.nvfp4_quantize(inp["y"], inp["global_scale"], fast)
-    return getattr(ops, op)(*op_args(inp, op, fast_math=fast))
+        return ops.nvfp4_quantize(inp["y"], inp["global_scale"], fast, *tail)
+    args = op_args(inp, op, fast_math=fast)
+    if code is not None:
+        args = args + (None,) * (12 - len(args)) + tail  # the optional arguments up to nvfp4_4over6_code
+    return getattr(ops, op)(*args)
 
 
 def out_op_args(op: str, inp: Dict[str, object], outs: Dict[str, torch.Tensor], fast: bool = True,

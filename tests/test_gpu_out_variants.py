@@ -107,12 +107,20 @@ def test_cuda_overlap_refusals(op, output_first):
         assert torch.equal(arena, arena_before), (out_name, other)
 
 
-def test_cuda_4over6_code_refused():
-    inp = gpu_inputs(6, 64, plain=True, seed=3)
+@pytest.mark.parametrize("fast", (True, False))
+def test_cuda_4over6_code(fast):
+    inp = gpu_inputs(6, 3072, plain=True, seed=3)
     for op in ("resnorm_quant", "nvfp4_quantize"):
         outs = filled_outputs(op, inp)
-        with pytest.raises(RuntimeError, match="nvfp4_4over6_code=1"):
-            call_out_op(op, inp, outs, code=1)
+        call_out_op(op, inp, outs, fast=fast, code=13)  # 4over6, MSE, the fp16 error form
+        expected = functional(op, inp, fast=fast, code=13)
+        assert torch.equal(outs["packed"], expected[0]) and torch.equal(outs["scales"].view(torch.uint8), expected[1])
+        outs = filled_outputs(op, inp)
+        before = [t.clone() for t in outs.values()]
+        with pytest.raises(RuntimeError, match="nvfp4_4over6_code"):
+            call_out_op(op, inp, outs, code=2)
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(before, outs.values()))
 
 
 def _reference_steps(inp, steps):

@@ -146,16 +146,28 @@ def test_outputs_being_one_tensor_is_refused(op):
 
 
 @pytest.mark.parametrize("op", ("resnorm_quant", "nvfp4_quantize"))
-@pytest.mark.parametrize("code", (1, 3, 17))
-def test_4over6_code_is_refused(op, code):
+@pytest.mark.parametrize("code", (1, 3, 5, 17, 23))
+@pytest.mark.parametrize("fast", (True, False))
+def test_4over6_code_writes_the_functional_bytes(op, code, fast):
+    inp = full_inputs(6, 64, seed=5)
+    outs = filled_outputs(op, inp)
+    call_out_op(op, inp, outs, fast=fast, code=code)
+    expected = functional(op, inp, fast=fast, code=code)
+    assert_bytes_equal(outs["packed"], expected[0], "packed")
+    assert_bytes_equal(outs["scales"].view(torch.uint8), expected[1], "scales")
+    assert not torch.equal(expected[0], functional(op, inp, fast=fast)[0]) or \
+        not torch.equal(expected[1], functional(op, inp, fast=fast)[1]), "4over6 changed nothing: a weak case"
+
+
+@pytest.mark.parametrize("op", ("resnorm_quant", "nvfp4_quantize"))
+@pytest.mark.parametrize("code", (2, 64, -1))
+def test_invalid_4over6_code_is_refused(op, code):
     inp = full_inputs(6, 64, seed=5)
     outs = filled_outputs(op, inp)
     before = output_bytes(outs)
     with pytest.raises(ValueError, match="nvfp4_4over6_code"):
         call_out_op(op, inp, outs, code=code)
     _assert_untouched(before, outs)
-    call_out_op(op, inp, outs, code=0)  # the standard recipe is what the default is
-    assert_bytes_equal(outs["packed"], functional(op, inp)[0], "packed")
 
 
 @pytest.mark.parametrize("op", OPS)
