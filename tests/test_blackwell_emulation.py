@@ -207,3 +207,53 @@ def test_torch_compile_fullgraph_through_the_blackwell_path(monkeypatch):
     compiled = torch.compile(_fused, fullgraph=True)(*args)
     for name, a, b in zip(("packed", "scales", "residual_out"), portable, compiled):
         assert torch.equal(as_bits(a), as_bits(b)), f"compiled {name}: {first_difference(a, b)}"
+
+
+# The 4over6 recipe: FlashInfer's helper with its NVFP44Over6Config (the Blackwell path) against the portable
+# software quantizer. Codes: MAE and MSE, each with the exact and the fp16 error form (e4m3_max does not
+# reach the kernels with a per-tensor global scale; code 3 checks that too).
+FOUR_OVER_SIX_CODES = (1, 3, 5, 17, 21)
+
+
+@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+@pytest.mark.parametrize("code", FOUR_OVER_SIX_CODES)
+@pytest.mark.parametrize("rows,cols", ((1, 64), (17, 3072), (129, 5120), (2048, 3072), (4113, 16384)))
+def test_4over6_rows_and_widths(monkeypatch, rows, cols, code, fast):
+    config = q.recipe.nvfp4_4over6_from_code(code)
+    kw = block_inputs(rows, cols, device="cuda", generate_on_device=True, seed=_seed(), form="batch",
+                      batches=1, bias=True)
+    args, extra = resnorm_args(kw), extra_kwargs(kw)
+    y, _ = q.resnorm(*args, 1e-6, **extra)
+    G = _global_scale(y)
+    what = f"4over6 code={code} rows={rows} D={cols} fast={fast}"
+    assert_paths_agree(monkeypatch, lambda: q.resnorm_quant(*args, G, 1e-6, fast, nvfp4_4over6=config, **extra),
+                       rows, cols, f"resnorm_quant {what}")
+    assert_paths_agree(monkeypatch, lambda: q.nvfp4_quantize(y, G, fast, nvfp4_4over6=config), rows, cols,
+                       f"nvfp4_quantize {what}", names=("packed", "scales"))
+
+
+@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+@pytest.mark.parametrize("code", FOUR_OVER_SIX_CODES)
+@pytest.mark.parametrize("gs", (1.0, 448 * 6 / 3.0, 1e-20, 1e20, 0.0, float("inf")))
+def test_4over6_special_values_and_global_scales(monkeypatch, gs, code, fast):
+    rows, cols = 600, 1024
+    y = special_values_y(rows, cols, _seed())
+    G = torch.tensor([gs], device="cuda")
+    config = q.recipe.nvfp4_4over6_from_code(code)
+    assert_paths_agree(monkeypatch, lambda: q.nvfp4_quantize(y, G, fast, nvfp4_4over6=config), rows, cols,
+                       f"nvfp4_quantize 4over6 code={code} G={gs}", names=("packed", "scales"))
+
+
+@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+@pytest.mark.parametrize("rows,cols", ((17, 3072), (129, 5120), (2304, 3072), (4096, 5120), (300, 1536)))
+def test_per_token_chunk_views(monkeypatch, rows, cols, fast):
+    """Per-token modulation from temb.chunk(6, dim=-1) views (row stride 6D) through both paths."""
+    g = torch.Generator(device="cuda").manual_seed(_seed())
+    x = torch.randn(1, rows, cols, generator=g, device="cuda").bfloat16()
+    residual = (2 * torch.randn(1, rows, cols, generator=g, device="cuda")).bfloat16()
+    temb = (0.5 * torch.randn(1, rows, 6 * cols, generator=g, device="cuda")).bfloat16()
+    _, _, _, gate, scale, shift = temb.chunk(6, dim=-1)
+    y, _ = q.resnorm(residual, x, None, gate, scale, shift)
+    G = _global_scale(y)
+    assert_paths_agree(monkeypatch, lambda: q.resnorm_quant(residual, x, None, gate, scale, shift, G, 1e-6, fast),
+                       rows, cols, f"per-token rows={rows} D={cols} fast={fast}")
