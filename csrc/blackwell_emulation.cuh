@@ -45,17 +45,9 @@ __device__ __forceinline__ uint64_t fp32_vec_to_e2m1(float2 (&array)[8]) {
   return val;
 }
 
-// The exact value of an E2M1 code (bit 3 sign, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6), code 0x8 giving
-// -0.0f: built as fp32 bits. Codes 2-7 are exponent field m >> 1 (bias 1) and mantissa bit m & 1.
-__device__ __forceinline__ float e2m1_to_float(uint32_t code) {
-  const uint32_t m = code & 0x7u;
-  const uint32_t magnitude = m == 0 ? 0u : m == 1 ? 0x3F000000u : ((126u + (m >> 1)) << 23) | ((m & 1u) << 22);
-  return __uint_as_float(magnitude | ((code & 0x8u) << 28));
-}
-
 // cvt.rn.f16x2.e2m1x2 of the low byte widened to fp32 (exact: E2M1 values are f16 values), -0.0 for 0x8.
 __device__ __forceinline__ float2 e2m1x2_byte_to_float2(uint32_t byteVal) {
-  return make_float2(e2m1_to_float(byteVal & 0xFu), e2m1_to_float((byteVal >> 4) & 0xFu));
+  return make_float2(qwen_fp4::e2m1_value(byteVal & 0xFu), qwen_fp4::e2m1_value((byteVal >> 4) & 0xFu));
 }
 
 // The header's f16 product of each E2M1 value of the low byte and the E4M3 scale, widened to fp32. It is

@@ -29,14 +29,6 @@
 
 namespace qwen_fp4 {
 
-// E2M1 code (0..15) -> its fp32 value, exactly: magnitude m = code & 7 is 0 or 2^(e - 1) * (1 + mant / 2)
-// with e = m >> 1 and mant = m & 1 (0.5 for m = 1 fits the same bits); the sign from bit 3.
-__device__ __forceinline__ float e2m1_value(uint32_t code) {
-  const uint32_t m = code & 7u;
-  const uint32_t magnitude = m == 0 ? 0u : ((126u + (m >> 1)) << 23) | ((m & 1u) << 22);
-  return __uint_as_float(magnitude | ((code & 8u) << 28));
-}
-
 // The scale byte of a candidate block scale s (e4m3, round to nearest even, saturating) and its value.
 __device__ __forceinline__ uint8_t e4m3_byte_and_value(float s, float& value) {
   const uint8_t byte = __nv_cvt_float_to_fp8(s, __NV_SATFINITE, __NV_E4M3);

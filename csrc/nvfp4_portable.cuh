@@ -56,6 +56,15 @@ __device__ __forceinline__ uint32_t e2m1_code(float x) {
   return (e2m1_magnitude_biased(x) - kE2M1Bias) | e2m1_sign_bit(x);
 }
 
+// E2M1 code (0..15) -> its fp32 value, exactly, from the bits: magnitude m = code & 7 is 0, 0.5 (m = 1:
+// exponent field 126) or, for m >= 2, exponent field 126 + m / 2 with mantissa bit m & 1 (1, 1.5, 2, 3, 4,
+// 6); the sign from bit 3 (code 0x8 is -0.0).
+__device__ __forceinline__ float e2m1_value(uint32_t code) {
+  const uint32_t m = code & 7u;
+  const uint32_t magnitude = m == 0 ? 0u : m == 1 ? 0x3F000000u : ((126u + (m >> 1)) << 23) | ((m & 1u) << 22);
+  return __uint_as_float(magnitude | ((code & 8u) << 28));
+}
+
 // sum_j (kE2M1Bias << 4j) mod 2^32: what packing eight biased magnitudes by shift-adds leaves on top
 // of the eight codes.
 constexpr uint32_t kPackedE2M1Bias = kE2M1Bias + (kE2M1Bias << 4) + (kE2M1Bias << 8) + (kE2M1Bias << 12) +
