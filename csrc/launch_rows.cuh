@@ -123,9 +123,9 @@ void launch_row_kernels(const ResnormArgs& args, const LaunchTarget& on) {
   });
 }
 
-// The configurations of the 4over6 recipe's kernels: the three generic shapes (any width up to their
-// capacity), many-rows policy. The bytes do not depend on the configuration; three kernels per mode bound
-// what the recipe adds to the build.
+// The configurations of the 4over6 recipe's nvfp4_quantize kernels: the three generic shapes (any width up
+// to their capacity). A quantizer's bytes do not depend on the shape, so three kernels per mode bound what
+// the recipe adds to the build.
 template <class F>
 void dispatch_generic_row_config(int32_t cols, F&& f) {
   const int vecs = cols / kVecElems;
@@ -134,11 +134,12 @@ void dispatch_generic_row_config(int32_t cols, F&& f) {
   return f(RowConfig<8, 0, 1, false>{});                    // D <= 16384
 }
 
-// The 4over6 recipe's launch: the generic configuration's row kernel for general parameters, without the
-// split, plain or staggered variants.
+// The 4over6 recipe's fused launch: the call's configuration (dispatch_row_config, as resnorm takes it: the
+// LayerNorm's sums, hence y, depend on the shape) with its row kernel for general parameters, without the
+// split, plain or staggered variants (they compute the same bits; the recipe keeps to one kernel a shape).
 template <class Kernels>
 void launch_general_row_kernel(const ResnormArgs& args, const LaunchTarget& on) {
-  dispatch_generic_row_config(args.cols, [&](auto config) {
+  dispatch_row_config(args.cols, args.rows, [&](auto config) {
     using Config = std::decay_t<decltype(config)>;
     constexpr auto kernel = Kernels::template Row<Config, false, false>::value;
     launch_kernel(kernel, quantize_grid(args.rows), Config::threads_for(args.cols), static_cast<cudaStream_t>(on.stream),
