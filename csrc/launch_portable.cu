@@ -21,7 +21,9 @@ void check_launch(const char* what) {
 }
 
 bool pdl_enabled() {
-  constexpr bool kPdlByDefault = true;  // what an unset (or any other) value means
+  // What an unset (or any other) value means: off, since after a GEMM (the fused op's predecessor in a
+  // model) PDL did not pay in the benchmark (docs/performance.md); env.py PDL_DEFAULT is the same.
+  constexpr bool kPdlByDefault = false;
   const char* value = std::getenv("QWEN_FP4_PDL");
   if (value == nullptr) return kPdlByDefault;
   if (std::strcmp(value, "0") == 0) return false;

@@ -64,6 +64,8 @@ def _operand():
 
 def _modulation_operand(t: Tensor, op) -> Tensor:
     """gate, scale or shift as it is where the op reads it in place (strided rows included), else ``op(t)``."""
+    if op is _aligned and type(t) in _PLAIN_TENSOR_TYPES and t.is_contiguous() and not t.data_ptr() & 15:
+        return t  # the common call (contiguous, aligned): what the layout rules would conclude, at less cost
     with_data = not torch.compiler.is_compiling() and (type(t) in _PLAIN_TENSOR_TYPES or has_data(t))
     return t if modulation_in_place(t, with_data) else op(t)
 

@@ -62,7 +62,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         lines.append(f"  path:           {info['path']}")
     lines.append(f"fast math:        {'on' if info['fast_math_default'] else 'off'} by default")
     lines.append(f"PDL:              {'on' if info['pdl'] else 'off'} (programmatic dependent launch; "
-                 "QWEN_FP4_PDL=0 turns it off)")
+                 "QWEN_FP4_PDL=1 on, 0 off)")
     sw = info["switches"]
     lines.append("switches:         " + (", ".join(f"{k}={v}" for k, v in sw.items()) if sw else "none set"))
     print("\n".join(lines))

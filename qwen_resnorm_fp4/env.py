@@ -35,7 +35,7 @@ DISABLE_VAR = "QWEN_FP4_DISABLE"
 #: The compiled library reads it too (csrc/launch_portable.cu, pdl_enabled), with the same rule, at every call.
 PDL_VAR = "QWEN_FP4_PDL"
 #: What an unset QWEN_FP4_PDL means.
-PDL_DEFAULT = True
+PDL_DEFAULT = False
 #: The quantizing CUDA ops' kernel path, read by csrc/ops.cpp on every call: one of KERNEL_PATHS (unset: auto).
 KERNEL_PATH_VAR = "QWEN_FP4_KERNEL_PATH"
 #: auto: the Blackwell path where this build can run it, else portable; portable: always the portable path;

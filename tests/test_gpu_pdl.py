@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from qwen_resnorm_fp4 import _library
-from qwen_resnorm_fp4.env import PDL_VAR
+from qwen_resnorm_fp4.env import PDL_DEFAULT, PDL_VAR
 
 pytestmark = [
     pytest.mark.gpu,
@@ -175,7 +175,7 @@ def _edge_types(graph: "torch.cuda.CUDAGraph"):
                     reason="this torch has no CUDAGraph(keep_graph=True)")
 @pytest.mark.parametrize("pdl", ["1", "0", None])
 def test_switch_reaches_the_launcher(pdl, monkeypatch):
-    """QWEN_FP4_PDL decides whether resnorm -> nvfp4_quantize is captured with a programmatic edge (unset: on)."""
+    """QWEN_FP4_PDL decides whether resnorm -> nvfp4_quantize is captured with a programmatic edge (unset: env.PDL_DEFAULT)."""
     if pdl is None:
         monkeypatch.delenv(PDL_VAR, raising=False)
     else:
@@ -189,4 +189,4 @@ def test_switch_reaches_the_launcher(pdl, monkeypatch):
     graph, _ = _capture(pair, keep_graph=True)
     types = _edge_types(graph)
     assert types, "the graph has the pair's edge"
-    assert (_PROGRAMMATIC in types) == (pdl != "0"), types
+    assert (_PROGRAMMATIC in types) == (pdl == "1" or (pdl is None and PDL_DEFAULT)), types
