@@ -16,7 +16,8 @@ import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import _library, info
 from qwen_resnorm_fp4.env import KERNEL_PATH_VAR
 from qwen_resnorm_fp4.layout import round_up
-from reliability_utils import as_bits, block_inputs, extra_kwargs, first_difference, resnorm_args, special_values_y
+from reliability_utils import (as_bits, block_inputs, capture_graph, extra_kwargs, first_difference, resnorm_args,
+                               special_values_y)
 
 EMULATION = bool(info.build_info()["blackwell_emulation"])
 
@@ -178,14 +179,7 @@ def test_cuda_graph_replay_through_the_blackwell_path(monkeypatch):
     static = [kw["residual"].clone(), kw["x"].clone(), kw["gate"].clone(), kw["scale"].clone(), kw["shift"].clone(),
               torch.tensor([100.0], device="cuda")]
     monkeypatch.setenv(KERNEL_PATH_VAR, "blackwell")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        _fused(*static)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = _fused(*static)
+    graph, captured = capture_graph(_fused, *static)
     fresh = block_inputs(4608, 3072, device="cuda", seed=4, form="shared", bias=False)
     for dst, src in zip(static, (fresh["residual"], fresh["x"], fresh["gate"], fresh["scale"], fresh["shift"],
                                  torch.tensor([50.0], device="cuda"))):
