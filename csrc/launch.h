@@ -103,7 +103,6 @@ struct QuantizeArgs {
 // values): bit 0 the 4over6 recipe on; bit 1 e4m3_max == 256 (the caller's global-scale rule only: the
 // kernels compute the same bytes for 448 and 256); bits 2-3 the error mode; bit 4 the fp16 error form.
 constexpr int32_t kNvfp4Recipe4Over6 = 1;
-constexpr int32_t kNvfp4RecipeE4m3Max256 = 2;
 constexpr int32_t kNvfp4RecipeErrModeShift = 2;  // 0: MAE (sum |d|), 1: MSE (sum d^2)
 constexpr int32_t kNvfp4RecipeErrModeMask = 3;
 constexpr int32_t kNvfp4RecipeErrFastMath = 16;
@@ -138,8 +137,8 @@ void launch_nvfp4_dequantize_bf16(const uint8_t* packed, const uint8_t* scales, 
 // Throws std::runtime_error on a CUDA error of the last launch.
 void check_launch(const char* what);
 
-// Whether the row kernels launch with programmatic dependent launch (pdl.cuh): QWEN_FP4_PDL "0" off, "1"
-// on, otherwise (unset) on. Read at every call, as qwen_resnorm_fp4.env reads it, so that a change made
+// Whether the row kernels launch with programmatic dependent launch (pdl.cuh): QWEN_FP4_PDL "1" on, "0"
+// off, otherwise (unset) off. Read at every call, as qwen_resnorm_fp4.env reads it, so that a change made
 // from Python takes effect at the next call; one getenv is far below a call's host time.
 bool pdl_enabled();
 

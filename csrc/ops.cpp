@@ -62,10 +62,10 @@ void check_same_cuda_device(const char* name, const Tensor& t, const Tensor& x, 
                   t.get_device_index(), " but ", x_name, " is on cuda:", x.get_device_index());
 }
 
-// Starts at a 16-byte boundary (the kernels use 16-byte vector accesses).
-void check_aligned16(const char* name, const Tensor& t) {
+// Starts at a 16-byte boundary (the kernels use 16-byte vector accesses); `remedy` ends the message.
+void check_aligned16(const char* name, const Tensor& t, const char* remedy = " pass a copy") {
   STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "qwen_fp4: ", name,
-                  " must be 16-byte aligned (a view at an odd offset? pass a copy)");
+                  " must be 16-byte aligned (a view at an odd offset?", remedy, ")");
 }
 
 // On the same CUDA device as x, contiguous, 16-byte aligned (the kernels use 16-byte vector accesses).
@@ -306,17 +306,11 @@ std::pair<Tensor, Tensor> new_quantized_outputs(const Tensor& like, int64_t rows
 
 // ---- The out-variants' outputs (the rules of validation.py's out-variant section) ----
 
-// Every caller-provided output is 16-byte aligned: the kernels store 16-byte vectors.
-constexpr uintptr_t kOutputAlignment = 16;
-
 // A caller-provided output: on like's CUDA device, of one of `dtypes`, of exactly `sizes`, contiguous,
-// kOutputAlignment-byte aligned.
+// 16-byte aligned (the kernels store 16-byte vectors).
 void check_output(const char* name, const Tensor& t, const Tensor& like, const char* like_name,
                   std::initializer_list<ScalarType> dtypes, const std::vector<int64_t>& sizes) {
-  STD_TORCH_CHECK(t.is_cuda(), "qwen_fp4: ", name, " must be a CUDA tensor (", like_name, " is on cuda:",
-                  like.get_device_index(), ")");
-  STD_TORCH_CHECK(t.get_device_index() == like.get_device_index(), "qwen_fp4: ", name, " is on cuda:",
-                  t.get_device_index(), " but ", like_name, " is on cuda:", like.get_device_index());
+  check_same_cuda_device(name, t, like, like_name);
   bool dtype_ok = false;
   std::string allowed;
   for (ScalarType d : dtypes) {
@@ -330,8 +324,7 @@ void check_output(const char* name, const Tensor& t, const Tensor& like, const c
   for (size_t d = 0; d < sizes.size(); ++d) want += (d ? ", " : "") + std::to_string(sizes[d]);
   STD_TORCH_CHECK(shape_ok, "qwen_fp4: ", name, " must have shape ", want + ")", ", got ", shape_str(t));
   STD_TORCH_CHECK(t.is_contiguous(), "qwen_fp4: ", name, " must be contiguous (the kernels write it row by row)");
-  STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % kOutputAlignment == 0, "qwen_fp4: ", name,
-                  " must be ", kOutputAlignment, "-byte aligned (a view at an odd offset?)");
+  check_aligned16(name, t, /*remedy=*/"");
 }
 
 // packed and scales of an out-variant for rows of like ([..., cols]).

@@ -432,7 +432,7 @@ __all__ = ["MAX_COLS", "COLS_MULTIPLE", "MAX_ROWS", "WIDTH_RULE", "is_supported_
 # ---------------------------------------------------------------------------------------------------
 
 #: Byte alignment of every caller-provided output: the kernels store with 16-byte vectors (csrc/ops.cpp
-#: kOutputAlignment).
+#: check_output, check_aligned16).
 OUTPUT_ALIGNMENT = 16
 #: dtypes of the caller-provided scales: uint8, or float8_e4m3fn (the same bytes, as the FP4 GEMMs take them).
 OUT_SCALE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
