@@ -43,7 +43,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -539,19 +539,21 @@ def _f(v: object, fmt: str) -> str:
     return "n/a" if isinstance(v, float) and not math.isfinite(v) else format(v, fmt)
 
 
+def markdown_table(columns: Sequence[str], cells: Iterable[Sequence[object]]) -> List[str]:
+    """A markdown table: the header of ``columns``, its separator, then one line per row of ``cells``."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in cells]
+
+
 def table_lines(rows: List[Dict[str, object]]) -> List[str]:
-    head = ("| D | rows | fused us | fused GB/s | % copy | copy of same bytes, % copy | unfused us | eager us | "
-            "compiled us | x unfused | x eager | x compiled | byte-exact |")
-    lines = [head, "|" + "---|" * 13]
-    for r in rows:
-        lines.append(
-            f"| {r['dim']} | {r['rows']} | {_f(r['fused_us'], '.2f')} | {_f(r['fused_gbps'], '.0f')} | "
-            f"{_f(100 * r['fused_frac_copy'], '.1f')} | {_f(100 * r.get('copy_same_bytes_frac', float('nan')), '.1f')} | "
-            f"{_f(r['unfused_us'], '.2f')} | {_f(r['eager_us'], '.1f')} | "
-            f"{_f(r['compiled_us'], '.1f')} | {_f(r['speedup_vs_unfused'], '.2f')} | "
-            f"{_f(r['speedup_vs_eager'], '.1f')} | {_f(r['speedup_vs_compiled'], '.1f')} | "
-            f"{'yes' if r['byte_exact'] else 'NO'} |")
-    return lines
+    columns = ("D", "rows", "fused us", "fused GB/s", "% copy", "copy of same bytes, % copy", "unfused us", "eager us",
+               "compiled us", "x unfused", "x eager", "x compiled", "byte-exact")
+    return markdown_table(columns, (
+        (r["dim"], r["rows"], _f(r["fused_us"], ".2f"), _f(r["fused_gbps"], ".0f"), _f(100 * r["fused_frac_copy"], ".1f"),
+         _f(100 * r.get("copy_same_bytes_frac", float("nan")), ".1f"), _f(r["unfused_us"], ".2f"),
+         _f(r["eager_us"], ".1f"), _f(r["compiled_us"], ".1f"), _f(r["speedup_vs_unfused"], ".2f"),
+         _f(r["speedup_vs_eager"], ".1f"), _f(r["speedup_vs_compiled"], ".1f"), "yes" if r["byte_exact"] else "NO")
+        for r in rows))
 
 
 GRAPH_TABLE_TITLE = "CUDA-graph replay, GPU time per call (one call per input set, no event records between calls):"
@@ -559,18 +561,14 @@ GRAPH_TABLE_TITLE = "CUDA-graph replay, GPU time per call (one call per input se
 
 def graph_table_lines(rows: List[Dict[str, object]]) -> List[str]:
     """The CUDA-graph replay figures of every case that has them (GPU time per call)."""
-    head = ("| D | rows | calls (input sets) | fused us | % copy | copy of same bytes us | its % copy | "
-            "unfused pair us | x unfused | resnorm alone us | nvfp4_quantize alone us |")
-    lines = [head, "|" + "---|" * 11]
-    for r in rows:
-        if "graph_fused_us" not in r:
-            continue
-        lines.append(
-            f"| {r['dim']} | {r['rows']} | {r['graph_calls']} | {r['graph_fused_us']:.2f} | "
-            f"{100 * r['graph_fused_frac_copy']:.1f} | {r['graph_copy_same_bytes_us']:.2f} | "
-            f"{100 * r['graph_copy_same_bytes_frac']:.1f} | {r['graph_unfused_us']:.2f} | "
-            f"{r['graph_speedup_vs_unfused']:.2f} | {r['graph_resnorm_us']:.2f} | {r['graph_quantize_us']:.2f} |")
-    return lines
+    columns = ("D", "rows", "calls (input sets)", "fused us", "% copy", "copy of same bytes us", "its % copy",
+               "unfused pair us", "x unfused", "resnorm alone us", "nvfp4_quantize alone us")
+    return markdown_table(columns, (
+        (r["dim"], r["rows"], r["graph_calls"], f"{r['graph_fused_us']:.2f}", f"{100 * r['graph_fused_frac_copy']:.1f}",
+         f"{r['graph_copy_same_bytes_us']:.2f}", f"{100 * r['graph_copy_same_bytes_frac']:.1f}",
+         f"{r['graph_unfused_us']:.2f}", f"{r['graph_speedup_vs_unfused']:.2f}", f"{r['graph_resnorm_us']:.2f}",
+         f"{r['graph_quantize_us']:.2f}")
+        for r in rows if "graph_fused_us" in r))
 
 
 def write_csv(path: Path, rows: List[Dict[str, object]], fields: Sequence[str] = CSV_FIELDS) -> None:

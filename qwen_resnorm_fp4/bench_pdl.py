@@ -20,8 +20,8 @@ from typing import Callable, Dict, Iterator, List, Tuple
 
 import torch
 
-from .bench import (EPS, GRAPH_CALLS, _f, _fast_math, bytes_moved, capture_calls, l2_bytes, outputs_equal,
-                    replay_once_us)
+from .bench import (EPS, GRAPH_CALLS, _f, _fast_math, bytes_moved, capture_calls, l2_bytes, markdown_table,
+                    outputs_equal, replay_once_us)
 from .env import PDL_VAR
 from .linear import FP4_AMAX_SCALE
 
@@ -129,16 +129,13 @@ def measure(rows: int, dim: int = DIM, replays: int = 50) -> Dict[str, object]:
 
 
 def table_lines(rows: List[Dict[str, object]]) -> List[str]:
-    head = ("| D | rows | pairs (input sets) | GEMM -> fused, PDL on, us | PDL off, us | PDL saves, us | saves, % | "
-            "GEMM alone us | fused alone, PDL on, us | fused alone, PDL off, us | same bytes on/off |")
-    lines = [head, "|" + "---|" * 11]
-    for r in rows:
-        lines.append(
-            f"| {r['dim']} | {r['rows']} | {r['calls']} | {_f(r['pair_pdl_us'], '.2f')} | "
-            f"{_f(r['pair_no_pdl_us'], '.2f')} | {_f(r['pdl_saves_us'], '.2f')} | "
-            f"{_f(100 * r['pdl_saves_frac'], '.1f')} | {_f(r['gemm_us'], '.2f')} | {_f(r['op_pdl_us'], '.2f')} | "
-            f"{_f(r['op_no_pdl_us'], '.2f')} | {'yes' if r['byte_exact'] else 'NO'} |")
-    return lines
+    columns = ("D", "rows", "pairs (input sets)", "GEMM -> fused, PDL on, us", "PDL off, us", "PDL saves, us",
+               "saves, %", "GEMM alone us", "fused alone, PDL on, us", "fused alone, PDL off, us", "same bytes on/off")
+    return markdown_table(columns, (
+        (r["dim"], r["rows"], r["calls"], _f(r["pair_pdl_us"], ".2f"), _f(r["pair_no_pdl_us"], ".2f"),
+         _f(r["pdl_saves_us"], ".2f"), _f(100 * r["pdl_saves_frac"], ".1f"), _f(r["gemm_us"], ".2f"),
+         _f(r["op_pdl_us"], ".2f"), _f(r["op_no_pdl_us"], ".2f"), "yes" if r["byte_exact"] else "NO")
+        for r in rows))
 
 
 def run(rows_list: Tuple[int, ...] = DEFAULT_ROWS, log: Callable[[str], None] = print) -> List[Dict[str, object]]:

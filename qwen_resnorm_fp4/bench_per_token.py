@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from .bench import (EPS, GRAPH_CALLS, _f, _fast_math, bytes_moved, copy_of_same_bytes, gbps, l2_bytes,
-                    outputs_equal, replay_us_per_call)
+                    markdown_table, outputs_equal, replay_us_per_call)
 from .linear import FP4_AMAX_SCALE
 
 DEFAULT_ROWS = (256, 4096, 6889, 16384)
@@ -155,19 +155,17 @@ def measure(rows: int, copy_gbps: float, ext, ours: bool, dim: int = DIM, replay
 
 
 def table_lines(rows: List[Dict[str, object]]) -> List[str]:
-    head = ("| D | rows | calls (input sets) | implementation | MB moved | us | GB/s | % copy ceiling | "
-            "% of a copy of its bytes |")
-    lines = [head, "|" + "---|" * 9]
+    columns = ("D", "rows", "calls (input sets)", "implementation", "MB moved", "us", "GB/s", "% copy ceiling",
+               "% of a copy of its bytes")
     nan = float("nan")
-    for r in rows:
-        for name in IMPLS:
-            us = r.get(f"{name}_us", nan)
-            label = name if math.isfinite(us) else f"{name} (not measured)"
-            lines.append(f"| {r['dim']} | {r['rows']} | {r['calls']} | {label} | {r[f'{name}_bytes'] / 1e6:.1f} | "
-                         f"{_f(us, '.2f')} | {_f(r.get(f'{name}_gbps', nan), '.0f')} | "
-                         f"{_f(100 * r.get(f'{name}_frac_copy', nan), '.1f')} | "
-                         f"{_f(100 * r.get(f'{name}_frac_own_copy', nan), '.1f')} |")
-    return lines
+
+    def cells(r: Dict[str, object], name: str) -> tuple:
+        us = r.get(f"{name}_us", nan)
+        return (r["dim"], r["rows"], r["calls"], name if math.isfinite(us) else f"{name} (not measured)",
+                f"{r[f'{name}_bytes'] / 1e6:.1f}", _f(us, ".2f"), _f(r.get(f"{name}_gbps", nan), ".0f"),
+                _f(100 * r.get(f"{name}_frac_copy", nan), ".1f"), _f(100 * r.get(f"{name}_frac_own_copy", nan), ".1f"))
+
+    return markdown_table(columns, (cells(r, name) for r in rows for name in IMPLS))
 
 
 def run(rows_list: Tuple[int, ...], copy_gbps: float,
