@@ -308,7 +308,7 @@ def plot_spec(ceiling: float, title: str) -> results.Plot:
     """The plot: effective GB/s of each implementation against rows, one panel per D."""
     return results.Plot(x="rows", panel="dim", series={n: f"{n}_gbps" for n in ("fused", "unfused", "eager", "compiled")},
                         xlabel="rows (M)", ylabel="effective GB/s (op's necessary bytes / time)", title=title,
-                        hline=(ceiling, f"copy ceiling {ceiling:.0f} GB/s"))
+                        hline=(ceiling, f"copy ceiling {ceiling:.0f} GB/s"), panel_label="D")
 
 
 def byte_check_failures(rows: Sequence[Dict[str, object]], graph: Dict[Tuple[int, int], Dict[str, object]]

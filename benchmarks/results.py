@@ -102,6 +102,7 @@ class Plot:
     ylabel: str
     title: str
     hline: Optional[Tuple[float, str]] = None
+    panel_label: str = ""  # the panel field's name in titles (default: the field)
 
 
 def write_png(path: Path, rows: Sequence[Row], plot: Plot) -> Optional[str]:
@@ -128,7 +129,7 @@ def write_png(path: Path, rows: Sequence[Row], plot: Plot) -> Optional[str]:
         ax.set_xscale("log")
         ax.set_xlabel(plot.xlabel)
         ax.set_ylabel(plot.ylabel)
-        ax.set_title(f"{plot.panel} = {p}")
+        ax.set_title(f"{plot.panel_label or plot.panel} = {p}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(plot.title, fontsize=9)

@@ -515,3 +515,60 @@ def test_peer_source_is_next_to_its_loader():
     text = flashinfer_dit.SOURCE.read_text()
     assert flashinfer_dit.SOURCE.parent == BENCH / "peers"
     assert "#include <flashinfer/norm/fused_dit_layernorm.cuh>" in text and "launchFusedLayerNorm" in text
+
+
+# ----------------------------------------------------------------------------------------------------
+# bench_fused's main with the measurements faked: the rows reach the report and the byte verdict
+# ----------------------------------------------------------------------------------------------------
+
+
+def _fake_measurements(monkeypatch, exact_rows=(), graph_exact=True):
+    nan = float("nan")
+
+    class Timer:
+        def clock_note(self):
+            return "SM clock: fake"
+
+    def run_case(rows, dim, timer, l2, ceiling, compiled, max_reps, budget_s):
+        nbytes = harness.bytes_moved(rows, dim)
+        return {"dim": dim, "rows": rows, "bytes": nbytes, "n_sets": 2, "byte_exact": rows not in exact_rows,
+                "fused_us": 10.0, "fused_gbps": 100.0, "fused_frac_copy": 0.5, "unfused_us": 15.0, "unfused_gbps": 1.0,
+                "resnorm_us": 8.0, "quantize_us": 6.0, "eager_us": 100.0, "eager_gbps": 1.0, "compiled_us": nan,
+                "compiled_gbps": nan, "copy_same_bytes_us": 9.0, "copy_same_bytes_frac": 0.6,
+                "speedup_vs_unfused": 1.5, "speedup_vs_eager": 10.0, "speedup_vs_compiled": nan}
+
+    def graph_case(rows, dim, l2):
+        return {"dim": dim, "rows": rows, "calls": 20, "byte_exact": graph_exact, "fused": 2.0, "unfused": 3.0,
+                "resnorm": 2.0, "quantize": 1.5, "copy": 1.8, "copy_bytes": harness.bytes_moved(rows, dim)}
+
+    monkeypatch.setattr(harness, "refuse_without_gpu", lambda prog: None)
+    monkeypatch.setattr(harness, "run_header", lambda: ["GPU: fake"])
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
+    monkeypatch.setattr(timing, "l2_bytes", lambda: 50 << 20)
+    monkeypatch.setattr(timing, "copy_ceiling_gbps", lambda: (4000.0, [4000.0]))
+    monkeypatch.setattr(timing, "EventTimer", Timer)
+    monkeypatch.setattr(timing, "host_us_per_call", lambda cases: {n: (1.0, 1.0, 1.0) for n in
+                                                                   ("wrapper", "raw_op", "fused_path", "layer_norm")})
+    monkeypatch.setattr(bench_fused, "host_overhead_cases", lambda: {})
+    monkeypatch.setattr(bench_fused, "run_case", run_case)
+    monkeypatch.setattr(bench_fused, "graph_case", graph_case)
+
+
+def test_fused_main_reports_and_passes_when_every_check_holds(monkeypatch, tmp_path, capsys):
+    _fake_measurements(monkeypatch)
+    assert bench_fused.main(["--rows", "256,4096", "--no-compile", "--out", str(tmp_path)]) == 0
+    csv_lines = (tmp_path / "bench_fused.csv").read_text().splitlines()
+    assert csv_lines[0].split(",") == bench_fused.CSV_FIELDS and len(csv_lines) == 1 + 2 * 2  # 2 rows x 2 D
+    md = (tmp_path / "bench_fused.md").read_text()
+    assert "| 3072 | 256 | 10.00 |" in md and "17 rows, D=3072, CUDA-graph replay" in md  # 17 rows always graphed
+    assert "FAIL" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("exact_rows, graph_exact", [((4096,), True), ((), False)])
+def test_fused_main_fails_loudly_on_a_byte_difference(monkeypatch, tmp_path, capsys, exact_rows, graph_exact):
+    _fake_measurements(monkeypatch, exact_rows, graph_exact)
+    assert bench_fused.main(["--rows", "256,4096", "--dims", "3072", "--no-compile", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "FAIL: fused and unfused outputs differ" in err
+    assert ("D=3072 rows=4096: byte_exact failed" in err) if exact_rows else ("(graph replay)" in err)
