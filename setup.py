@@ -248,7 +248,7 @@ ext_modules, cmdclass = extension_modules()
 
 setup(
     packages=find_packages(include=["qwen_resnorm_fp4", "qwen_resnorm_fp4.*"]),
-    package_data={"qwen_resnorm_fp4": ["_licenses/*", "data/*"], "qwen_resnorm_fp4.peers": ["*.cu"]},  # peers: benchmark-time builds
+    package_data={"qwen_resnorm_fp4": ["_licenses/*", "data/*"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     # The emulation wheel carries the build tag EMULATION_BUILD_TAG in its file name, so it is never taken for a release.

@@ -1,4 +1,4 @@
-"""``python -m qwen_resnorm_fp4 info | demo | bench``."""
+"""``python -m qwen_resnorm_fp4 info | demo | bench ...`` (:mod:`.cli`)."""
 
 import sys
 

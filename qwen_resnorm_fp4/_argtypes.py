@@ -1,4 +1,4 @@
-"""argparse argument types shared by the command line and the benchmark: counts are positive integers, and
+"""argparse argument types of the command line: counts are positive integers, and
 anything else is refused by argparse with a message that names the option (exit status 2)."""
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
-"""Command line: ``python -m qwen_resnorm_fp4 [--version] info | demo | bench`` (console script
+"""Command line: ``python -m qwen_resnorm_fp4 [--version] info | demo | bench ...`` (console script
 ``qwen-resnorm-fp4``).
 
 - ``info``: versions, whether the compiled library is loaded, the GPU targets built in, the GPU found and the
   kernel path it takes, the environment switches in force (``--json`` for machine-readable output).
 - ``demo``: one Qwen-Image-shaped step (image and text streams), fused vs unfused byte-exact check,
   dequantization error, time per call. Exits 1 if fused and unfused are not byte-exact.
-- ``bench``: the benchmark (GPU only, see :mod:`qwen_resnorm_fp4.bench`).
-- ``bench-gemm``, ``bench-model``: the NVFP4 GEMM paths and a diffusers Qwen-Image transformer against BF16
-  (GPU only, see :mod:`qwen_resnorm_fp4.bench_gemm`).
+- ``bench``, ``bench-pdl``, ``bench-per-token``, ``bench-gemm``, ``bench-model``: the benchmarks (GPU only).
+  They are not part of the installed package: each runs a script of the source repository's ``benchmarks/``
+  (:data:`BENCHMARKS`) with this interpreter and this package, found next to the package (a checkout) or
+  through QWEN_FP4_BENCHMARKS; where there is none, it says how to get one and exits 2.
 
 Every option is checked before anything is printed or run: a wrong one gives argparse's usage message and
 exit status 2.
@@ -18,10 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 import time
-from typing import Dict, Optional, Sequence
+from pathlib import Path
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -193,6 +197,60 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------
+# bench*: the benchmarks of a checkout
+# ----------------------------------------------------------------------------------------------------
+
+#: The benchmark commands and the scripts under the repository's benchmarks/ that they run.
+BENCHMARKS = {"bench": "bench_fused.py", "bench-pdl": "bench_pdl.py", "bench-per-token": "bench_per_token.py",
+              "bench-gemm": "bench_gemm.py", "bench-model": "bench_model.py"}
+#: A checkout's benchmarks/ directory, for an installed package that does not sit in a checkout.
+BENCHMARKS_DIR_VAR = "QWEN_FP4_BENCHMARKS"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def find_benchmarks() -> Tuple[Optional[Path], str]:
+    """(the benchmarks/ directory to run, "") or (None, why there is none): QWEN_FP4_BENCHMARKS when set, else
+    the benchmarks/ of the source checkout this package sits in."""
+    marker = BENCHMARKS["bench"]
+    env_dir = os.environ.get(BENCHMARKS_DIR_VAR)
+    if env_dir:
+        found = Path(env_dir).expanduser().resolve()
+        if (found / marker).is_file():
+            return found, ""
+        return None, f"{BENCHMARKS_DIR_VAR}={env_dir} has no {marker}"
+    checkout = _PACKAGE_DIR.parent / "benchmarks"
+    if (checkout / marker).is_file() and (_PACKAGE_DIR.parent / "pyproject.toml").is_file():
+        return checkout, ""
+    return None, f"this qwen_resnorm_fp4 ({_PACKAGE_DIR}) is an installed package, not a source checkout"
+
+
+def how_to_get_benchmarks(command: str, why: str) -> str:
+    """The message for a benchmark command where no benchmarks/ directory was found."""
+    script = BENCHMARKS[command]
+    return (f"qwen_resnorm_fp4 {command}: the benchmarks are not part of the installed package, and none were found "
+            f"({why}).\nThey live in benchmarks/ of the qwen-resnorm-fp4 source repository (also in its source "
+            f"distribution). Get a checkout of it and run, from its root, with this package installed:\n"
+            f"    python benchmarks/{script} --help\n"
+            f"or point {BENCHMARKS_DIR_VAR} at that checkout's benchmarks/ directory and run this command again:\n"
+            f"    {BENCHMARKS_DIR_VAR}=/path/to/qwen-resnorm-fp4/benchmarks python -m qwen_resnorm_fp4 {command} --help")
+
+
+def run_benchmark(command: str, argv: Sequence[str]) -> int:
+    """Run the script of ``command`` with ``argv`` in a child process of this interpreter, importing this
+    qwen_resnorm_fp4 (its directory first on PYTHONPATH); its exit status. Without a benchmarks/ directory: the
+    how-to message, exit status 2."""
+    directory, why = find_benchmarks()
+    if directory is None:
+        print(how_to_get_benchmarks(command, why), file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    # The child finds this package as this process did, except through the current directory (sys.path[0]).
+    if str(_PACKAGE_DIR.parent) not in {str(Path(p or ".").resolve()) for p in sys.path[1:]}:
+        env["PYTHONPATH"] = os.pathsep.join([str(_PACKAGE_DIR.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
+    return subprocess.call([sys.executable, str(directory / BENCHMARKS[command]), *argv], env=env)
+
+
+# ----------------------------------------------------------------------------------------------------
 # entry point
 # ----------------------------------------------------------------------------------------------------
 
@@ -203,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m qwen_resnorm_fp4",
                                 description="qwen-resnorm-fp4: fused residual + LayerNorm + adaLN + NVFP4 quantization.")
     p.add_argument("--version", action="version", version=f"qwen_resnorm_fp4 {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{info,demo,bench,bench-gemm,bench-model}")
+    sub = p.add_subparsers(dest="command", metavar="{info,demo," + ",".join(BENCHMARKS) + "}")
     sub.required = True
     pi = sub.add_parser("info", help="versions, build, library, GPU and kernel path, environment switches")
     pi.add_argument("--json", action="store_true", help="print JSON")
@@ -216,22 +274,19 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--dim", type=int, default=3072, help=f"hidden size D, {WIDTH_RULE} (default 3072)")
     pd.add_argument("--reps", type=positive_int, default=None, help="timed calls (default 50 on GPU, 3 on CPU)")
     pd.add_argument("--json", action="store_true", help="print the results as JSON only")
-    sub.add_parser("bench", help="benchmark (GPU only): python -m qwen_resnorm_fp4 bench --help", add_help=False)
-    for name, what in (("bench-gemm", "NVFP4 GEMM paths vs BF16"), ("bench-model", "Qwen-Image transformer vs BF16")):
-        sub.add_parser(name, help=f"{what} (GPU only): python -m qwen_resnorm_fp4 {name} --help", add_help=False)
+    what = {"bench": "the fused op vs its peers", "bench-pdl": "a GEMM -> fused op pair, PDL on and off",
+            "bench-per-token": "per-token modulation vs FlashInfer's DiT kernel",
+            "bench-gemm": "NVFP4 GEMM paths vs BF16", "bench-model": "Qwen-Image transformer vs BF16"}
+    for name, script in BENCHMARKS.items():
+        sub.add_parser(name, add_help=False,
+                       help=f"{what[name]} (GPU only; runs a checkout's benchmarks/{script}; {name} --help)")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":  # the benchmark owns its options
-        from . import bench
-
-        return bench.main(argv[1:])
-    if argv and argv[0] in ("bench-gemm", "bench-model"):  # likewise
-        from . import bench_gemm
-
-        return bench_gemm.main(argv)
+    if argv and argv[0] in BENCHMARKS:  # the benchmark owns its options
+        return run_benchmark(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "info":
         return cmd_info(args)

@@ -72,7 +72,9 @@ else
 fi
 [ "${QUICK:-}" = 1 ] || run_tests tests_gpu -m "gpu and not slow" --durations=15
 if [ "${QUICK:-}" = 1 ]; then bench_args=(--quick); else bench_args=(); fi
-python3 -m qwen_resnorm_fp4 bench --out "$WORK/bench" "${bench_args[@]}" > "$WORK/bench.log" 2>&1
+# The checkout's benchmark, importing the package the tests used (PYTHONPATH for the checkout's own build).
+if [ "$RUN_DIR" = "$REPO" ]; then bench_path=$REPO${PYTHONPATH:+:$PYTHONPATH}; else bench_path=${PYTHONPATH:-}; fi
+PYTHONPATH=$bench_path python3 "$REPO/benchmarks/bench_fused.py" --out "$WORK/bench" "${bench_args[@]}" > "$WORK/bench.log" 2>&1
 rc=$?; note "- bench: exit $rc (bench.log, bench/)"; [ $rc -eq 0 ] || status=1
 note "- overall: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 

@@ -4,12 +4,15 @@
 # must hold the in-place build (the README's quickstart, or a qwen_resnorm_fp4/_C*.so copied in); with
 # WHEEL=path it installs that wheel and runs everything against the installed package instead.
 #
-#   bash scripts/gpu_check.sh [demo] [tests] [bench] [gemm] [model] [ncu] [sanitizer] [emulation]   (default: tests)
+#   bash scripts/gpu_check.sh [demo] [tests] [bench] [pdl] [per_token] [gemm] [model] [ncu] [sanitizer] [emulation]
+#                                                                                              (default: tests)
 #   PYTEST_ARGS="-m gpu" bash scripts/gpu_check.sh tests
 #   PYTEST_K="not exhaustively" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
 #   WHEEL=dist/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests bench
-#   BASELINE_WHEEL=old.whl bash scripts/gpu_check.sh bench     (the benchmark of old.whl first, then of this build,
-#                                                              same machine, same arguments: a before/after pair)
+#   BASELINE_WHEEL=old.whl bash scripts/gpu_check.sh bench     (this checkout's benchmark of old.whl first, then of
+#                                                              this build, same machine, same arguments: before/after)
+#   stages bench, pdl, per_token, gemm, model run benchmarks/bench_*.py (BENCH_ARGS, PDL_ARGS, PER_TOKEN_ARGS,
+#   GEMM_ARGS, MODEL_ARGS pass options), against the package the tests use
 #   EMULATION_WHEEL=emu.whl bash scripts/gpu_check.sh emulation   (the Blackwell emulation wheel, built elsewhere with
 #                       QWEN_FP4_EMULATE_BLACKWELL=1, installed into /tmp/emulation_site: the blackwell_emulation
 #                       tests, then the whole suite against it; logs emulation_*.txt/log)
@@ -29,6 +32,7 @@ elif [ "${stages[*]}" = emulation ]; then
 else
   ls "$REPO"/qwen_resnorm_fp4/_C*.so >/dev/null 2>&1 || { echo "no in-place build in $REPO/qwen_resnorm_fp4 (run the README's quickstart, or pass WHEEL=)"; exit 2; }
   RUN_DIR=$REPO
+  export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}  # benchmarks/*.py import the checkout's in-place build
 fi
 # Optional extras carried as wheels (no network there), e.g. .whl/diffusers-*.whl, into a private target.
 if ls "$REPO"/.whl/*.whl >/dev/null 2>&1; then
@@ -49,16 +53,20 @@ for stage in "${stages[@]}"; do
     bench)
       if [ -n "${BASELINE_WHEEL:-}" ]; then
         rm -rf /tmp/baseline && python3 -m pip install -q --no-deps --no-index --target /tmp/baseline "$BASELINE_WHEEL" \
-          && (cd /tmp && PYTHONPATH=/tmp/baseline${PYTHONPATH:+:$PYTHONPATH} python3 -m qwen_resnorm_fp4 bench \
+          && (cd /tmp && PYTHONPATH=/tmp/baseline python3 "$REPO/benchmarks/bench_fused.py" \
                 --out "$OUT/bench_baseline" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_baseline.log") || status=1
       fi
-      python3 -m qwen_resnorm_fp4 bench --out "$OUT/bench" --check-targets ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+      python3 "$REPO/benchmarks/bench_fused.py" --out "$OUT/bench" --check-targets ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    pdl)  # a GEMM -> fused op pair, programmatic dependent launch on and off
+      python3 "$REPO/benchmarks/bench_pdl.py" --out "$OUT/pdl" ${PDL_ARGS:-} 2>&1 | tee "$OUT/pdl.log" || status=1 ;;
+    per_token)  # per-token modulation against FlashInfer's DiT kernel (built now from its header)
+      python3 "$REPO/benchmarks/bench_per_token.py" --out "$OUT/per_token" ${PER_TOKEN_ARGS:-} 2>&1 | tee "$OUT/per_token.log" || status=1 ;;
     demo)
       python3 -m qwen_resnorm_fp4 demo 2>&1 | tee "$OUT/demo.log" || status=1 ;;
     gemm)  # the NVFP4 GEMM paths against the BF16 GEMM of the same shapes
-      python3 -m qwen_resnorm_fp4 bench-gemm --out "$OUT/gemm" ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.log" || status=1 ;;
+      python3 "$REPO/benchmarks/bench_gemm.py" --out "$OUT/gemm" ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.log" || status=1 ;;
     model)  # a real-width diffusers Qwen-Image transformer: BF16 against converted fused / unfused
-      python3 -m qwen_resnorm_fp4 bench-model --out "$OUT/model" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/model.log" || status=1 ;;
+      python3 "$REPO/benchmarks/bench_model.py" --out "$OUT/model" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/model.log" || status=1 ;;
     ncu)  # scripts/ncu_profile.sh: 4096 rows fused, 256 rows fused and the pair ($OUT/ncu_*.txt)
       INSTALLED=1 OUT=$OUT RUN_DIR=$RUN_DIR bash "$REPO/scripts/ncu_profile.sh" 2>&1 | tee "$OUT/ncu.log" || status=1 ;;
     sanitizer)

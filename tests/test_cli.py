@@ -1,5 +1,5 @@
-"""CPU tests of the command line (info, demo, bench, --version), of its option checks, of the install
-description it prints (qwen_resnorm_fp4.info) and of the benchmark's pure helpers.
+"""CPU tests of the command line (info, demo, the bench commands, --version), of its option checks and of the
+install description it prints (qwen_resnorm_fp4.info). The benchmarks themselves: tests/test_benchmarks.py.
 
 The subprocesses run from the repository root with CUDA hidden, so they import this source tree and take
 the CPU paths on any machine.
@@ -12,12 +12,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
 
-from qwen_resnorm_fp4 import bench, cli, env, info
-from qwen_resnorm_fp4.layout import round_up
+from qwen_resnorm_fp4 import cli, env, info
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -111,8 +111,7 @@ def test_demo_rejects_unsupported_width(dim, capsys):
 
 @pytest.mark.parametrize("argv", [
     ["demo", "--reps", "0"], ["demo", "--reps", "-1"], ["demo", "--rows-text", "0"], ["demo", "--rows-image", "-5"],
-    ["demo", "--reps", "two"], ["bench", "--reps", "0"], ["bench", "--reps", "-3"], ["bench", "--rows", "17,0"],
-    ["bench", "--dims", "-64"],
+    ["demo", "--reps", "two"],
 ])
 def test_counts_must_be_positive(argv, capsys):
     """A count of zero, a negative one or a non-number is refused by argparse (exit 2, the option named in
@@ -160,26 +159,45 @@ def test_console_script_entry_point():
     assert callable(cli.main)
 
 
-def test_bench_does_not_import_cli():
-    """The benchmark and the command line do not import each other's modules: bench imports info."""
-    code = "import sys, qwen_resnorm_fp4.bench; print('qwen_resnorm_fp4.cli' in sys.modules)"
+def run_from(cwd: Path, pythonpath: Optional[str], *args: str, extra_env=None) -> subprocess.CompletedProcess:
+    """``python -m qwen_resnorm_fp4 *args`` in ``cwd`` with CUDA hidden, PYTHONPATH (None: unset) and no
+    QWEN_FP4_BENCHMARKS unless ``extra_env`` sets it."""
+    env = {k: v for k, v in os.environ.items() if k not in (cli.BENCHMARKS_DIR_VAR, "PYTHONPATH")}
+    env.update(CUDA_VISIBLE_DEVICES="", **(extra_env or {}))
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    return subprocess.run([sys.executable, "-m", "qwen_resnorm_fp4", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_the_cli_imports_no_benchmark():
+    """Running the command line (info) loads none of the benchmark modules."""
+    code = ("import sys, qwen_resnorm_fp4.cli as c; c.main(['info', '--json']); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('bench_fused', 'timing', 'results', 'harness', 'peers') or '.bench' in m))")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and p.stdout.strip() == "False", p.stdout + p.stderr
+    assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "[]", p.stdout + p.stderr
 
 
-def test_check_targets_help_names_the_published_goals(capsys):
-    with pytest.raises(SystemExit):
-        bench.main(["--help"])
-    out = " ".join(capsys.readouterr().out.split())
-    assert "performance goals (docs/performance.md)" in out
-    assert "issue" not in out
+@pytest.mark.parametrize("command, script", sorted(cli.BENCHMARKS.items()))
+def test_bench_commands_find_the_checkouts_benchmarks(command, script):
+    directory, why = cli.find_benchmarks()
+    assert directory == ROOT / "benchmarks" and why == ""
+    assert (directory / script).is_file()
 
 
-@pytest.mark.parametrize("dims", ["16448", "3072,96"])
-def test_bench_rejects_unsupported_width_before_needing_a_gpu(dims, capsys):
-    assert bench.main(["--dims", dims]) == 2
-    assert "--dims: D must be a positive multiple of 64, at most 16384, got " in capsys.readouterr().err
+def test_bench_help_from_the_checkout():
+    p = run_cli("bench", "--help")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "--check-targets" in p.stdout and "--quick" in p.stdout
+
+
+@pytest.mark.parametrize("command", sorted(cli.BENCHMARKS))
+def test_each_bench_command_help(command):
+    p = run_cli(command, "--help")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "--out" in p.stdout
 
 
 def test_bench_on_cpu_exits_2():
@@ -188,39 +206,51 @@ def test_bench_on_cpu_exits_2():
     assert "GPU only" in p.stderr
 
 
-def test_bench_help(capsys):
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["bench", "--help"])
-    assert exc.value.code == 0
-    out = capsys.readouterr().out
-    assert "--check-targets" in out and "--quick" in out
+def test_bench_option_errors_are_the_benchmarks():
+    p = run_cli("bench", "--reps", "0")
+    assert p.returncode == 2 and "argument --reps: expected a positive integer" in p.stderr, p.stderr
 
 
-def test_bench_in_process_without_gpu(monkeypatch, capsys):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cli.main(["bench", "--quick", "--out", "/nonexistent/never-written"]) == 2
-    assert "GPU only" in capsys.readouterr().err
+@pytest.fixture
+def package_copy(tmp_path):
+    """This package copied alone into a directory with no checkout around it (as an installed wheel sits)."""
+    import shutil
+
+    shutil.copytree(ROOT / "qwen_resnorm_fp4", tmp_path / "site" / "qwen_resnorm_fp4",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path / "site"
 
 
-def test_bench_script_on_cpu_exits_2():
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_resnorm_quant.py")], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("command", ["bench", "bench-gemm"])
+def test_bench_outside_a_checkout_says_how(package_copy, command):
+    p = run_from(package_copy.parent, str(package_copy), command, "--help")
     assert p.returncode == 2, p.stdout + p.stderr
-    assert "GPU only" in p.stderr
+    assert "the benchmarks are not part of the installed package" in p.stderr
+    assert f"python benchmarks/{cli.BENCHMARKS[command]} --help" in p.stderr
+    assert cli.BENCHMARKS_DIR_VAR in p.stderr and p.stdout == ""
 
 
-def test_bytes_moved_formula():
-    d = 3072
-    # Per row: residual + x read (2 * D * 2) + residual_out (D * 2) + packed (D / 2) + scales (D / 16).
-    per_row = 2 * d * 2 + d * 2 + d // 2 + d // 16
-    assert per_row == 20_160
-    for m in (128, 4096, 32768):
-        assert bench.bytes_moved(m, d) == per_row * m
-    # Scale rows are padded to a multiple of 128.
-    for m in (1, 17, 4097, 6889):
-        assert bench.bytes_moved(m, d) == (2 * d * 2 + d * 2 + d // 2) * m + d // 16 * round_up(m, 128)
-    assert bench.bytes_moved(256, 5120) == 256 * (4 * 5120 + 2 * 5120 + 2560 + 320)
+def test_bench_outside_a_checkout_with_the_variable(package_copy):
+    """QWEN_FP4_BENCHMARKS points an installed package at a checkout's benchmarks/, which then imports that
+    package (not the checkout's)."""
+    p = run_from(package_copy.parent, str(package_copy), "bench-pdl", "--help",
+                 extra_env={cli.BENCHMARKS_DIR_VAR: str(ROOT / "benchmarks")})
+    assert p.returncode == 0 and "--rows" in p.stdout, p.stdout + p.stderr
+    bad = run_from(package_copy.parent, str(package_copy), "bench", "--help",
+                   extra_env={cli.BENCHMARKS_DIR_VAR: str(package_copy)})
+    assert bad.returncode == 2 and f"has no {cli.BENCHMARKS['bench']}" in bad.stderr
+
+
+def test_benchmark_imports_the_package_the_cli_ran(package_copy, tmp_path):
+    """The child process imports the qwen_resnorm_fp4 the command line came from."""
+    bench_dir = tmp_path / "bench"
+    bench_dir.mkdir()
+    (bench_dir / "bench_fused.py").write_text("import qwen_resnorm_fp4, sys; print(qwen_resnorm_fp4.__file__)\n")
+    want = str(package_copy / "qwen_resnorm_fp4" / "__init__.py")
+    for cwd, pythonpath in ((package_copy.parent, str(package_copy)), (package_copy, None)):  # PYTHONPATH; the cwd
+        p = run_from(cwd, pythonpath, "bench", extra_env={cli.BENCHMARKS_DIR_VAR: str(bench_dir)})
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == want, (cwd, p.stdout)
 
 
 @pytest.mark.parametrize("cap,archs,expected", [
@@ -273,144 +303,3 @@ def test_kernel_path_no_kernel_or_no_library():
     assert info.kernel_path((8, 9), ["90a", "compute_90"], library_loaded=True).startswith("none")
     assert info.kernel_path(None, ["90a"], library_loaded=False) == info.PATH_CPU
     assert info.kernel_path((9, 0), ["90a"], library_loaded=False).startswith(info.PATH_CPU)
-
-
-def test_eager_chain_peer_on_cpu():
-    """The benchmark's eager chain is a speed peer: right shapes, residual exact, quantization close."""
-    from qwen_resnorm_fp4 import reference
-
-    g = torch.Generator().manual_seed(0)
-    rows, d = 130, 256
-    res = torch.randn(1, rows, d, generator=g).bfloat16()
-    x = torch.randn(1, rows, d, generator=g).bfloat16()
-    gate, scale, shift = ((torch.randn(1, d, generator=g) * 0.3).bfloat16() for _ in range(3))
-    y, r = reference.resnorm(res, x, None, gate, scale, shift, bench.EPS)
-    gs = (448.0 * 6.0 / y.float().abs().amax()).reshape(1)
-    p0, s0 = reference.nvfp4_quantize(y, gs, False)
-    bounds = torch.tensor(bench._E2M1_BOUNDS)
-    p1, s1, r1 = bench.eager_chain(res, x, gate, scale, shift, gs, bench.sf_index(rows, d, "cpu"), bounds)
-    assert p1.shape == p0.shape and s1.shape == s0.shape and p1.dtype == s1.dtype == torch.uint8
-    assert torch.equal(r1, r)
-    assert (p1 == p0).float().mean() > 0.95
-    assert (s1 == s0).float().mean() > 0.95
-    used = torch.zeros(s1.numel(), dtype=torch.bool)
-    used[bench.sf_index(rows, d, "cpu")] = True
-    assert not s1.reshape(-1)[~used].any()  # the padding rows' scales (swizzled) stay zero
-
-
-def test_check_targets_logic():
-    def row(m, frac, su, sc, exact=True):
-        return {"dim": 3072, "rows": m, "fused_frac_copy": frac, "speedup_vs_unfused": su,
-                "speedup_vs_compiled": sc, "compiled_us": 1.0, "byte_exact": exact}
-
-    rows = [row(17, 0.1, 1.6, 2.0), row(1024, 0.8, 1.3, 3.0), row(4096, 0.92, 1.25, 6.0)]
-    res = {n: v for n, v, _ in bench.check_targets(rows, {(3072, 17): {"fused": 3.5, "unfused": 6.0}})}
-    assert set(res.values()) == {"PASS"}, res
-    rows[2] = row(4096, 0.85, 1.1, 4.0, exact=False)
-    res = {n: v for n, v, _ in bench.check_targets(rows, {(3072, 17): {"fused": 4.5, "unfused": 7.0}})}
-    assert list(res.values()).count("FAIL") == 5, res
-    assert res["fused >= 1.5x unfused at rows <= 256"] == "PASS", res
-
-
-def test_check_targets_small_rows_use_graph_replay():
-    """Rows <= 256: the graph-replay speedup decides where measured (the goals' rule: small-row GPU times
-    come from CUDA-graph replay), the eager one elsewhere; the detail names both."""
-    rows = [{"dim": 3072, "rows": m, "fused_frac_copy": 0.1, "speedup_vs_unfused": 1.2, "speedup_vs_compiled": 2.0,
-             "compiled_us": 1.0, "byte_exact": True} for m in (17, 256)]
-    name = "fused >= 1.5x unfused at rows <= 256"
-    good = {(3072, 17): {"fused": 2.0, "unfused": 3.2}, (3072, 256): {"fused": 4.0, "unfused": 6.0}}
-    verdicts = {n: (v, d) for n, v, d in bench.check_targets(rows, good)}
-    assert verdicts[name][0] == "PASS" and "1.60x" in verdicts[name][1] and "eager events: min 1.20x" in verdicts[name][1]
-    slow_256 = {**good, (3072, 256): {"fused": 4.0, "unfused": 5.6}}
-    assert {n: v for n, v, _ in bench.check_targets(rows, slow_256)}[name] == "FAIL"
-    only_17 = {(3072, 17): good[(3072, 17)]}  # 256 rows falls back to its eager 1.2x
-    assert {n: v for n, v, _ in bench.check_targets(rows, only_17)}[name] == "FAIL"
-
-
-def test_write_reports_without_gpu(tmp_path):
-    """CSV, markdown table and (when matplotlib exists) the plot, from synthetic rows."""
-    nan = float("nan")
-    rows = [{"dim": 3072, "rows": m, "bytes": bench.bytes_moved(m, 3072), "n_sets": 1, "fused_us": 10.0,
-             "fused_gbps": 4000.0, "fused_frac_copy": 0.9, "unfused_us": 15.0, "unfused_gbps": 2600.0,
-             "eager_us": 200.0, "eager_gbps": 200.0, "compiled_us": nan, "compiled_gbps": nan,
-             "speedup_vs_unfused": 1.5, "speedup_vs_eager": 20.0, "speedup_vs_compiled": nan, "byte_exact": True}
-            for m in (17, 4096)]
-    bench.write_csv(tmp_path / "results.csv", rows)
-    assert (tmp_path / "results.csv").read_text().splitlines()[0].startswith("dim,rows,bytes")
-    lines = bench.table_lines(rows)
-    assert len(lines) == 4 and "n/a" in lines[2]
-    msg = bench.write_png(tmp_path / "results.png", rows, 4400.0, "test")
-    assert (msg is None) == (tmp_path / "results.png").exists()
-
-
-def test_graph_table_and_big_rows_detail():
-    """Graph-replay figures of many-row cases are reported (their own table, the 90% target's detail) but
-    the 90% verdict stays on the per-call figures."""
-    rows = [{"dim": 3072, "rows": 4096, "fused_frac_copy": 0.85, "speedup_vs_unfused": 1.5, "speedup_vs_compiled": 8.0,
-             "compiled_us": 1.0, "byte_exact": True, "graph_fused_us": 21.0, "graph_fused_frac_copy": 0.95,
-             "graph_copy_same_bytes_us": 20.5, "graph_copy_same_bytes_frac": 0.97, "graph_unfused_us": 35.0,
-             "graph_speedup_vs_unfused": 35.0 / 21.0, "graph_calls": 20, "graph_resnorm_us": 26.0,
-             "graph_quantize_us": 10.0},
-            {"dim": 3072, "rows": 17, "fused_frac_copy": 0.02, "speedup_vs_unfused": 1.3, "speedup_vs_compiled": 2.0,
-             "compiled_us": 1.0, "byte_exact": True}]
-    lines = bench.graph_table_lines(rows)
-    assert len(lines) == 3 and "| 3072 | 4096 | 20 | 21.00 | 95.0 | 20.50 | 97.0 | 35.00 | 1.67 |" in lines[2]
-    verdicts = {n: (v, d) for n, v, d in bench.check_targets(rows, {})}
-    v, detail = verdicts["fused >= 90% of copy bandwidth at rows >= 4096"]
-    assert v == "FAIL" and "per-call events: 4096 rows 85.0%" in detail and "graph replay (not judged): 4096 rows 95.0%" in detail
-    assert "copy of the same bytes" not in detail  # not measured in these rows: nothing claimed
-    rows[0]["copy_same_bytes_frac"] = 0.86
-    v, detail = {n: (v, d) for n, v, d in bench.check_targets(rows, {})}["fused >= 90% of copy bandwidth at rows >= 4096"]
-    assert v == "FAIL" and "a copy of the same bytes, per call (not judged): 4096 rows 86.0%" in detail
-
-
-def test_bench_names_the_commit_the_build_recorded(monkeypatch):
-    """The benchmark's header names the commit setup.py recorded in the build (a wheel run on a machine
-    without the checkout still names its code), or n/a when none was recorded."""
-    monkeypatch.setattr(bench, "build_info", lambda: {"build_commit": "abc1234-dirty"})
-    assert bench.git_commit() == "abc1234-dirty"
-    monkeypatch.setattr(bench, "build_info", lambda: {"build_commit": None})
-    assert bench.git_commit() == "n/a"
-
-
-def test_copy_ceiling_is_the_best_pair(monkeypatch):
-    """The ceiling is the highest of the buffer pairs' figures, each pair timed on its own buffers."""
-    monkeypatch.setattr(bench, "DEVICE", "cpu")
-    seen = []
-
-    def fake_measure(src, dst, reps):
-        seen.append((src.data_ptr(), dst.data_ptr(), src.numel(), reps))
-        return [4051.0, 4178.0, 4100.0][len(seen) - 1]
-
-    ceiling, per_pair = bench.copy_ceiling_gbps(nbytes=4096, reps=7, pairs=3, measure=fake_measure)
-    assert ceiling == 4178.0 and per_pair == [4051.0, 4178.0, 4100.0]
-    assert len({ptr for s, d, _, _ in seen for ptr in (s, d)}) == 6  # six distinct buffers, all alive together
-    assert all(n == 4096 and reps == 7 for _, _, n, reps in seen)
-
-
-def test_copy_ceiling_uses_fewer_pairs_when_memory_runs_out(monkeypatch):
-    """Where a third pair does not fit, the ceiling comes from the two that do."""
-    monkeypatch.setattr(bench, "DEVICE", "cpu")
-    real_empty, calls = torch.empty, []
-
-    def empty(*args, **kwargs):  # the third source buffer does not fit
-        calls.append(1)
-        if len(calls) == 3:
-            raise torch.cuda.OutOfMemoryError("out of memory")
-        return real_empty(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "empty", empty)
-    ceiling, per_pair = bench.copy_ceiling_gbps(nbytes=64, pairs=3, measure=lambda s, d, r: 1000.0)
-    assert per_pair == [1000.0, 1000.0] and ceiling == 1000.0
-
-
-def test_copy_ceiling_needs_one_pair(monkeypatch):
-    """Not even one pair fits: the out-of-memory error reaches the caller."""
-    monkeypatch.setattr(bench, "DEVICE", "cpu")
-
-    def empty(*args, **kwargs):
-        raise torch.cuda.OutOfMemoryError("out of memory")
-
-    monkeypatch.setattr(torch, "empty", empty)
-    with pytest.raises(torch.cuda.OutOfMemoryError):
-        bench.copy_ceiling_gbps(nbytes=64, pairs=3, measure=lambda s, d, r: 1.0)

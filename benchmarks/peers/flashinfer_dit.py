@@ -34,14 +34,14 @@ NUMERICS_NOTE = ("FlashInfer's DiT kernel is a speed peer, not byte-compatible w
 
 def include_roots() -> List[Path]:
     """Where FlashInfer's header may be, in order: QWEN_FP4_FLASHINFER_DIR (the build's variable: a FlashInfer
-    source tree, or an include root), a checkout under third_party/flashinfer, the installed flashinfer-python
-    package's data/include (found without importing FlashInfer)."""
+    source tree, or an include root), a checkout under the repository's third_party/flashinfer, the installed
+    flashinfer-python package's data/include (found without importing FlashInfer)."""
     roots: List[Path] = []
     env = os.environ.get("QWEN_FP4_FLASHINFER_DIR")
     if env:
         base = Path(env)
         roots += [base / "include", base, base / "data" / "include", base / "flashinfer" / "data" / "include"]
-    roots.append(Path(__file__).resolve().parents[2] / "third_party" / "flashinfer" / "include")
+    roots.append(Path(__file__).resolve().parents[2] / "third_party" / "flashinfer" / "include")  # benchmarks/peers/..
     try:
         spec = importlib.util.find_spec("flashinfer")
     except (ImportError, ValueError):

@@ -1,0 +1,103 @@
+"""What every benchmark entry point shares besides timing and writing: argument types, the common options,
+the GPU check, the run header, and the byte model and inputs of the op under benchmark.
+
+The benchmarks import the ``qwen_resnorm_fp4`` that Python finds (an editable install, ``PYTHONPATH=.`` in a
+checkout with the in-place build, or an installed wheel); the header names which one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+from qwen_resnorm_fp4.layout import round_up
+from qwen_resnorm_fp4.recipe import global_scale_numerator
+
+#: The op's eps in every benchmark.
+EPS = 1e-6
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_int_list(text: str) -> List[int]:
+    """argparse type: comma-separated integers, each >= 1, at least one."""
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_out_argument(parser: argparse.ArgumentParser) -> None:
+    """``--out DIR`` (default benchmarks/results), the directory every benchmark writes into."""
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                        help="output directory (default benchmarks/results)")
+
+
+def gpu_unavailable_reason() -> Optional[str]:
+    """Why the benchmark cannot run here (no GPU, or the package's compiled kernels not loaded), or None."""
+    from qwen_resnorm_fp4.info import collect_info
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is available"
+    doc = collect_info()
+    if not doc["library_loaded"]:
+        return f"the compiled CUDA library of qwen_resnorm_fp4 is not loaded ({doc['library']})"
+    return None
+
+
+def refuse_without_gpu(prog: str) -> Optional[int]:
+    """None where the benchmark can run, else 2 after saying why on stderr."""
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        return None
+    print(f"{prog}: GPU only, and {reason}. Nothing to measure; run it on a machine with a CUDA GPU and a build "
+          "of qwen_resnorm_fp4 with its kernels.", file=sys.stderr)
+    return 2
+
+
+def run_header() -> List[str]:
+    """Lines that say what was measured: GPU and kernel path, versions, the package's build commit and
+    where it was imported from, the date."""
+    import qwen_resnorm_fp4
+    from qwen_resnorm_fp4.env import default_fast_math
+    from qwen_resnorm_fp4.info import collect_info, kernel_path
+
+    doc = collect_info()
+    cap = torch.cuda.get_device_capability(0)
+    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return [
+        f"GPU: {torch.cuda.get_device_name(0)} (sm_{cap[0]}{cap[1]}), kernel path: {kernel_path(cap)}",
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, qwen_resnorm_fp4 {doc['version']} "
+        f"(build commit {doc['build_commit'] or 'n/a'}, from {Path(qwen_resnorm_fp4.__file__).parent}), {date}",
+        f"fast_math={default_fast_math()}, PDL {'on' if doc['pdl'] else 'off'}, switches: "
+        + (", ".join(f"{k}={v}" for k, v in doc["switches"].items()) or "none set"),
+    ]
+
+
+def bytes_moved(rows: int, dim: int) -> int:
+    """Bytes the fused op must move for ``rows`` rows of width ``dim``: residual and x read (bf16),
+    residual_out written (bf16), packed E2M1 written (D/2 per row), E4M3 scales written for
+    round_up(rows, 128) rows (D/16 per row). gate/scale/shift ([1, D]) are negligible and not counted.
+    At D = 3072: 20,160 bytes per row (12,288 + 6,144 + 1,536 + 192)."""
+    return 2 * dim * 2 * rows + dim * 2 * rows + dim // 2 * rows + dim // 16 * round_up(rows, 128)
+
+
+def global_scale_for(y: torch.Tensor) -> torch.Tensor:
+    """The standard recipe's NVFP4 global scale of ``y``, 448 * 6 / max |y|: fp32 [1]."""
+    return (global_scale_numerator(0) / y.float().abs().amax().clamp(min=1e-12)).reshape(1).float()

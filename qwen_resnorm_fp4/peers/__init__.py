@@ -1,2 +1,0 @@
-"""Benchmark peers from other projects, built at benchmark time from their installed headers (never part
-of the wheel's compiled library): :mod:`.flashinfer_dit`."""
