@@ -13,6 +13,8 @@ Modulation forms (:data:`FORMS`):
 - "token_chunk_views": ``temb.chunk(6, dim=2)`` views of one contiguous [B, S, 6D] (Wan 2.2 TI2V's layout);
 - "token_stride0": per token [B, S, D] with token stride 0, chunks of a [B, 1, 6, D] modulation expanded to
   [B, S, 6, D] (TensorRT-LLM broadcasts the projected modulation that way before sharding);
+- "token_batch_stride0": per token [B, S, D] with batch stride 0, chunks of one [1, S, 6, D] expanded over
+  the batch (a per-token modulation computed once for every sample);
 - "indexed": [2B, D] with modulate_index [B, S] (int32), 0 before ``boundary`` and 1 from it (zero_cond_t:
   target tokens, then condition-image tokens), the boundary placed inside the shard by the callers.
 """
@@ -26,7 +28,7 @@ import torch
 from conftest import make_inputs
 from qwen_resnorm_fp4.layout import round_up, sf_offset_128x4
 
-FORMS = ("shared", "batch", "token", "token_chunk_views", "token_stride0", "indexed")
+FORMS = ("shared", "batch", "token", "token_chunk_views", "token_stride0", "token_batch_stride0", "indexed")
 _MODULATION = ("gate", "scale", "shift")
 
 
@@ -37,7 +39,7 @@ def full_inputs(B: int, S: int, D: int, form: str, *, boundary: int, seed: int, 
     if form not in FORMS:
         raise ValueError(f"unknown form {form!r}")
     base = {"shared": "shared", "batch": "batch", "token": "token", "token_chunk_views": "token",
-            "token_stride0": "batch", "indexed": "indexed_int32"}[form]
+            "token_stride0": "batch", "token_batch_stride0": "token", "indexed": "indexed_int32"}[form]
     inp = make_inputs(B, S, D, base, seed=seed, device=device, bias=False, generate_on_device=generate_on_device,
                       strided=form == "token_chunk_views")
     if form == "token_stride0":
@@ -47,6 +49,13 @@ def full_inputs(B: int, S: int, D: int, form: str, *, boundary: int, seed: int, 
                                dim=2)  # [B, 1, 6, D]
         shift, scale, gate = (c.squeeze(2) for c in per_sample.expand(B, S, 6, D).chunk(6, dim=2)[:3])
         assert gate.stride()[1] == 0 and gate.shape == (B, S, D)
+        inp.update(gate=gate, scale=scale, shift=shift)
+    if form == "token_batch_stride0":
+        g = torch.Generator(device=device if generate_on_device else "cpu").manual_seed(seed + 2)
+        rest = torch.randn(1, S, 3, D, generator=g, device=g.device).to(torch.bfloat16).to(device)
+        one = torch.cat([torch.stack([inp[k][:1] for k in ("shift", "scale", "gate")], dim=2), rest], dim=2)
+        shift, scale, gate = (c.squeeze(2) for c in one.expand(B, S, 6, D).chunk(6, dim=2)[:3])
+        assert (B == 1 or gate.stride()[0] == 0) and gate.shape == (B, S, D)
         inp.update(gate=gate, scale=scale, shift=shift)
     if form == "indexed":
         index = torch.zeros(B, S, dtype=torch.int32, device=device)
