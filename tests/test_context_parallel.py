@@ -202,8 +202,12 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     results: Dict[str, Any] = {}
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE,
-                                         timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    try:
+        torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE,
+                                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    except Exception:  # noqa: BLE001 - e.g. the port taken meanwhile: reported by the fixture
+        torch.save({"setup": traceback.format_exc()}, os.path.join(out_dir, f"rank{rank}.pt"))
+        raise
     try:
         import diffusers.utils.logging as dlog
 
@@ -248,9 +252,13 @@ def ranks(tmp_path_factory) -> List[Dict[str, Any]]:
             p.kill()
             p.join(10)
     assert not hung, f"ranks {hung} still running after {DEADLINE_S} s: killed"
+    paths = [os.path.join(out_dir, f"rank{rank}.pt") for rank in range(WORLD_SIZE)]
+    results = [torch.load(path, weights_only=False) if os.path.exists(path) else {} for path in paths]
+    for rank, r in enumerate(results):
+        assert "setup" not in r, f"rank {rank} could not join the process group:\n{r['setup']}"
     codes = [p.exitcode for p in procs]
     assert codes == [0] * WORLD_SIZE, f"worker exit codes {codes}"
-    return [torch.load(os.path.join(out_dir, f"rank{rank}.pt"), weights_only=False) for rank in range(WORLD_SIZE)]
+    return results
 
 
 def _case(ranks: List[Dict[str, Any]], name: str) -> List[Dict[str, Any]]:
