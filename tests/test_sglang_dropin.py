@@ -118,6 +118,68 @@ def test_declines_with_reason_cpu():
         assert q.last_decline_reason() == reason, (change, q.last_decline_reason())
 
 
+def _indexed_inputs(B: int, S: int, D: int, boundary: int, rows_shape: str, seed: int):
+    """SGLang-shaped inputs with zero_cond_t: gate/scale/shift [2B, 1, D] ("sglang") or [2B, D], and
+    modulate_index [B, S] = 0 before ``boundary``, 1 from it."""
+    inp = sglang_inputs(2 * B, S, D, seed=seed)
+    inp["residual"], inp["x"] = inp["residual"][:B], inp["x"][:B]
+    if rows_shape != "sglang":
+        for k in ("gate", "scale", "shift"):
+            inp[k] = inp[k].squeeze(1)
+    index = torch.zeros(B, S, dtype=torch.int32)
+    index[:, boundary:] = 1
+    return inp, index
+
+
+def unfused_indexed(inp, index):
+    sq = lambda t: t.squeeze(1) if t.dim() == 3 else t  # noqa: E731
+    y, residual_out = q.resnorm(inp["residual"], inp["x"], inp["input_bias"], sq(inp["gate"]), sq(inp["scale"]),
+                                sq(inp["shift"]), inp["eps"], modulate_index=index)
+    return q.nvfp4_quantize(y, inp["global_scale"]), residual_out
+
+
+@pytest.mark.parametrize("rows_shape", ["sglang", "2d"])
+@pytest.mark.parametrize("B", [1, 2])
+def test_modulate_index_cpu(B, rows_shape):
+    """zero_cond_t (SGLang's own function returns None for it): the bytes of the unfused chain."""
+    inp, index = _indexed_inputs(B, 24, 128, 16, rows_shape, seed=B)
+    assert_same(dropin(*inp.values(), allow_cpu=True, modulate_index=index), unfused_indexed(inp, index))
+    ones = torch.ones(2 * B, 128, dtype=torch.bfloat16)
+    assert_same(dropin(**{**inp, "gate": 1}, allow_cpu=True, modulate_index=index),
+                unfused_indexed({**inp, "gate": ones}, index))
+
+
+@pytest.mark.parametrize("form", ["indexed", "per_token", "per_batch"])
+def test_local_shard_equals_rows_of_full_cpu(form):
+    """A sequence shard (tokens 12 .. 23 of every sample, as Ulysses rank 1 of 2 holds them; the index boundary
+    at token 16, inside it): the shard's packed bytes, scales and residual_out equal those rows of the full
+    call (static global scale), and the unfused chain on the shard."""
+    from shard_utils import shard_matches_full
+
+    B, S, D, s0, s1 = 2, 24, 128, 12, 24
+    index = None
+    if form == "indexed":
+        full, index = _indexed_inputs(B, S, D, 16, "sglang", seed=7)
+    else:
+        full = sglang_inputs(B, S, D, seed=8)
+        if form == "per_token":
+            g = torch.Generator().manual_seed(9)
+            temb = (0.2 * torch.randn(B, S, 6 * D, generator=g)).to(torch.bfloat16)
+            full["shift"], full["scale"], full["gate"] = temb.chunk(6, dim=-1)[:3]
+    shard = dict(full, residual=full["residual"][:, s0:s1].contiguous(), x=full["x"][:, s0:s1].contiguous())
+    if form == "per_token":
+        shard.update({k: full[k][:, s0:s1] for k in ("gate", "scale", "shift")})
+    local = None if index is None else index[:, s0:s1]
+    (f_packed, f_scales), f_res = dropin(*full.values(), allow_cpu=True, modulate_index=index)
+    result = dropin(*shard.values(), allow_cpu=True, modulate_index=local)
+    assert result is not None, q.last_decline_detail()
+    (packed, scales), res = result
+    problem = shard_matches_full((f_packed, f_scales, f_res), (packed, scales, res), B, S, s0, s1)
+    assert problem is None, problem
+    if form == "indexed":
+        assert_same(result, unfused_indexed(shard, local))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_OK, reason="needs a CUDA GPU and the compiled library")
 @pytest.mark.parametrize("D", [1536, 3072, 4096, 5120])

@@ -372,6 +372,12 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
     if residual.dtype != torch.bfloat16 or x.dtype != torch.bfloat16:
         raise TypeError(f"the converted {state.spec.label} block needs bfloat16 activations, got {residual.dtype} "
                         f"and {x.dtype} (load the model with torch_dtype=torch.bfloat16)")
+    # Under context parallelism a block's input is a sequence shard (diffusers chunks [B, S, D] along S: not
+    # contiguous for B > 1). The fused path declines strided activations and resnorm copies them: copy here.
+    if not residual.is_contiguous():
+        residual = residual.contiguous()
+    if not x.is_contiguous():
+        x = x.contiguous()
     norm = getattr(block, spec.norm)
     ffn = getattr(block, spec.ffn)
     fc1 = block.get_submodule(spec.input_linears()[0])
@@ -438,6 +444,11 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: str,
         raise TypeError(f"model must be a diffusers {spec.model_class}, got {type(model).__name__}")
     if hasattr(model, MODEL_ATTR):
         raise ValueError("the model is already converted (restore_transformer first, or set_mode to switch modes)")
+    if getattr(model, "_parallel_config", None) is not None:
+        raise ValueError("the model already runs under diffusers parallelism (model.enable_parallelism or "
+                         "from_pretrained(..., parallel_config=...)): its hooks wrap the block forwards that the "
+                         "conversion replaces. Convert first, then enable parallelism: convert_transformer(model, "
+                         "...) and then model.enable_parallelism(config=...) (reload the model to start over)")
     found = blocks(model, spec)
     if not found:
         raise ValueError(f"the model has no {spec.block_class}")

@@ -17,7 +17,8 @@ same return value, and serves much more through ``qwen_resnorm_fp4.try_fused_res
 Blackwell, any batch (scale/shift [B, 1, D] or [B, D]), per-token modulation ([B, S, D], strided views such as
 ``temb.chunk(6, dim=-1)`` read in place), any width the op supports (a multiple of 64),
 ``torch.compile`` and CUDA-graph capture, an affine LayerNorm (``weight`` / ``bias``), no ``input_bias``,
-fp32 parameters, both quantizer modes (FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH select the exact one,
+fp32 parameters, ``modulate_index`` (zero_cond_t, which SGLang's own function declines) on any sequence
+shard, both quantizer modes (FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH select the exact one,
 as for the production quantizer). It declines (returns ``None``, the reason in
 ``qwen_resnorm_fp4.last_decline_reason()``) what the op cannot serve: ``norm_type`` other than ``"layer"``
 (e.g. ``"rms"``: "unsupported_norm"), a scalar ``gate`` other than 1 ("unsupported_modulation"), CPU tensors
@@ -71,13 +72,20 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     allow_cpu: bool = False,
     fast_math: Optional[bool] = None,
     nvfp4_4over6=_q.recipe.UNSET,
+    modulate_index: Optional[Tensor] = None,
 ) -> Optional[Tuple[Tuple[Tensor, Tensor], Tensor]]:
     """SGLang's function of this name, served by the fused kernel (see the module docstring).
 
     Returns ``((packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16]), residual_out bf16 like x)`` or
     ``None`` (then ``qwen_resnorm_fp4.last_decline_reason()`` says why). ``allow_cpu``: run the pure-PyTorch
     reference on CPU tensors. ``fast_math``: the quantizer's mode (None: the environment). ``nvfp4_4over6``: the
-    block-scale recipe (omitted: the FLASHINFER_NVFP4_4OVER6* environment; None: standard; a config)."""
+    block-scale recipe (omitted: the FLASHINFER_NVFP4_4OVER6* environment; None: standard; a config).
+    ``modulate_index``: [B, S] (int32, int64 or bool), the zero_cond_t convention: gate, scale and shift are
+    then [2B, 1, D] or [2B, D], token (b, s) taking row b where the index is 0 and row B + b elsewhere. Any
+    sequence shard serves (x, residual [B, S_local, D] with the index's [B, S_local] columns of that shard)."""
+    if modulate_index is not None:  # SGLang's [2B, 1, D] rows are the op's [2B, D]
+        gate, scale, shift = (t.squeeze(1) if isinstance(t, Tensor) and t.dim() == 3 and t.shape[1] == 1 else t
+                              for t in (gate, scale, shift))
     if gate is None or (type(gate) is int and gate == 1):  # an ungated update: fma(a, 1, residual)
         gate = (torch.ones(scale.shape[-1:], dtype=scale.dtype, device=scale.device).expand(scale.shape)
                 if isinstance(scale, Tensor) else 1)  # one [D] row, broadcast: no per-token ones in memory
@@ -92,7 +100,8 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
         global_scale = global_scale.reshape(1)
     width = x.shape[-1] if isinstance(x, Tensor) and x.dim() > 0 else 0
     result = _q.try_fused_resnorm_quant(residual, x, gate, scale, shift, _PrequantizedFC1(width, global_scale),
-                                        bias=input_bias, eps=eps, norm=norm, allow_cpu=allow_cpu,
+                                        bias=input_bias, eps=eps, norm=norm, modulate_index=modulate_index,
+                                        allow_cpu=allow_cpu,
                                         fast_math=fast_math, nvfp4_4over6=nvfp4_4over6)
     if result is None:
         return None
