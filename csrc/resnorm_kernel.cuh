@@ -222,10 +222,11 @@ __device__ __forceinline__ float residual_and_rstd(const ResnormArgs& args, cons
                                                    float (&d)[kVectors][kVecElems], int stored_slot = -1) {
   const int32_t cols = Config::cols(args.cols);
   const int vecs = Config::vecs(cols);
-  __shared__ __align__(16) float scratch[2][32];  // one per reduction: no barrier before either's writes
+  // One buffer per reduction: no barrier before either's writes.
+  __shared__ __align__(16) float parts[2][Config::kMaxRowVecs];
 
-  // Steps 1-2 and the row sum. d holds r now and r - mu after the mean.
-  float sum = 0.0f;
+  // Steps 1-2 and the per-vector sums. d holds r now and r - mu after the mean.
+  float sum[kVectors];
   uint4* res_out_row = reinterpret_cast<uint4*>(args.residual_out) + row * vecs;
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
@@ -257,25 +258,28 @@ __device__ __forceinline__ float residual_and_rstd(const ResnormArgs& args, cons
 #pragma unroll
     for (int j = 0; j < kVecElems; ++j) d[i][j] = __fmaf_rn(xf[j], gate[j], resf[j]);
     const uint4 r_bf16 = bf16_round8(d[i]);
+    sum[i] = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kVecElems; ++j) sum = __fadd_rn(sum, d[i][j]);
+    for (int j = 0; j < kVecElems; ++j) sum[i] = __fadd_rn(sum[i], d[i][j]);
     if (valid && (stored_slot < 0 || stored_slot == i)) store_stream(res_out_row + v, r_bf16);
   }
 
   // Steps 3-5: two passes over the values held in registers.
   const float inv_cols = args.inv_cols;
-  const float mu = __fmul_rn(block_sum<Config::kWarps>(sum, scratch[0]), inv_cols);
-  float sq = 0.0f;
+  constexpr int kMaxVecs = Config::kMaxRowVecs, kFixedVecs = Config::kFixedVecs;
+  const float mu = __fmul_rn(row_sum<kMaxVecs, kFixedVecs>(sum, Config::threads(), vecs, parts[0]), inv_cols);
+  float sq[kVectors];
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
     const bool valid = Config::valid(i * Config::threads() + threadIdx.x, vecs);
+    sq[i] = 0.0f;
 #pragma unroll
     for (int j = 0; j < kVecElems; ++j) {
       d[i][j] = valid ? __fsub_rn(d[i][j], mu) : 0.0f;
-      sq = __fmaf_rn(d[i][j], d[i][j], sq);
+      sq[i] = __fmaf_rn(d[i][j], d[i][j], sq[i]);
     }
   }
-  const float var = __fmul_rn(block_sum<Config::kWarps>(sq, scratch[1]), inv_cols);
+  const float var = __fmul_rn(row_sum<kMaxVecs, kFixedVecs>(sq, Config::threads(), vecs, parts[1]), inv_cols);
   return rsqrtf(__fadd_rn(var, args.eps));
 }
 
