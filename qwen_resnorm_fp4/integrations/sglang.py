@@ -71,13 +71,17 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     allow_cpu: bool = False,
     fast_math: Optional[bool] = None,
     nvfp4_4over6=_q.recipe.UNSET,
+    fc1_in_features: Optional[int] = None,
 ) -> Optional[Tuple[Tuple[Tensor, Tensor], Tensor]]:
     """SGLang's function of this name, served by the fused kernel (see the module docstring).
 
     Returns ``((packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16]), residual_out bf16 like x)`` or
     ``None`` (then ``qwen_resnorm_fp4.last_decline_reason()`` says why). ``allow_cpu``: run the pure-PyTorch
     reference on CPU tensors. ``fast_math``: the quantizer's mode (None: the environment). ``nvfp4_4over6``: the
-    block-scale recipe (omitted: the FLASHINFER_NVFP4_4OVER6* environment; None: standard; a config)."""
+    block-scale recipe (omitted: the FLASHINFER_NVFP4_4OVER6* environment; None: standard; a config).
+    ``fc1_in_features``: the width of the FC1 layer the result feeds; where it is not x's width the call
+    declines ("fc1_width_mismatch"). SGLang's parameters carry no FC1 layer, so without it nothing checks that
+    the packed activations fit FC1."""
     if gate is None or (type(gate) is int and gate == 1):  # an ungated update: fma(a, 1, residual)
         gate = (torch.ones(scale.shape[-1:], dtype=scale.dtype, device=scale.device).expand(scale.shape)
                 if isinstance(scale, Tensor) else 1)  # one [D] row, broadcast: no per-token ones in memory
@@ -90,8 +94,10 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
         norm = {"type": kind, "weight": weight, "bias": bias, "eps": eps}
     if isinstance(global_scale, Tensor) and global_scale.dim() != 1 and global_scale.numel() == 1:
         global_scale = global_scale.reshape(1)
-    width = x.shape[-1] if isinstance(x, Tensor) and x.dim() > 0 else 0
-    result = _q.try_fused_resnorm_quant(residual, x, gate, scale, shift, _PrequantizedFC1(width, global_scale),
+    if fc1_in_features is None:  # no FC1 named: the gate's width check compares x with itself
+        fc1_in_features = x.shape[-1] if isinstance(x, Tensor) and x.dim() > 0 else 0
+    fc1 = _PrequantizedFC1(fc1_in_features, global_scale)
+    result = _q.try_fused_resnorm_quant(residual, x, gate, scale, shift, fc1,
                                         bias=input_bias, eps=eps, norm=norm, allow_cpu=allow_cpu,
                                         fast_math=fast_math, nvfp4_4over6=nvfp4_4over6)
     if result is None:
