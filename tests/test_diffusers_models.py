@@ -4,7 +4,8 @@
 CPU tests (skipped when diffusers is not importable): small models (width 64, 1-2 blocks, random bf16 weights),
 batch 2, ``linears="fc1"`` and ``"all"``; Qwen-Image 2.1 with target_token_mask (causal_condition, a condition
 image) and without; Wan 2.1 modulation ([B, 1, D]) and Wan 2.2 TI2V per-token modulation (timestep [B, S]:
-[B, S, D] chunk views of one [B, S, 6, D] tensor), both fused.
+[B, S, D] chunk views of one [B, S, 6, D] tensor), both fused; and the offline example of each model page
+(docs/diffusers.md, qwen_image21.md, flux.md, wan.md) runs as written.
 
 GPU tests (marked gpu; need CUDA and the compiled library): the real widths (Qwen-Image 2.1 4096, FLUX.1 3072,
 Wan 1536 and 5120, Wan 2.2 TI2V's per-token modulation at 3072), 1-2 blocks, a few hundred tokens: fused == unfused bytes, exactly one kernel launch fewer
@@ -14,6 +15,8 @@ per converted segment, and the relative error against the BF16 model printed.
 from __future__ import annotations
 
 import importlib.util
+import re
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
@@ -225,6 +228,21 @@ def test_model_specific_converters_refuse_other_models():
     names = qd.linear_names(model, "all")
     assert any(n.startswith("single_transformer_blocks.0.") for n in names)
     assert "transformer_blocks.0.attn.to_q" in names and "transformer_blocks.0.ff.net.2" in names
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@needs_diffusers
+@pytest.mark.parametrize("page", ["diffusers.md", "qwen_image21.md", "flux.md", "wan.md"])
+def test_doc_example_runs_as_written(page, capsys):
+    """Each model page's offline example (its first python block after "## Example") runs as written."""
+    if not DOCS.is_dir():
+        pytest.skip("docs/ not in this copy of the tests")
+    text = (DOCS / page).read_text()
+    example = text[text.index("## Example"):]
+    code = re.search(r"```python\n(.*?)```", example, re.S).group(1)
+    exec(compile(code, f"docs/{page} (example)", "exec"), {"__name__": "doc_example"})
 
 
 # ------------------------------------------------------------------------------------------------------------
