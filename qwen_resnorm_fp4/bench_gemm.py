@@ -231,8 +231,9 @@ def bench_model_main(argv: Sequence[str]) -> int:
     args = p.parse_args(list(argv))
     if (rc := _need_gpu("bench-model")) is not None:
         return rc
-    from .integrations import diffusers as qd  # first: it makes diffusers importable next to a broken flashinfer
+    from .integrations import diffusers as qd
 
+    qd.hide_unimportable_flashinfer()  # diffusers' models import next to a headers-only flashinfer
     from diffusers import QwenImageTransformer2DModel
 
     reps = 3 if args.quick else args.reps
@@ -259,10 +260,10 @@ def bench_model_main(argv: Sequence[str]) -> int:
                         continue
                     fused_ms = time_ms(lambda: model(**inp), reps, args.warmup, flush)
                     fused = model(**inp)[0]
-                    qd.set_qwen_image_mode(model, "unfused")
+                    qd.set_mode(model, "unfused")
                     unfused_ms = time_ms(lambda: model(**inp), reps, args.warmup, flush)
                     unfused = model(**inp)[0]
-                    qd.restore_qwen_image_transformer(model)
+                    qd.restore_transformer(model)
                     same = torch.equal(fused.view(torch.int16), unfused.view(torch.int16))
                     ok &= same
                     err = ((fused.float() - bf16_out.float()).norm() / bf16_out.float().norm()).item()
