@@ -182,6 +182,7 @@ def check_linears(linears: str) -> str:
 
 
 def check_gemm_backend(gemm_backend: str) -> str:
+    """TypeError / ValueError naming ``gemm_backend`` unless it is one of :data:`~qwen_resnorm_fp4.gemm.BACKENDS`."""
     if not isinstance(gemm_backend, str):
         raise TypeError(f"gemm_backend must be a str, got {type(gemm_backend).__name__}")
     if gemm_backend not in BACKENDS:
@@ -354,13 +355,12 @@ def resolve_input_amax(model: torch.nn.Module, spec: ModelSpec, input_amax: Any,
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _resnorm_kernel_or_reference(*args: Any, **kwargs: Any) -> Tuple[Tensor, Tensor]:
-    """``resnorm`` through the op where the compiled library has a kernel for the device, else the reference
-    (e.g. CUDA tensors in a source tree without the compiled library); the same arguments."""
-    x = args[1]
-    if _library.has_kernel("resnorm", x.device.type):
-        return resnorm(*args, **kwargs)
-    return reference.resnorm(*args, **kwargs)
+def _resnorm_kernel_or_reference(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor,
+                                 shift: Tensor, eps: float, **kwargs: Any) -> Tuple[Tensor, Tensor]:
+    """``resnorm`` through the op where the compiled library has a kernel for x's device, else the reference
+    (e.g. CUDA tensors in a source tree without the compiled library); ``resnorm``'s arguments."""
+    fn = resnorm if _library.has_kernel("resnorm", x.device.type) else reference.resnorm
+    return fn(residual, x, bias, gate, scale, shift, eps, **kwargs)
 
 
 def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
