@@ -78,9 +78,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if (rc := harness.refuse_without_gpu(PROG)) is not None:
         return rc
-    # The integration first: it is what makes diffusers importable next to a FlashInfer that fails to import.
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
+    qd.hide_unimportable_flashinfer()  # diffusers' models import next to a headers-only flashinfer
     from diffusers import QwenImageTransformer2DModel
 
     reps = 3 if args.quick else args.reps

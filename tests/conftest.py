@@ -7,6 +7,16 @@ checks something. GPU test files (tests/test_gpu_*.py) may import them:
 
     from conftest import make_inputs, op_args, nvfp4_quantize_oracle, ...
 
+Fixtures and markers
+- ``seed``: a fresh random seed per test (``QWEN_FP4_TEST_SEED=N`` fixes it); torch is seeded with it, and a
+  failing test's report has a "seed" section with the command that reruns it with that seed.
+- ``@pytest.mark.gpu`` (``pytestmark = pytest.mark.gpu`` for a whole file): the test needs a CUDA GPU and the
+  compiled kernels; it is skipped where there is no GPU (or with QWEN_FP4_TEST_CPU_ONLY=1). A session on a GPU
+  machine that cannot load the compiled kernels is refused (see the session guard at the end).
+- ``@pytest.mark.blackwell``: skipped unless the GPU is a Blackwell (capability 10.x-12.x);
+  ``@pytest.mark.blackwell_emulation``: skipped unless the emulation build (QWEN_FP4_EMULATE_BLACKWELL=1) is
+  loaded. Both also take ``gpu``'s rule.
+
 Helpers
 - ``make_inputs(B, S, D, form, param_dtype, seed, ...)``: a dict of op arguments (see its docstring).
 - ``op_args(inp, op)``: the positional argument tuple of ``torch.ops.qwen_fp4.<op>`` for such a dict.
@@ -23,10 +33,12 @@ Helpers
 from __future__ import annotations
 
 import math
+import os
 from fractions import Fraction
 from typing import Dict, Optional, Sequence
 
 import numpy as np
+import pytest
 import torch
 
 from qwen_resnorm_fp4.layout import round_up  # noqa: F401 - the tests' one round_up (test_layout.py checks it)
@@ -413,17 +425,102 @@ def layer_norm_f64(inp: Dict[str, object]):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Session guard: on a GPU machine the compiled kernels must be what is tested
+# The seed fixture
+# ----------------------------------------------------------------------------------------------------
+
+#: Set to an integer to rerun tests with that seed (a failing test's report names its seed).
+SEED_VAR = "QWEN_FP4_TEST_SEED"
+_SEED_KEY = pytest.StashKey[int]()
+
+
+def _draw_seed() -> int:
+    text = os.environ.get(SEED_VAR, "").strip()
+    if not text:
+        return int.from_bytes(os.urandom(4), "little")
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise pytest.UsageError(f"{SEED_VAR} must be an integer, got {text!r}") from None
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A fresh random seed for this test, or ``QWEN_FP4_TEST_SEED``; torch's generators are seeded with it.
+    Recorded as the test's "seed" property (junit XML) and shown in the report of a failure."""
+    value = _draw_seed()
+    request.node.stash[_SEED_KEY] = value
+    request.node.user_properties.append(("seed", value))
+    torch.manual_seed(value)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    value = item.stash.get(_SEED_KEY, None)
+    if value is not None and report.failed:
+        report.sections.append(("seed", f"seed={value}: rerun with {SEED_VAR}={value} python -m pytest "
+                                        f"'{item.nodeid}'"))
+    return report
+
+
+# ----------------------------------------------------------------------------------------------------
+# The gpu, blackwell and blackwell_emulation markers
 # ----------------------------------------------------------------------------------------------------
 
 #: Set to "1" for a deliberate CPU-only run on a machine that has a GPU (the GPU tests then skip).
 CPU_ONLY_VAR = "QWEN_FP4_TEST_CPU_ONLY"
+#: The capability majors of Blackwell GPUs (SM100/103/110/120/121).
+BLACKWELL_MAJORS = (10, 11, 12)
+
+
+def gpu_skip_reason() -> Optional[str]:
+    """Why tests marked gpu cannot run in this session, or None when they can."""
+    from qwen_resnorm_fp4 import _library
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    if os.environ.get(CPU_ONLY_VAR) == "1":
+        return f"{CPU_ONLY_VAR}=1: CPU tests only"
+    if not _library.cuda_available():  # a GPU session refuses this at its start: reached only by a direct call
+        return f"needs the compiled library ({_library.status()})"
+    return None
+
+
+def _marker_skip_reasons() -> Dict[str, Optional[str]]:
+    gpu = gpu_skip_reason()
+    if gpu is not None:
+        return {"gpu": gpu, "blackwell": gpu, "blackwell_emulation": gpu}
+    from qwen_resnorm_fp4 import info
+
+    major, minor = torch.cuda.get_device_capability()
+    return {
+        "gpu": None,
+        "blackwell": None if major in BLACKWELL_MAJORS else f"needs a Blackwell GPU, not capability {major}.{minor}",
+        "blackwell_emulation": None if info.build_info()["blackwell_emulation"] else
+        "needs the Blackwell emulation build (QWEN_FP4_EMULATE_BLACKWELL=1) loaded",
+    }
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    reasons = None
+    for item in items:
+        marked = [m for m in ("gpu", "blackwell", "blackwell_emulation") if item.get_closest_marker(m)]
+        if not marked:
+            continue
+        reasons = reasons if reasons is not None else _marker_skip_reasons()
+        reason = next((reasons[m] for m in marked if reasons[m] is not None), None)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Session guard: on a GPU machine the compiled kernels must be what is tested
+# ----------------------------------------------------------------------------------------------------
 
 
 def _what_runs() -> tuple:
     """(one-line description of what this session tests, reason to refuse it or None)."""
-    import os
-
     import qwen_resnorm_fp4
     from qwen_resnorm_fp4 import _library
 
@@ -449,6 +546,4 @@ def pytest_terminal_summary(terminalreporter) -> None:
 def pytest_sessionstart(session) -> None:
     refusal = _what_runs()[1]
     if refusal is not None:
-        import pytest
-
         pytest.exit(f"qwen-resnorm-fp4 tests: {refusal}", returncode=3)

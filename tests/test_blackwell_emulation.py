@@ -7,33 +7,22 @@ path leaves unwritten shows. Skipped unless the emulation build is loaded on a G
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
-from qwen_resnorm_fp4 import _library, info
+from qwen_resnorm_fp4 import info
 from qwen_resnorm_fp4.env import KERNEL_PATH_VAR
 from qwen_resnorm_fp4.layout import round_up
 from reliability_utils import (as_bits, block_inputs, capture_graph, extra_kwargs, first_difference, resnorm_args,
                                special_values_y)
 
-EMULATION = bool(info.build_info()["blackwell_emulation"])
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.blackwell_emulation,
-    pytest.mark.skipif(not (torch.cuda.is_available() and _library.cuda_available() and EMULATION),
-                       reason="needs the Blackwell emulation build (QWEN_FP4_EMULATE_BLACKWELL=1) loaded on a GPU"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.blackwell_emulation]
 
 DIMS = (64, 1536, 2048, 3072, 4096, 5120, 8192, 16384)
 ROWS = (1, 17, 127, 128, 129, 255, 2048, 4113)
 
-
-def _seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
 
 
 def _sms() -> int:
@@ -67,9 +56,8 @@ def _global_scale(y: torch.Tensor) -> torch.Tensor:
     return (448.0 * 6.0 / y.float().abs().amax().clamp(min=1e-6)).reshape(1).float()
 
 
-def run_case(monkeypatch, rows: int, cols: int, fast: bool, **opts):
+def run_case(monkeypatch, rows: int, cols: int, fast: bool, seed: int, **opts):
     """resnorm_quant and nvfp4_quantize(resnorm(...)) on both paths, compared byte for byte."""
-    seed = opts.pop("seed", _seed())
     kw = block_inputs(rows, cols, device="cuda", generate_on_device=True, seed=seed, **opts)
     what = f"rows={rows} D={cols} fast={fast} {opts} seed={seed}"
     args, extra = resnorm_args(kw), extra_kwargs(kw)
@@ -114,18 +102,18 @@ def test_switch_selects_the_kernels(monkeypatch):
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 @pytest.mark.parametrize("cols", DIMS)
 @pytest.mark.parametrize("rows", ROWS)
-def test_rows_and_widths(monkeypatch, rows, cols, fast):
+def test_rows_and_widths(monkeypatch, rows, cols, fast, seed):
     if cols >= 8192 and rows not in (1, 129, 2048):
         pytest.skip("D >= 8192: a subset of the row counts keeps the suite short")
-    run_case(monkeypatch, rows, cols, fast, form="shared", bias=False)
+    run_case(monkeypatch, rows, cols, fast, seed, form="shared", bias=False)
 
 
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 @pytest.mark.parametrize("cols", (3072, 5120))
-def test_split_kernel_boundary(monkeypatch, cols, fast):
+def test_split_kernel_boundary(monkeypatch, cols, fast, seed):
     """SMs - 1 and SMs rows take the two-CTAs-per-row kernel, SMs + 1 the one-CTA kernels."""
     for rows in (_sms() - 1, _sms(), _sms() + 1):
-        run_case(monkeypatch, rows, cols, fast, form="shared", bias=False)
+        run_case(monkeypatch, rows, cols, fast, seed, form="shared", bias=False)
 
 
 # 4 x 13 rows: the split kernel; 4 x 65: one CTA per row, fewer than 2048 rows; 4 x 513: the many-rows kernels.
@@ -135,13 +123,14 @@ def test_split_kernel_boundary(monkeypatch, cols, fast):
 @pytest.mark.parametrize("form", ("shared", "batch", "indexed"))
 @pytest.mark.parametrize("rows,cols", ((4 * 13, 3072), (4 * 65, 5120), (4 * 513, 3072), (4 * 513, 5120)),
                          ids=("split3072", "one5120", "many3072", "many5120"))
-def test_modulation_forms_and_options(monkeypatch, rows, cols, form, param_dtype, bias, affine, fast):
-    run_case(monkeypatch, rows, cols, fast, batches=4, form=form, param_dtype=param_dtype, bias=bias, affine=affine)
+def test_modulation_forms_and_options(monkeypatch, rows, cols, form, param_dtype, bias, affine, fast, seed):
+    run_case(monkeypatch, rows, cols, fast, seed, batches=4, form=form, param_dtype=param_dtype, bias=bias,
+             affine=affine)
 
 
 @pytest.mark.parametrize("index_dtype", (torch.int32, torch.int64, torch.bool))
-def test_modulate_index_dtypes(monkeypatch, index_dtype):
-    run_case(monkeypatch, 2 * 1031, 3072, True, batches=2, form="indexed", index_dtype=index_dtype)
+def test_modulate_index_dtypes(monkeypatch, index_dtype, seed):
+    run_case(monkeypatch, 2 * 1031, 3072, True, seed, batches=2, form="indexed", index_dtype=index_dtype)
 
 
 GLOBAL_SCALES = (1.0, 448 * 6 / 3.0, 1e-20, 1e20, -2.0, 0.0, 1e-40, float("inf"), 3.0e38)
@@ -149,9 +138,9 @@ GLOBAL_SCALES = (1.0, 448 * 6 / 3.0, 1e-20, 1e20, -2.0, 0.0, 1e-40, float("inf")
 
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 @pytest.mark.parametrize("gs", GLOBAL_SCALES)
-def test_quantizer_special_values_and_global_scales(monkeypatch, gs, fast):
+def test_quantizer_special_values_and_global_scales(monkeypatch, gs, fast, seed):
     rows, cols = 1000, 1024
-    y = special_values_y(rows, cols, _seed())
+    y = special_values_y(rows, cols, seed)
     G = torch.tensor([gs], device="cuda")
     assert_paths_agree(monkeypatch, lambda: q.nvfp4_quantize(y, G, fast), rows, cols, f"nvfp4_quantize G={gs}",
                        names=("packed", "scales"))
@@ -159,11 +148,11 @@ def test_quantizer_special_values_and_global_scales(monkeypatch, gs, fast):
 
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 @pytest.mark.parametrize("gs", (1.0, 1e-20, 1e20, 0.0))
-def test_fused_special_values(monkeypatch, gs, fast):
+def test_fused_special_values(monkeypatch, gs, fast, seed):
     """x and residual with the special values: NaN, inf, huge and subnormal rows through the LayerNorm too."""
     rows, cols = 1000, 3072
     kw = block_inputs(rows, cols, device="cuda", seed=7, form="batch", batches=4)
-    kw["x"] = special_values_y(rows, cols, _seed()).reshape(kw["x"].shape)
+    kw["x"] = special_values_y(rows, cols, seed).reshape(kw["x"].shape)
     kw["residual"][:, 5] = float("nan")
     G = torch.tensor([gs], device="cuda")
     assert_paths_agree(monkeypatch, lambda: q.resnorm_quant(*resnorm_args(kw), G, 1e-6, fast, **extra_kwargs(kw)),
@@ -212,9 +201,9 @@ FOUR_OVER_SIX_CODES = (1, 3, 5, 17, 21)
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 @pytest.mark.parametrize("code", FOUR_OVER_SIX_CODES)
 @pytest.mark.parametrize("rows,cols", ((1, 64), (17, 3072), (129, 5120), (2048, 3072), (4113, 16384)))
-def test_4over6_rows_and_widths(monkeypatch, rows, cols, code, fast):
+def test_4over6_rows_and_widths(monkeypatch, rows, cols, code, fast, seed):
     config = q.recipe.nvfp4_4over6_from_code(code)
-    kw = block_inputs(rows, cols, device="cuda", generate_on_device=True, seed=_seed(), form="batch",
+    kw = block_inputs(rows, cols, device="cuda", generate_on_device=True, seed=seed, form="batch",
                       batches=1, bias=True)
     args, extra = resnorm_args(kw), extra_kwargs(kw)
     y, _ = q.resnorm(*args, 1e-6, **extra)
@@ -229,9 +218,9 @@ def test_4over6_rows_and_widths(monkeypatch, rows, cols, code, fast):
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 @pytest.mark.parametrize("code", FOUR_OVER_SIX_CODES)
 @pytest.mark.parametrize("gs", (1.0, 448 * 6 / 3.0, 1e-20, 1e20, 0.0, float("inf")))
-def test_4over6_special_values_and_global_scales(monkeypatch, gs, code, fast):
+def test_4over6_special_values_and_global_scales(monkeypatch, gs, code, fast, seed):
     rows, cols = 600, 1024
-    y = special_values_y(rows, cols, _seed())
+    y = special_values_y(rows, cols, seed)
     G = torch.tensor([gs], device="cuda")
     config = q.recipe.nvfp4_4over6_from_code(code)
     assert_paths_agree(monkeypatch, lambda: q.nvfp4_quantize(y, G, fast, nvfp4_4over6=config), rows, cols,
@@ -240,9 +229,9 @@ def test_4over6_special_values_and_global_scales(monkeypatch, gs, code, fast):
 
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 @pytest.mark.parametrize("rows,cols", ((17, 3072), (129, 5120), (2304, 3072), (4096, 5120), (300, 1536)))
-def test_per_token_chunk_views(monkeypatch, rows, cols, fast):
+def test_per_token_chunk_views(monkeypatch, rows, cols, fast, seed):
     """Per-token modulation from temb.chunk(6, dim=-1) views (row stride 6D) through both paths."""
-    g = torch.Generator(device="cuda").manual_seed(_seed())
+    g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(1, rows, cols, generator=g, device="cuda").bfloat16()
     residual = (2 * torch.randn(1, rows, cols, generator=g, device="cuda")).bfloat16()
     temb = (0.5 * torch.randn(1, rows, 6 * cols, generator=g, device="cuda")).bfloat16()

@@ -16,21 +16,28 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
 
 import qwen_resnorm_fp4.integrations.diffusers as qd
-from qwen_resnorm_fp4 import NVFP4Linear, _library
+from qwen_resnorm_fp4 import NVFP4Linear
 from reliability_utils import rel_err
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(qd.__file__)))  # where qwen_resnorm_fp4 is imported from
 
 
 def _import() -> Tuple[Any, Optional[str]]:
     if importlib.util.find_spec("diffusers") is None:
         return None, "diffusers is not installed (pip install 'qwen-resnorm-fp4[diffusers]')"
-    # The integration (imported at the top) first: where flashinfer is installed without its dependencies
-    # (this project's build installs it for its headers), it tells diffusers so that diffusers' models import.
+    # Where flashinfer is installed without its dependencies (this project's build installs it for its headers),
+    # diffusers' models import only once diffusers is told that flashinfer is unavailable.
+    qd.hide_unimportable_flashinfer()
     try:
         from diffusers import QwenImageTransformer2DModel
         import diffusers.utils.logging as dlog
@@ -47,7 +54,6 @@ def _import() -> Tuple[Any, Optional[str]]:
 
 QwenImageTransformer2DModel, SKIP_REASON = _import()
 needs_diffusers = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
-GPU_OK = torch.cuda.is_available() and _library.cuda_available()
 
 
 def sha256(t: torch.Tensor) -> str:
@@ -134,12 +140,12 @@ def test_fused_equals_unfused_and_restore_cpu(small_models, zero_cond_t, batch, 
         stats = qd.fused_path_stats(model, reset=True)
         assert stats == {"fused": 2 * SMALL_LAYERS, "unfused": 0, "fallback": 0, "decline_reasons": {}}, stats
 
-        qd.set_qwen_image_mode(model, "unfused")
+        qd.set_mode(model, "unfused")
         unfused = run(model, inp)
         stats = qd.fused_path_stats(model, reset=True)
         assert stats["unfused"] == 2 * SMALL_LAYERS and stats["fused"] == 0, stats
     finally:
-        qd.restore_qwen_image_transformer(model)
+        qd.restore_transformer(model)
 
     assert fused.dtype == torch.bfloat16 and fused.shape == original.shape
     assert torch.equal(fused, unfused)
@@ -173,7 +179,7 @@ def test_convert_unfused_equals_fused_fresh_conversions(small_models, zero_cond_
             assert qd.conversion_info(model).mode == mode
             outs[mode] = run(model, inp)
         finally:
-            qd.restore_qwen_image_transformer(model)
+            qd.restore_transformer(model)
     assert torch.equal(outs["fused"], outs["unfused"])
 
 
@@ -188,10 +194,10 @@ def test_fused_declines_on_cpu_without_allow_cpu_and_falls_back(small_models):
         assert stats["fused"] == 0 and stats["fallback"] == 2 * SMALL_LAYERS
         assert stats["decline_reasons"] == {"cpu_tensors": 2 * SMALL_LAYERS}
         assert stats["blocks"]["transformer_blocks.0"]["img"].fallback == 1
-        qd.set_qwen_image_mode(model, "unfused")
+        qd.set_mode(model, "unfused")
         unfused = run(model, inp)
     finally:
-        qd.restore_qwen_image_transformer(model)
+        qd.restore_transformer(model)
     assert torch.equal(fallback, unfused)
 
 
@@ -199,11 +205,11 @@ def test_fused_declines_on_cpu_without_allow_cpu_and_falls_back(small_models):
 def test_input_amax_forms(small_models):
     model = small_models[False]
     inp = make_inputs(1, 7, False, small=True, seed=4)
-    names = qd.fc1_names(model)
+    names = qd.linear_names(model)
     assert names == [f"transformer_blocks.{i}.{s}_mlp.net.0.proj" for i in range(SMALL_LAYERS) for s in ("img", "txt")]
 
     # calibration == the amax of diffusers' own FC1 inputs
-    amax = qd.calibrate_fc1_input_amax(model, calibration(False))
+    amax = qd.calibrate_input_amax(model, calibration(False))
     seen: Dict[str, float] = {}
     mods = dict(model.named_modules())
     hooks = [mods[n].register_forward_pre_hook(
@@ -225,7 +231,7 @@ def test_input_amax_forms(small_models):
             assert qd.conversion_info(model).input_amax == amax
             outs.append(run(model, inp))
         finally:
-            qd.restore_qwen_image_transformer(model)
+            qd.restore_transformer(model)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
     # one number for every FC1
@@ -235,7 +241,7 @@ def test_input_amax_forms(small_models):
         gs = model.transformer_blocks[1].txt_mlp.net[0].proj.input_global_scale
         assert torch.equal(gs, torch.tensor([448.0 * 6.0 / 4.0]))
     finally:
-        qd.restore_qwen_image_transformer(model)
+        qd.restore_transformer(model)
 
     bad = [
         (dict(), ValueError, "calibration_inputs"),
@@ -270,7 +276,7 @@ def test_version_check(small_models, monkeypatch):
     with pytest.warns(RuntimeWarning):
         qd.convert_qwen_image_transformer(model, input_amax=1.0, allow_untested_version=True)
     assert qd.conversion_info(model).diffusers_version == "0.99.0"
-    qd.restore_qwen_image_transformer(model)
+    qd.restore_transformer(model)
 
 
 @needs_diffusers
@@ -281,24 +287,24 @@ def test_conversion_errors(small_models):
     with pytest.raises(ValueError, match="mode"):
         qd.convert_qwen_image_transformer(model, mode="fast", input_amax=1.0)
     with pytest.raises(ValueError, match="not converted"):
-        qd.restore_qwen_image_transformer(model)
+        qd.restore_transformer(model)
     with pytest.raises(ValueError, match="not converted"):
-        qd.set_qwen_image_mode(model, "fused")
+        qd.set_mode(model, "fused")
 
     qd.convert_qwen_image_transformer(model, input_amax=1.0)
     try:
         with pytest.raises(ValueError, match="already converted"):
             qd.convert_qwen_image_transformer(model, input_amax=1.0)
         with pytest.raises(ValueError, match="mode"):
-            qd.set_qwen_image_mode(model, "other")
+            qd.set_mode(model, "other")
     finally:
-        qd.restore_qwen_image_transformer(model)
+        qd.restore_transformer(model)
 
     # keep_original=False frees the BF16 FC1s: restore refuses (on a copy, so the shared model survives)
     other = build_small(False)
     qd.convert_qwen_image_transformer(other, input_amax=1.0, keep_original=False)
     with pytest.raises(ValueError, match="keep_original=False"):
-        qd.restore_qwen_image_transformer(other)
+        qd.restore_transformer(other)
 
     # a block whose forward is already overridden (a hook) is refused, and nothing is converted
     block = model.transformer_blocks[1]
@@ -320,6 +326,54 @@ def test_conversion_errors(small_models):
     inp["encoder_hidden_states"] = inp["encoder_hidden_states"].float()
     with pytest.raises(TypeError, match="bfloat16"):
         run(fp32, inp)
+
+
+@needs_diffusers
+def test_gemm_backend_typo_refused_before_calibration(small_models):
+    """A misspelt gemm_backend is a ValueError naming the argument before the calibration pass runs."""
+    model = small_models[False]
+    calls = []
+    with pytest.raises(ValueError, match="gemm_backend"):
+        qd.convert_qwen_image_transformer(model, calibration_inputs=lambda m: calls.append(m(**calibration(False)[0])),
+                                          gemm_backend="tensorcore")
+    assert calls == []  # the model never ran
+    with pytest.raises(TypeError, match="gemm_backend"):
+        qd.convert_qwen_image_transformer(model, input_amax=1.0, gemm_backend=None)
+    assert qd.conversion_info(model) is None
+
+
+def test_public_names_only():
+    """The Qwen-Image names of earlier releases are gone; the public names stay."""
+    for old in ("restore_qwen_image_transformer", "set_qwen_image_mode", "fc1_names", "calibrate_fc1_input_amax",
+                "QwenImageConversion"):
+        assert not hasattr(qd, old), old
+    for name in ("convert_transformer", "set_mode", "restore_transformer", "fused_path_stats"):
+        assert callable(getattr(qd, name)), name
+    assert all(hasattr(qd, name) for name in qd.__all__)
+
+
+@needs_diffusers
+def test_import_does_not_patch_diffusers():
+    """Importing the integration leaves diffusers' flashinfer flag as diffusers set it; only an explicit
+    hide_unimportable_flashinfer() call changes it, and only where flashinfer is installed but does not import."""
+    code = textwrap.dedent("""
+        import importlib.util
+        import diffusers.utils.import_utils as iu
+        before = iu._flashinfer_available
+        import qwen_resnorm_fp4.integrations.diffusers as qd
+        assert iu._flashinfer_available == before, (before, iu._flashinfer_available)
+        try:
+            import flashinfer  # noqa: F401
+            broken = False
+        except Exception:
+            broken = importlib.util.find_spec("flashinfer") is not None
+        assert qd.hide_unimportable_flashinfer() == (broken and bool(before))
+        assert iu._flashinfer_available == (before and not broken)
+        print("ok")
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -355,11 +409,11 @@ def end_to_end(model, layers: int, zero_cond_t: bool, *, small: bool, device: st
     lines = []
     try:
         for c in configs:
-            qd.set_qwen_image_mode(model, "fused")
+            qd.set_mode(model, "fused")
             fused = run(model, inputs[c])
             stats = qd.fused_path_stats(model, reset=True)
             assert stats["fused"] == 2 * layers and stats["fallback"] == 0, stats
-            qd.set_qwen_image_mode(model, "unfused")
+            qd.set_mode(model, "unfused")
             unfused = run(model, inputs[c])
             if c == configs[-1]:  # control: the unfused model is deterministic run to run
                 assert torch.equal(unfused, run(model, inputs[c])), "run-to-run nondeterminism (unfused twice)"
@@ -374,9 +428,9 @@ def end_to_end(model, layers: int, zero_cond_t: bool, *, small: bool, device: st
         if device == "cuda":
             # Launches: the fused forward has exactly one launch fewer per stream, i.e. 2 per block.
             inp = inputs[configs[-1]]
-            qd.set_qwen_image_mode(model, "fused")
+            qd.set_mode(model, "fused")
             fused_k = _kernel_names(lambda: run(model, inp))
-            qd.set_qwen_image_mode(model, "unfused")
+            qd.set_mode(model, "unfused")
             unfused_k = _kernel_names(lambda: run(model, inp))
             count = lambda names, s: sum(s in n for n in names)  # noqa: E731
             assert count(fused_k, "resnorm_quant") == 2 * layers, fused_k
@@ -388,7 +442,7 @@ def end_to_end(model, layers: int, zero_cond_t: bool, *, small: bool, device: st
             lines.append(f"zero_cond_t={zero_cond_t}: kernel launches in one forward ({layers} blocks, batch "
                          f"{configs[-1][0]}, text {configs[-1][1]}): fused {len(fused_k)}, unfused {len(unfused_k)}")
     finally:
-        qd.restore_qwen_image_transformer(model)
+        qd.restore_transformer(model)
     for c in configs:
         assert torch.equal(run(model, inputs[c]), originals[c]), f"restore: batch {c[0]}, text {c[1]}"
     return lines
@@ -404,7 +458,6 @@ def test_end_to_end_small_cpu(small_models, zero_cond_t):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
-@pytest.mark.skipif(not GPU_OK, reason="needs a CUDA GPU and the compiled library")
 @pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
 def test_gpu_real_width_fused_equals_unfused(zero_cond_t, capsys):
     torch.manual_seed(0)

@@ -4,7 +4,8 @@
 CPU tests (skipped when diffusers is not importable): small models (width 64, 1-2 blocks, random bf16 weights),
 batch 2, ``linears="fc1"`` and ``"all"``; Qwen-Image 2.1 with target_token_mask (causal_condition, a condition
 image) and without; Wan 2.1 modulation ([B, 1, D]) and Wan 2.2 TI2V per-token modulation (timestep [B, S]:
-[B, S, D] chunk views of one [B, S, 6, D] tensor), both fused.
+[B, S, D] chunk views of one [B, S, 6, D] tensor), both fused; and the offline example of each model page
+(docs/diffusers.md, qwen_image21.md, flux.md, wan.md) runs as written.
 
 GPU tests (marked gpu; need CUDA and the compiled library): the real widths (Qwen-Image 2.1 4096, FLUX.1 3072,
 Wan 1536 and 5120, Wan 2.2 TI2V's per-token modulation at 3072), 1-2 blocks, a few hundred tokens: fused == unfused bytes, exactly one kernel launch fewer
@@ -14,18 +15,19 @@ per converted segment, and the relative error against the BF16 model printed.
 from __future__ import annotations
 
 import importlib.util
+import re
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
 
 import qwen_resnorm_fp4.integrations.diffusers as qd
-from qwen_resnorm_fp4 import NVFP4Linear, _library
+from qwen_resnorm_fp4 import NVFP4Linear
 from reliability_utils import rel_err
 from test_diffusers_integration import SKIP_REASON, _kernel_names, build_small, calibration, make_inputs, sha256
 
 needs_diffusers = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
-GPU_OK = torch.cuda.is_available() and _library.cuda_available()
 
 
 def _classes():
@@ -138,7 +140,7 @@ def check_fused_equals_unfused(model, inputs: List[Dict[str, Any]], segments: in
         for name in info.input_amax:
             assert isinstance(model.get_submodule(name), NVFP4Linear), name
         if linears == "all":
-            assert len(info.input_amax) > len(qd.fc1_names(model))
+            assert len(info.input_amax) > len(qd.linear_names(model))
         for inp, original in zip(inputs, originals):
             qd.set_mode(model, "fused")
             fused = run(model, inp)
@@ -195,7 +197,7 @@ def test_wan_per_token_modulation_fused_cpu():
 @needs_diffusers
 def test_qwen_image21_swiglu_inputs_share_one_scale():
     model, inputs, _ = qwen21(2, 32, 1, True)
-    names = qd.fc1_names(model)
+    names = qd.linear_names(model)
     assert names == ["transformer_blocks.0.img_mlp.proj", "transformer_blocks.0.img_mlp.gate_layer"]
     amax = qd.calibrate_input_amax(model, inputs)
     assert amax[names[0]] == amax[names[1]] > 0  # one input: the modulated activation
@@ -228,6 +230,21 @@ def test_model_specific_converters_refuse_other_models():
     assert "transformer_blocks.0.attn.to_q" in names and "transformer_blocks.0.ff.net.2" in names
 
 
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@needs_diffusers
+@pytest.mark.parametrize("page", ["diffusers.md", "qwen_image21.md", "flux.md", "wan.md"])
+def test_doc_example_runs_as_written(page, capsys):
+    """Each model page's offline example (its first python block after "## Example") runs as written."""
+    if not DOCS.is_dir():
+        pytest.skip("docs/ not in this copy of the tests")
+    text = (DOCS / page).read_text()
+    example = text[text.index("## Example"):]
+    code = re.search(r"```python\n(.*?)```", example, re.S).group(1)
+    exec(compile(code, f"docs/{page} (example)", "exec"), {"__name__": "doc_example"})
+
+
 # ------------------------------------------------------------------------------------------------------------
 # GPU: the real widths
 # ------------------------------------------------------------------------------------------------------------
@@ -243,7 +260,6 @@ GPU_CASES: Dict[str, Callable] = {
 
 @pytest.mark.gpu
 @needs_diffusers
-@pytest.mark.skipif(not GPU_OK, reason="needs a CUDA GPU and the compiled library")
 @pytest.mark.parametrize("linears", ["fc1", "all"])
 @pytest.mark.parametrize("case", list(GPU_CASES))
 def test_gpu_real_width_fused_equals_unfused(case, linears, capsys):

@@ -506,10 +506,8 @@ def test_compile_reads_env_at_trace_time(monkeypatch):
 # GPU: the kernel under the fused path, torch.compile and CUDA-graph capture
 # --------------------------------------------------------------------------------------------------
 
-gpu = pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and the compiled library")
 
 
-@gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", ["batch", "indexed"])
 def test_gpu_success_matches_resnorm_quant(form):
@@ -521,7 +519,6 @@ def test_gpu_success_matches_resnorm_quant(form):
     assert call({k: v.cpu() for k, v in kw.items()}, {k: v.cpu() for k, v in extra.items()}, fc1.cpu()) is None
 
 
-@gpu
 @pytest.mark.gpu
 def test_gpu_cuda_graph_capture_equals_eager():
     kw, extra, fc1 = block(B=2, S=256, D=3072, N=320, device="cuda", bias=True)
@@ -544,7 +541,6 @@ def test_gpu_cuda_graph_capture_equals_eager():
         assert torch.equal(a, b)
 
 
-@gpu
 @pytest.mark.gpu
 def test_gpu_compile_fullgraph_equals_eager():
     torch._dynamo.reset()
@@ -680,7 +676,6 @@ def _direct_for(kw, extra, fc1, more):
     return direct(kw, extra, fc1, eps=eps, weight=weight, norm_bias=norm_bias, fast_math=more.get("fast_math"))
 
 
-@gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(_cuda_cases()) if CUDA_OK else ["no_gpu"])
 def test_gpu_decisions_call_the_op_at_most_once(monkeypatch, name):

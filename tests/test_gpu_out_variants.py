@@ -7,17 +7,12 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
-from qwen_resnorm_fp4 import _library
 from out_variant_utils import (BROKEN_OUTPUTS, OUTPUTS, assert_bytes_equal, assert_each_output_refused, call_out_op,
                                call_out_wrapper, filled_outputs, full_inputs, functional, on_device, overlap_pairs,
                                with_overlap)
 from reliability_utils import padding_scale_bytes
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (torch.cuda.is_available() and _library.cuda_available()),
-                       reason="needs a CUDA GPU and the compiled library"),
-]
+pytestmark = pytest.mark.gpu
 
 OPS = tuple(OUTPUTS)
 DIMS = (64, 3072, 5120, 4096)

@@ -264,7 +264,6 @@ def test_approximates_bf16_linear(K, N):
 # GPU
 # --------------------------------------------------------------------------------------------------
 
-gpu = pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and the compiled library")
 
 
 def _blackwell_flashinfer() -> bool:
@@ -275,7 +274,6 @@ blackwell = pytest.mark.skipif(not (CUDA_OK and _blackwell_flashinfer()),
                                reason="needs a Blackwell GPU (capability 10.x-12.x) and an importable FlashInfer")
 
 
-@gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["auto", "portable"])
 @pytest.mark.parametrize("M,N", [(1, 96), (300, 100), (4096, 12288)])
@@ -290,7 +288,6 @@ def test_gpu_prequantized_equals_forward(backend, M, N):
     assert rel_err(regular, ref) < 0.2
 
 
-@gpu
 @pytest.mark.gpu
 def test_gpu_weights_match_cpu_reference_exact_mode():
     lin = make_linear(3072, 320)
@@ -300,7 +297,6 @@ def test_gpu_weights_match_cpu_reference_exact_mode():
     assert torch.equal(on_gpu.weight_scales.cpu(), on_cpu.weight_scales)
 
 
-@gpu
 @pytest.mark.gpu
 def test_gpu_cuda_graph_forward():
     layer = NVFP4Linear.from_linear(make_linear(3072, 320, device="cuda"), 6.0)

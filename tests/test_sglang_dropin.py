@@ -14,10 +14,7 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
-from qwen_resnorm_fp4 import _library
 from qwen_resnorm_fp4.integrations.sglang import try_fused_scale_residual_norm_scale_shift_nvfp4 as dropin
-
-GPU_OK = torch.cuda.is_available() and _library.cuda_available()
 
 #: SGLang's parameter names, in order, read from sglang 0.5.23 (the PyPI wheel),
 #: sglang/kernels/kda_kernels/norm_scale_shift_jit.py, try_fused_scale_residual_norm_scale_shift_nvfp4.
@@ -180,8 +177,16 @@ def test_local_shard_equals_rows_of_full_cpu(form):
         assert_same(result, unfused_indexed(shard, local))
 
 
+def test_fc1_width_mismatch_declines_cpu():
+    """With FC1's width given, a width other than x's declines as "fc1_width_mismatch" (nothing computed);
+    FC1's own width serves."""
+    inp = sglang_inputs(2, 5, 128, seed=6)
+    assert dropin(**inp, allow_cpu=True, fc1_in_features=256) is None
+    assert q.last_decline_reason() == "fc1_width_mismatch", q.last_decline_detail()
+    assert_same(dropin(**inp, allow_cpu=True, fc1_in_features=128), unfused(inp))
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not GPU_OK, reason="needs a CUDA GPU and the compiled library")
 @pytest.mark.parametrize("D", [1536, 3072, 4096, 5120])
 def test_gpu_eager_compile_and_graph(D):
     inp = sglang_inputs(2, 77, D, device="cuda", affine=D == 5120, seed=D)

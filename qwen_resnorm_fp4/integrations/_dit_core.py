@@ -29,8 +29,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 
 from .. import NVFP4Linear, _library, last_decline_reason, reference, resnorm, try_fused_resnorm_quant
-from ..validation import WIDTH_RULE, is_supported_width
 from ..env import resolve_fast_math
+from ..gemm import BACKENDS
+from ..validation import WIDTH_RULE, is_supported_width
 
 Tensor = torch.Tensor
 
@@ -149,6 +150,7 @@ class DiTConversion:
     fast_math: as passed (None: the environment at each call); allow_cpu;
     input_amax: converted Linear module name -> the amax its input global scale was made from (448 * 6 / amax);
     diffusers_version; block_names: the converted blocks' module names; kept_original: whether restore works.
+    Every field is set by the conversion (no defaults: a record always names its model).
     """
 
     mode: str
@@ -158,8 +160,8 @@ class DiTConversion:
     diffusers_version: str
     block_names: List[str]
     kept_original: bool
-    model_type: str = "QwenImageTransformer2DModel"
-    linears: str = "fc1"
+    model_type: str
+    linears: str
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -177,6 +179,15 @@ def check_linears(linears: str) -> str:
     if linears not in LINEARS:
         raise ValueError(f"linears must be one of {LINEARS}, got {linears!r}")
     return linears
+
+
+def check_gemm_backend(gemm_backend: str) -> str:
+    """TypeError / ValueError naming ``gemm_backend`` unless it is one of :data:`~qwen_resnorm_fp4.gemm.BACKENDS`."""
+    if not isinstance(gemm_backend, str):
+        raise TypeError(f"gemm_backend must be a str, got {type(gemm_backend).__name__}")
+    if gemm_backend not in BACKENDS:
+        raise ValueError(f"gemm_backend must be one of {BACKENDS}, got {gemm_backend!r}")
+    return gemm_backend
 
 
 def _block_linear_names(block: torch.nn.Module, spec: ModelSpec, linears: str, segment: bool = True) -> List[str]:
@@ -344,15 +355,20 @@ def resolve_input_amax(model: torch.nn.Module, spec: ModelSpec, input_amax: Any,
 # ------------------------------------------------------------------------------------------------------------
 
 
+def _resnorm_kernel_or_reference(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor,
+                                 shift: Tensor, eps: float, **kwargs: Any) -> Tuple[Tensor, Tensor]:
+    """``resnorm`` through the op where the compiled library has a kernel for x's device, else the reference
+    (e.g. CUDA tensors in a source tree without the compiled library); ``resnorm``'s arguments."""
+    fn = resnorm if _library.has_kernel("resnorm", x.device.type) else reference.resnorm
+    return fn(residual, x, bias, gate, scale, shift, eps, **kwargs)
+
+
 def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
              norm: torch.nn.LayerNorm, fc1: NVFP4Linear, index: Optional[Tensor]) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
     """The baseline: ``resnorm`` (residual update, LayerNorm, modulation -> BF16 y), then the quantizer with
     FC1's input global scale and fast-math mode (what ``NVFP4Linear`` does to a BF16 input)."""
-    kw = dict(weight=norm.weight, norm_bias=norm.bias, modulate_index=index)
-    if _library.has_kernel("resnorm", x.device.type):
-        y, residual_out = resnorm(residual, x, bias, gate, scale, shift, float(norm.eps), **kw)
-    else:  # e.g. CUDA tensors in a source tree without the compiled library
-        y, residual_out = reference.resnorm(residual, x, bias, gate, scale, shift, float(norm.eps), **kw)
+    y, residual_out = _resnorm_kernel_or_reference(residual, x, bias, gate, scale, shift, float(norm.eps),
+                                                   weight=norm.weight, norm_bias=norm.bias, modulate_index=index)
     return fc1.quantize_input(y), residual_out
 
 
@@ -418,6 +434,11 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
     return residual_out, hidden
 
 
+def clip_fp16(t: Tensor) -> Tensor:
+    """diffusers' end of a block: float16 activations clipped to the finite range, other dtypes as they are."""
+    return t.clip(-65504, 65504) if t.dtype == torch.float16 else t
+
+
 def ones_gate(like: Tensor) -> Tensor:
     """The gate of an ungated residual update (``residual + x``): fma(x, 1, residual) is that sum. One [D] row
     of ones broadcast to ``like``'s shape (stride 0: per-token modulation allocates no [B, S, D] of ones)."""
@@ -440,6 +461,7 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: str,
         raise TypeError("allow_cpu and keep_original must be bools")
     if fast_math is not None:
         resolve_fast_math(fast_math)  # type check
+    check_gemm_backend(gemm_backend)  # refused before the calibration pass, not after it
     if not is_model(model, spec):
         raise TypeError(f"model must be a diffusers {spec.model_class}, got {type(model).__name__}")
     if hasattr(model, MODEL_ATTR):

@@ -20,10 +20,9 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Tuple
 
 import torch
+from torch import Tensor
 
-from ._dit_core import ModelSpec, StreamSpec, ffn_segment
-
-Tensor = torch.Tensor
+from ._dit_core import ModelSpec, StreamSpec, clip_fp16, ffn_segment
 
 
 def _converted_block_forward(
@@ -68,18 +67,15 @@ def _converted_block_forward(
                                                            c_gate_msa, c_scale_mlp, c_shift_mlp)
     encoder_hidden_states = encoder_hidden_states + c_gate_mlp.unsqueeze(1) * context_ff_output
     # --- end of the changed segment ---
-    if encoder_hidden_states.dtype == torch.float16:
-        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
-
-    return encoder_hidden_states, hidden_states
+    return clip_fp16(encoder_hidden_states), hidden_states
 
 
 SPEC = ModelSpec(
     label="FLUX.1",
     model_class="FluxTransformer2DModel",
     block_class="FluxTransformerBlock",
+    block_attrs=("norm1", "norm1_context", "attn"),
     streams=(StreamSpec("img", "norm2", "ff"), StreamSpec("txt", "norm2_context", "ff_context")),
     block_forward=_converted_block_forward,
-    block_attrs=("norm1", "norm1_context", "attn"),
     linear_only_blocks=("FluxSingleTransformerBlock",),
 )

@@ -18,10 +18,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+from torch import Tensor
 
-from ._dit_core import ModelSpec, StreamSpec, ffn_segment
-
-Tensor = torch.Tensor
+from ._dit_core import ModelSpec, StreamSpec, clip_fp16, ffn_segment
 
 
 def _gate_rows(gate: Tensor, index: Optional[Tensor]) -> Tensor:
@@ -97,20 +96,14 @@ def _converted_block_forward(
     encoder_hidden_states = _mlp_half(self, "txt", encoder_hidden_states, txt_attn_output, txt_mod1, txt_mod2, None)
     # --- end of the changed segment ---
 
-    # Clip to prevent overflow for fp16
-    if encoder_hidden_states.dtype == torch.float16:
-        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
-    if hidden_states.dtype == torch.float16:
-        hidden_states = hidden_states.clip(-65504, 65504)
-
-    return encoder_hidden_states, hidden_states
+    return clip_fp16(encoder_hidden_states), clip_fp16(hidden_states)
 
 
 SPEC = ModelSpec(
     label="Qwen-Image",
     model_class="QwenImageTransformer2DModel",
     block_class="QwenImageTransformerBlock",
+    block_attrs=("img_mod", "txt_mod", "img_norm1", "txt_norm1", "attn", "_modulate", "zero_cond_t"),
     streams=(StreamSpec("img", "img_norm2", "img_mlp"), StreamSpec("txt", "txt_norm2", "txt_mlp")),
     block_forward=_converted_block_forward,
-    block_attrs=("img_mod", "txt_mod", "img_norm1", "txt_norm1", "attn", "_modulate", "zero_cond_t"),
 )

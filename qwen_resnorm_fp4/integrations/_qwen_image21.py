@@ -22,10 +22,9 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 import torch
+from torch import Tensor
 
-from ._dit_core import ModelSpec, StreamSpec, ffn_segment
-
-Tensor = torch.Tensor
+from ._dit_core import ModelSpec, StreamSpec, clip_fp16, ffn_segment
 
 
 def _select_modulation_rows(params: Tensor, target_token_mask: Optional[Tensor]) -> Tensor:
@@ -87,18 +86,14 @@ def _converted_block_forward(
                                            torch.zeros_like(scale_rows), index=index)
     hidden_states = residual_out + _select_modulation_rows(gate2, target_token_mask).tanh() * mlp_output
     # --- end of the changed segment ---
-
-    if hidden_states.dtype == torch.float16:
-        hidden_states = hidden_states.clip(-65504, 65504)
-
-    return hidden_states
+    return clip_fp16(hidden_states)
 
 
 SPEC = ModelSpec(
     label="Qwen-Image 2.1",
     model_class="QwenImage21Transformer2DModel",
     block_class="QwenImage21TransformerBlock",
+    block_attrs=("img_norm1", "attn", "_modulate"),
     streams=(StreamSpec("img", "img_norm2", "img_mlp", ffn_kind="swiglu"),),
     block_forward=_converted_block_forward,
-    block_attrs=("img_norm1", "attn", "_modulate"),
 )

@@ -19,10 +19,9 @@ replaced.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from ._dit_core import ModelSpec, StreamSpec, ffn_segment, ones_gate
-
-Tensor = torch.Tensor
 
 
 def _converted_block_forward(
@@ -74,7 +73,7 @@ SPEC = ModelSpec(
     label="Wan",
     model_class="WanTransformer3DModel",
     block_class="WanTransformerBlock",
+    block_attrs=("norm1", "attn1", "norm2", "attn2", "scale_shift_table"),
     streams=(StreamSpec("img", "norm3", "ffn"),),
     block_forward=_converted_block_forward,
-    block_attrs=("norm1", "attn1", "norm2", "attn2", "scale_shift_table"),
 )

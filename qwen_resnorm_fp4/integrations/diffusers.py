@@ -31,8 +31,7 @@ and, mostly, by NVFP4. Between the two modes nothing differs: the outputs of ``m
 
 :func:`restore_transformer` undoes the conversion; :func:`set_mode` switches modes without re-quantizing;
 :func:`conversion_info` reports what was done; :func:`fused_path_stats` how often the fused path ran or fell
-back (and why). The Qwen-Image names of earlier releases (:func:`restore_qwen_image_transformer`,
-:func:`set_qwen_image_mode`, :func:`calibrate_fc1_input_amax`) work for every model.
+back (and why).
 
 Inference only: the NVFP4 path has no autograd (run under ``torch.no_grad()`` / ``torch.inference_mode()``,
 as diffusers' pipelines do). Activations must be bfloat16 (load the model with ``torch_dtype=torch.bfloat16``).
@@ -69,12 +68,10 @@ TESTED_DIFFUSERS_VERSIONS = ("0.42.1",)
 
 #: The model families, by diffusers class name.
 SPECS: Dict[str, ModelSpec] = {s.model_class: s for s in (_qwen_image.SPEC, _qwen_image21.SPEC, _flux.SPEC, _wan.SPEC)}
-#: The record of a conversion (the Qwen-Image name of earlier releases).
-QwenImageConversion = DiTConversion
 
 
 # ------------------------------------------------------------------------------------------------------------
-# diffusers: version and a broken flashinfer
+# diffusers: version, and a flashinfer that does not import
 # ------------------------------------------------------------------------------------------------------------
 
 
@@ -120,12 +117,15 @@ def check_diffusers_version(version: Optional[str] = None, *, allow_untested_ver
     return version
 
 
-def _work_around_broken_flashinfer() -> bool:
-    """diffusers imports ``flashinfer`` when the package is installed (its BFL quantizer, imported with every
-    model). Installed without its dependencies (headers only, as this project's build installs it),
-    ``import flashinfer`` fails and so would every diffusers model import. In that case only, and only before
-    diffusers' quantizers are imported, tell diffusers that flashinfer is unavailable. Returns True when it
-    did so. (This library's own FlashInfer GEMM path checks its import separately.)"""
+def hide_unimportable_flashinfer() -> bool:
+    """Tell diffusers that ``flashinfer`` is unavailable when it is installed but does not import; call it
+    before importing diffusers' models. Returns True when it did so.
+
+    diffusers imports ``flashinfer`` with every model when the package is installed (its BFL quantizer).
+    Installed without its dependencies (headers only, as this project's build installs it), that import fails
+    and so does every diffusers model import. A conversion never needs this (its model is already imported),
+    so nothing calls it implicitly. Where flashinfer imports, or diffusers' quantizers are already imported, it
+    changes nothing. (This library's own FlashInfer GEMM path checks its import separately.)"""
     if importlib.util.find_spec("diffusers") is None or importlib.util.find_spec("flashinfer") is None:
         return False
     if "diffusers.quantizers.bfl.utils" in sys.modules or "flashinfer" in sys.modules:
@@ -145,9 +145,6 @@ def _work_around_broken_flashinfer() -> bool:
                        "that its models import", type(err).__name__, err)
         return True
     return False
-
-
-_work_around_broken_flashinfer()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -212,8 +209,9 @@ def convert_transformer(
             declines on CPU ("cpu_tensors") and the unfused chain runs.
         keep_original: keep the BF16 layers (outside the module tree) so that :func:`restore_transformer` can
             put them back; False frees them (restore then refuses).
-        gemm_backend: :class:`~qwen_resnorm_fp4.NVFP4Linear`'s GEMM backend ("auto": FlashInfer on Blackwell,
-            the portable dequantize + matmul elsewhere).
+        gemm_backend: :class:`~qwen_resnorm_fp4.NVFP4Linear`'s GEMM backend, checked before any work ("auto":
+            FlashInfer's FP4 GEMM on Blackwell where FlashInfer imports, the tensor-core path on other CUDA GPUs,
+            the fp32 reference on CPU; see :func:`~qwen_resnorm_fp4.apply_nvfp4_gemm_prequantized`).
         allow_untested_version: convert even when the installed diffusers is outside :data:`SUPPORTED_DIFFUSERS`
             (a warning instead of the ValueError).
     """
@@ -278,11 +276,6 @@ def linear_names(model: torch.nn.Module, linears: str = "fc1") -> List[str]:
     return core.linear_names(model, _spec_of(model), linears)
 
 
-def fc1_names(model: torch.nn.Module) -> List[str]:
-    """The module names of every block's FFN input layers (``linear_names(model, "fc1")``)."""
-    return linear_names(model, "fc1")
-
-
 def calibrate_input_amax(model: torch.nn.Module, calibration_inputs: Any, linears: str = "fc1") -> Dict[str, float]:
     """Run ``calibration_inputs`` through the (unconverted) model and return, for every layer a conversion with
     ``linears`` makes NVFP4, the max |input| seen: {module name: amax}.
@@ -292,17 +285,8 @@ def calibrate_input_amax(model: torch.nn.Module, calibration_inputs: Any, linear
     return core.calibrate_input_amax(model, _spec_of(model), calibration_inputs, linears)
 
 
-def calibrate_fc1_input_amax(model: torch.nn.Module, calibration_inputs: Any) -> Dict[str, float]:
-    """:func:`calibrate_input_amax` for the FFN input layers."""
-    return calibrate_input_amax(model, calibration_inputs, "fc1")
-
-
-restore_qwen_image_transformer = restore_transformer
-set_qwen_image_mode = set_mode
-
 __all__ = ["convert_transformer", "convert_qwen_image_transformer", "convert_qwen_image21_transformer",
            "convert_flux_transformer", "convert_wan_transformer", "restore_transformer", "set_mode",
-           "restore_qwen_image_transformer", "set_qwen_image_mode", "conversion_info", "fused_path_stats",
-           "linear_names", "fc1_names", "calibrate_input_amax", "calibrate_fc1_input_amax",
-           "check_diffusers_version", "diffusers_version", "DiTConversion", "QwenImageConversion", "StreamStats",
-           "SPECS", "SUPPORTED_DIFFUSERS", "TESTED_DIFFUSERS_VERSIONS", "MODES", "LINEARS"]
+           "conversion_info", "fused_path_stats", "linear_names", "calibrate_input_amax",
+           "check_diffusers_version", "diffusers_version", "hide_unimportable_flashinfer", "DiTConversion",
+           "StreamStats", "SPECS", "SUPPORTED_DIFFUSERS", "TESTED_DIFFUSERS_VERSIONS", "MODES", "LINEARS"]

@@ -73,6 +73,7 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     fast_math: Optional[bool] = None,
     nvfp4_4over6=_q.recipe.UNSET,
     modulate_index: Optional[Tensor] = None,
+    fc1_in_features: Optional[int] = None,
 ) -> Optional[Tuple[Tuple[Tensor, Tensor], Tensor]]:
     """SGLang's function of this name, served by the fused kernel (see the module docstring).
 
@@ -82,7 +83,10 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     block-scale recipe (omitted: the FLASHINFER_NVFP4_4OVER6* environment; None: standard; a config).
     ``modulate_index``: [B, S] (int32, int64 or bool), the zero_cond_t convention: gate, scale and shift are
     then [2B, 1, D] or [2B, D], token (b, s) taking row b where the index is 0 and row B + b elsewhere. Any
-    sequence shard serves (x, residual [B, S_local, D] with the index's [B, S_local] columns of that shard)."""
+    sequence shard serves (x, residual [B, S_local, D] with the index's [B, S_local] columns of that shard).
+    ``fc1_in_features``: the width of the FC1 layer the result feeds; where it is not x's width the call
+    declines ("fc1_width_mismatch"). SGLang's parameters carry no FC1 layer, so without it nothing checks that
+    the packed activations fit FC1."""
     if modulate_index is not None:  # SGLang's [2B, 1, D] rows are the op's [2B, D]
         gate, scale, shift = (t.squeeze(1) if isinstance(t, Tensor) and t.dim() == 3 and t.shape[1] == 1 else t
                               for t in (gate, scale, shift))
@@ -98,8 +102,10 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
         norm = {"type": kind, "weight": weight, "bias": bias, "eps": eps}
     if isinstance(global_scale, Tensor) and global_scale.dim() != 1 and global_scale.numel() == 1:
         global_scale = global_scale.reshape(1)
-    width = x.shape[-1] if isinstance(x, Tensor) and x.dim() > 0 else 0
-    result = _q.try_fused_resnorm_quant(residual, x, gate, scale, shift, _PrequantizedFC1(width, global_scale),
+    if fc1_in_features is None:  # no FC1 named: the gate's width check compares x with itself
+        fc1_in_features = x.shape[-1] if isinstance(x, Tensor) and x.dim() > 0 else 0
+    fc1 = _PrequantizedFC1(fc1_in_features, global_scale)
+    result = _q.try_fused_resnorm_quant(residual, x, gate, scale, shift, fc1,
                                         bias=input_bias, eps=eps, norm=norm, modulate_index=modulate_index,
                                         allow_cpu=allow_cpu,
                                         fast_math=fast_math, nvfp4_4over6=nvfp4_4over6)
