@@ -62,6 +62,15 @@ def test_python_limits_equal_csrc_limits_h():
     assert limits.get("kMaxCols") == v.MAX_COLS
     assert limits.get("kColsMultiple") == v.COLS_MULTIPLE
     assert limits.get("kMaxRows") == v.MAX_ROWS
+    assert limits.get("kMaxDequantizeCols") == v.MAX_DEQUANTIZE_COLS
+
+
+@pytest.mark.skipif(not CSRC.is_dir(), reason="csrc/ not present (tests run against an installed wheel)")
+def test_ops_cpp_writes_no_limit_of_its_own():
+    """ops.cpp takes every limit it shares with validation.py from op_limits.h: no literal of those values."""
+    text = (CSRC / "ops.cpp").read_text()
+    for literal in ("16384", "1 << 27", "<< 27", "% 64", "<< 31"):
+        assert literal not in text, literal
 
 
 def test_width_rule():
