@@ -108,19 +108,9 @@ def resnorm_quant(
                   norm_bias, modulate_index, resolve_nvfp4_4over6(nvfp4_4over6)))
 
 
-def resnorm(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    eps: float = 1e-6,
-    *,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+            eps: float = 1e-6, *, weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+            modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """The BF16 half of :func:`resnorm_quant`, same numerics: returns (y, residual_out), both bf16 like x.
 
     y = bf16(fma(LayerNorm(r), 1 + scale, shift)). Arguments as in :func:`resnorm_quant`.
@@ -190,25 +180,11 @@ def empty_resnorm_outputs(x: Tensor) -> Tuple[Tensor, Tensor]:
             torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
 
 
-def resnorm_quant_out(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    global_scale: Tensor,
-    eps: float = 1e-6,
-    fast_math: Optional[bool] = None,
-    *,
-    packed: Tensor,
-    scales: Tensor,
-    residual_out: Tensor,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    nvfp4_4over6: object = UNSET,
-) -> Tuple[Tensor, Tensor, Tensor]:
+def resnorm_quant_out(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+                      global_scale: Tensor, eps: float = 1e-6, fast_math: Optional[bool] = None, *, packed: Tensor,
+                      scales: Tensor, residual_out: Tensor, weight: Optional[Tensor] = None,
+                      norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                      nvfp4_4over6: object = UNSET) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`resnorm_quant` writing into the given outputs: the same bytes, no allocation.
 
     Args:
@@ -232,21 +208,9 @@ def resnorm_quant_out(
     return packed, scales, residual_out
 
 
-def resnorm_out(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    eps: float = 1e-6,
-    *,
-    y: Tensor,
-    residual_out: Tensor,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm_out(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+                eps: float = 1e-6, *, y: Tensor, residual_out: Tensor, weight: Optional[Tensor] = None,
+                norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """:func:`resnorm` writing into the given outputs: y and residual_out bf16 of x's shape, contiguous,
     16-byte aligned, on x's device; residual_out may be ``residual`` itself, as in :func:`resnorm_quant_out`,
     whose rules apply. Returns (y, residual_out), the given tensors."""

@@ -17,10 +17,10 @@ Three paths (``backend``):
   ``out_features`` columns. M needs no padding: the scale tensor carries round_up(M, 128) rows. The
   ``"trtllm"`` backend is refused: it needs weights prepared with ``do_shuffle=True``, which these are not.
 - **tensor_core** (the default on other CUDA GPUs, e.g. Hopper): both operands become their exact bf16 values
-  without the global scale, ``e2m1 * e4m3`` (:func:`~qwen_resnorm_fp4.api.dequantize_to_bf16`, a CUDA kernel; at most 6 significant
-  bits in [2^-10, 2688], so exact in bf16), and one bf16 tensor-core GEMM with fp32 accumulation computes
-  ``round_to_out_dtype(acc * alpha (+ bias))``: alpha (fp32) applied once to the fp32 accumulator, bias added
-  in fp32, one rounding. That is what a Blackwell block-scaled FP4 MMA computes, up to the order of the fp32
+  without the global scale, ``e2m1 * e4m3`` (:func:`~qwen_resnorm_fp4.api.dequantize_to_bf16`, a CUDA kernel; at
+  most 6 significant bits in [2^-10, 2688], so exact in bf16), and one bf16 tensor-core GEMM with fp32
+  accumulation computes ``round_to_out_dtype(acc * alpha (+ bias))``: alpha (fp32) applied once to the fp32
+  accumulator, bias added in fp32, one rounding. That is what a Blackwell block-scaled FP4 MMA computes, up to the order of the fp32
   accumulation. cuBLAS does it in its epilogue (``addmm`` with ``alpha``), with reduced-precision split-K
   reductions turned off for the call (``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``,
   restored afterwards); for a float32 bias or a float16/float32 output the fp32 product is written and one

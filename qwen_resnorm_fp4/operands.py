@@ -80,7 +80,8 @@ class OpArguments:
                 optional.append(i)
         self.inputs, self.optional, self.modulation = tuple(inputs), tuple(optional), tuple(modulation)
         self.floats, self.required_tensors = tuple(floats), tuple(required_tensors)
-        self.optional_tensors = tuple(i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Optional[Tensor]")
+        self.optional_tensors = tuple(i for i, a in enumerate(op._schema.arguments)
+                                      if str(a.type) == "Optional[Tensor]")
 
     def prepared(self, args: Sequence) -> list:
         """``args`` (the op's, in schema order, already checked) with each one as the op takes it."""

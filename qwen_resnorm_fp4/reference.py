@@ -85,18 +85,9 @@ def _modulation_rows(p: Tensor, rows: int, rows_per_batch: int, modulate_index: 
     return pf[batch]
 
 
-def resnorm(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    eps: float,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+            eps: float, weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+            modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Contract steps 1-7. Returns (y, residual_out), both bf16 and shaped like ``x``."""
     d = x.shape[-1]
     rows = x.numel() // d if d else 0
@@ -227,14 +218,8 @@ def _nvfp4_4over6_blocks(blocks: Tensor, amax: Tensor, g: Tensor, fast_math: boo
     return torch.where(zero.unsqueeze(-1), torch.zeros_like(codes), codes), sf
 
 
-def nvfp4_quantize(
-    y: Tensor,
-    global_scale: Tensor,
-    fast_math: bool,
-    nvfp4_4over6_code: int = 0,
-    *,
-    rcp: Optional[Callable[[Tensor], Tensor]] = None,
-) -> Tuple[Tensor, Tensor]:
+def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: bool, nvfp4_4over6_code: int = 0, *,
+                   rcp: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
     """Contract step 8: NVFP4 of ``y`` ([..., D] bf16) with the production recipe.
 
     Returns ``packed`` uint8 [M, D/2] (two E2M1 codes a byte, even element in the low nibble) and
@@ -262,23 +247,11 @@ def nvfp4_quantize(
     return packed, scales.reshape(padded_rows, d // BLOCK)
 
 
-def resnorm_quant(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    global_scale: Tensor,
-    eps: float,
-    fast_math: bool,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    nvfp4_4over6_code: int = 0,
-    *,
-    rcp: Optional[Callable[[Tensor], Tensor]] = None,
-) -> Tuple[Tensor, Tensor, Tensor]:
+def resnorm_quant(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+                  global_scale: Tensor, eps: float, fast_math: bool, weight: Optional[Tensor] = None,
+                  norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                  nvfp4_4over6_code: int = 0, *, rcp: Optional[Callable[[Tensor], Tensor]] = None
+                  ) -> Tuple[Tensor, Tensor, Tensor]:
     """Steps 1-8: (packed, scales, residual_out) == nvfp4_quantize(resnorm(...)) by definition."""
     y, residual_out = resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
     packed, scales = nvfp4_quantize(y, global_scale, fast_math, nvfp4_4over6_code, rcp=rcp)
