@@ -91,7 +91,8 @@ def bench_gemm_shape(m: int, k: int, n: int, reps: int, warmup: int, with_refere
                      flush: Tensor) -> Dict[str, Any]:
     from . import reference
     from .api import nvfp4_quantize
-    from .gemm import apply_nvfp4_gemm_prequantized, dequantize_to_bf16, flashinfer_serves
+    from .api import dequantize_to_bf16
+    from .gemm import apply_nvfp4_gemm_prequantized, flashinfer_serves
     from .linear import NVFP4Linear
 
     dev = torch.device("cuda")

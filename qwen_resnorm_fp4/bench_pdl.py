@@ -4,7 +4,7 @@ a few row counts (D = 3072), under CUDA-graph replay, with programmatic dependen
 
 Each pair is ``torch.mm(a, W^T, out=x)`` (bf16 [M, D] x [D, D], the projection's GEMM) then
 ``torch.ops.qwen_fp4.resnorm_quant`` on that x; a graph holds one pair per input set (enough sets to exceed
-twice the L2), captured once with QWEN_FP4_PDL=1 and once with QWEN_FP4_PDL=0 (the launcher reads it at
+twice the L2), captured once with PDL on and once off (set_launch_options; the graph keeps what was in force at
 capture), replayed in turns. Reported: time per pair for each, the difference, and the GEMM alone and the
 fused op alone (back to back, PDL on and off) in the same way. The pair's bytes are checked equal with PDL
 on and off.
@@ -13,7 +13,6 @@ on and off.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, List, Tuple
@@ -22,7 +21,7 @@ import torch
 
 from .bench import (EPS, GRAPH_CALLS, _f, _fast_math, bytes_moved, capture_calls, l2_bytes, markdown_table,
                     outputs_equal, replay_once_us)
-from .env import PDL_VAR
+from .launch import set_launch_options
 from .linear import FP4_AMAX_SCALE
 
 DEFAULT_ROWS = (256, 4096, 6889)
@@ -35,17 +34,13 @@ TITLE = ("GEMM -> fused op under CUDA-graph replay, programmatic dependent launc
 
 @contextmanager
 def pdl_setting(on: bool) -> Iterator[None]:
-    """QWEN_FP4_PDL set to "1" or "0" for the block (the kernels' launcher reads it at every launch), then
-    restored."""
-    before = os.environ.get(PDL_VAR)
-    os.environ[PDL_VAR] = "1" if on else "0"
+    """PDL on or off for the block (qwen_resnorm_fp4.set_launch_options; a capture keeps what was in force),
+    then the previous launch options back."""
+    before = set_launch_options(pdl=on)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ[PDL_VAR]
-        else:
-            os.environ[PDL_VAR] = before
+        set_launch_options(*before)
 
 
 class SequenceInputs:

@@ -5,12 +5,10 @@ absent."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 
 from qwen_resnorm_fp4 import bench, bench_pdl, bench_per_token
-from qwen_resnorm_fp4.env import PDL_VAR
 from qwen_resnorm_fp4.peers import flashinfer_dit
 
 
@@ -71,16 +69,18 @@ def test_pdl_table_and_calls():
     assert bench_pdl.calls_for(32768, 3072, l2) == max(bench.GRAPH_CALLS, math.ceil(2 * l2 / per_pair))
 
 
-@pytest.mark.parametrize("before", [None, "0", "1"])
-def test_pdl_setting_sets_and_restores(before, monkeypatch):
-    if before is None:
-        monkeypatch.delenv(PDL_VAR, raising=False)
-    else:
-        monkeypatch.setenv(PDL_VAR, before)
-    for on in (True, False):
-        with bench_pdl.pdl_setting(on):
-            assert os.environ[PDL_VAR] == ("1" if on else "0")
-        assert os.environ.get(PDL_VAR) == before
+@pytest.mark.parametrize("before", [False, True])
+def test_pdl_setting_sets_and_restores(before):
+    import qwen_resnorm_fp4 as q
+
+    previous = q.set_launch_options(pdl=before)
+    try:
+        for on in (True, False):
+            with bench_pdl.pdl_setting(on):
+                assert q.launch_options().pdl is on
+            assert q.launch_options().pdl is before
+    finally:
+        q.set_launch_options(*previous)
 
 
 def test_section_csvs(tmp_path):
