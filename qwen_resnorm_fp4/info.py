@@ -79,7 +79,7 @@ def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]
     if capability is None:
         return f"{PATH_CPU} (no GPU)" if library_loaded else PATH_CPU
     if not library_loaded:
-        return f"{PATH_CPU} (the compiled library is not loaded: CUDA tensors are not supported)"
+        return f"{PATH_CPU} (the compiled library is not loaded: CUDA tensors run the reference too)"
     major, minor = capability
     parsed = [p for p in (_parse_arch(a) for a in archs) if p is not None]
     cubins = [(am, an, sfx) for ptx, am, an, sfx in parsed if not ptx and _cubin_runs_on(major, minor, am, an, sfx)]
