@@ -1,5 +1,6 @@
-"""Build of qwen-resnorm-fp4: one CUDA extension against the LibTorch stable ABI and Python's limited API,
-so one cp310-abi3 wheel serves every torch >= 2.10 and Python >= 3.10 of the same CUDA major version.
+"""Build of qwen-resnorm-fp4: a CUDA extension (_C, the ops' kernels) and a small one of test-only ops
+(_C_testing, loaded by qwen_resnorm_fp4.testing alone), against the LibTorch stable ABI and Python's limited
+API, so one cp310-abi3 wheel serves every torch >= 2.10 and Python >= 3.10 of the same CUDA major version.
 
 Environment:
   QWEN_FP4_CUDA_ARCHS     GPU targets, ';'-separated (default "90a;100f;120f;compute_90": cubins for
@@ -234,14 +235,14 @@ def extension_modules():
              "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_OPERATORS__"]
     nvcc = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DENABLE_BF16", "-DENABLE_FP8", "-DENABLE_FP4",
             "-lineinfo", *undef, *defines, *gencode_flags(archs)]
-    ext = CUDAExtension(
-        name="qwen_resnorm_fp4._C",
-        sources=sources,
-        include_dirs=include_dirs,
-        extra_compile_args={"cxx": ["-O3", "-std=c++17", *defines], "nvcc": nvcc},
-        py_limited_api=True,
-    )
-    return [ext], {"build_ext": BuildExtension}
+    compile_args = {"cxx": ["-O3", "-std=c++17", *defines], "nvcc": nvcc}
+    ext = CUDAExtension(name="qwen_resnorm_fp4._C", sources=sources, include_dirs=include_dirs,
+                        extra_compile_args=compile_args, py_limited_api=True)
+    # The test-only ops, in a library of their own that only qwen_resnorm_fp4.testing loads.
+    testing = CUDAExtension(name="qwen_resnorm_fp4._C_testing",
+                            sources=["csrc/testing_ops.cpp", "csrc/testing_kernels.cu"],
+                            include_dirs=[str(ROOT / "csrc")], extra_compile_args=compile_args, py_limited_api=True)
+    return [ext, testing], {"build_ext": BuildExtension}
 
 
 ext_modules, cmdclass = extension_modules()

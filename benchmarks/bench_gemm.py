@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from qwen_resnorm_fp4 import NVFP4Linear, apply_nvfp4_gemm_prequantized, nvfp4_quantize, reference
-from qwen_resnorm_fp4.gemm import dequantize_to_bf16, flashinfer_serves
+from qwen_resnorm_fp4.api import dequantize_to_bf16
+from qwen_resnorm_fp4.gemm import flashinfer_serves
 
 import harness
 import results

@@ -6,8 +6,8 @@
 
 The sequence of a DiT block: the attention output projection writes x, the fused op reads it. Each pair is
 ``torch.mm(a, W^T, out=x)`` (bf16 [M, D] x [D, D]) then ``torch.ops.qwen_fp4.resnorm_quant`` on that x; a
-graph holds one pair per input set (enough sets to exceed twice the L2), captured once with QWEN_FP4_PDL=1
-and once with QWEN_FP4_PDL=0 (the launcher reads it at capture), replayed in turns
+graph holds one pair per input set (enough sets to exceed twice the L2), captured once with PDL on
+and once off (qwen_resnorm_fp4.set_launch_options; a capture keeps the options in force), replayed in turns
 (:func:`timing.replay_in_turns_us`). Reported: time per pair for each, the difference, and the GEMM alone
 and the fused op alone (back to back, PDL on and off) the same way. The pair's bytes must be equal with PDL
 on and off (exit status 1 otherwise). Writes ``bench_pdl.{csv,md}``.
@@ -16,13 +16,13 @@ on and off (exit status 1 otherwise). Writes ``bench_pdl.{csv,md}``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
-from qwen_resnorm_fp4.env import PDL_VAR, default_fast_math
+from qwen_resnorm_fp4 import set_launch_options
+from qwen_resnorm_fp4.env import default_fast_math
 
 import harness
 import results
@@ -41,17 +41,13 @@ TITLE = ("GEMM -> fused op under CUDA-graph replay, programmatic dependent launc
 
 @contextmanager
 def pdl_setting(on: bool) -> Iterator[None]:
-    """QWEN_FP4_PDL set to "1" or "0" for the block (the kernels' launcher reads it when it launches, so a
-    graph captured inside keeps the setting), then restored."""
-    before = os.environ.get(PDL_VAR)
-    os.environ[PDL_VAR] = "1" if on else "0"
+    """PDL on or off for the block (qwen_resnorm_fp4.set_launch_options; a graph captured inside keeps the
+    setting), then the previous launch options back."""
+    before = set_launch_options(pdl=on)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ[PDL_VAR]
-        else:
-            os.environ[PDL_VAR] = before
+        set_launch_options(*before)
 
 
 class SequenceInputs:

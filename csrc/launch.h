@@ -119,9 +119,6 @@ QWEN_FP4_HOST_DEVICE constexpr bool recipe_error_fast_math(int32_t code) {
 void launch_resnorm(const ResnormArgs& args, const LaunchTarget& on);
 void launch_resnorm_quant_portable(const ResnormArgs& args, bool fast_math, const LaunchTarget& on);
 void launch_nvfp4_quantize_portable(const QuantizeArgs& args, bool fast_math, const LaunchTarget& on);
-void launch_rcp_approx(const float* in, float* out, int64_t n, void* stream);
-// E2M1 codes of fp32 values, by e2m1_code or (toolkit) by cuda_fp4.h: for the exhaustive equality test.
-void launch_e2m1_codes(const float* in, uint8_t* out, int64_t n, bool toolkit, void* stream);
 
 // Blackwell path (FlashInfer's production conversion): sm_100f / sm_120f cubins.
 // blackwell_kernels_usable() is false when this build has no Blackwell code or the device can't run it.
@@ -137,9 +134,23 @@ void launch_nvfp4_dequantize_bf16(const uint8_t* packed, const uint8_t* scales, 
 // Throws std::runtime_error on a CUDA error of the last launch.
 void check_launch(const char* what);
 
-// Whether the row kernels launch with programmatic dependent launch (pdl.cuh): QWEN_FP4_PDL "1" on, "0"
-// off, otherwise (unset) off. Read at every call, as qwen_resnorm_fp4.env reads it, so that a change made
-// from Python takes effect at the next call; one getenv is far below a call's host time.
-bool pdl_enabled();
+// The launch switches, decided by the Python package (qwen_resnorm_fp4/launch.py: from QWEN_FP4_KERNEL_PATH
+// and QWEN_FP4_PDL when it loads this library, then by set_launch_options) and set through the op
+// _set_launch_options; this library never reads the environment and has no defaults of its own.
+enum class KernelPath : int32_t {
+  kAuto = 0,       // the Blackwell kernels where usable on the device, else the portable ones
+  kPortable = 1,   // always the portable kernels
+  kBlackwell = 2,  // always the Blackwell kernels (an error where they are not usable)
+  kInvalid = 3,    // QWEN_FP4_KERNEL_PATH held another value at load: the quantizing ops raise
+};
+struct LaunchOptions {
+  KernelPath kernel_path;
+  bool pdl;  // the row kernels launch with programmatic dependent launch (pdl.cuh)
+};
+void set_launch_options(LaunchOptions options);
+// The options in force; throws std::runtime_error if they were never set (the library was loaded without
+// the qwen_resnorm_fp4 package).
+LaunchOptions launch_options();
+inline bool pdl_enabled() { return launch_options().pdl; }
 
 }  // namespace qwen_fp4

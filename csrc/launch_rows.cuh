@@ -1,8 +1,8 @@
 // The one launch path of the row kernels, shared by the portable and Blackwell translation units: one CTA
 // per row (two for few rows of the fused op, split_rows), plus (the quantizing kernels, quantize_grid)
 // CTAs that zero the scale tensor's padding rows, with the first-wave stagger where the configuration
-// (row_config.cuh) takes it. Every launch is a programmatic dependent launch (pdl.cuh) unless
-// QWEN_FP4_PDL=0 (pdl_enabled).
+// (row_config.cuh) takes it. A launch is a programmatic dependent launch (pdl.cuh) when the launch
+// options say so (pdl_enabled, launch.h).
 #pragma once
 
 #include <cuda_runtime.h>

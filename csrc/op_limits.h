@@ -1,5 +1,5 @@
-// The limits of the ops' arguments, checked by ops.cpp before any launch (the Python layer reads the
-// same three lines). Not named limits.h: csrc/ is on the include path, where that name would hide the C
+// The limits of the ops' arguments, checked by ops.cpp before any launch (qwen_resnorm_fp4/validation.py
+// has the same values; tests/test_validation.py holds them equal). Not named limits.h: csrc/ is on the include path, where that name would hide the C
 // header <limits.h>.
 #pragma once
 
@@ -14,5 +14,9 @@ constexpr int64_t kColsMultiple = 64;
 // Most rows (x.numel() / D): the grid (a CTA per row and at most 16 padding CTAs) stays below gridDim.x's
 // limit of 2^31 - 1, and round_up(rows, 128) below 2^31.
 constexpr int64_t kMaxRows = (int64_t(1) << 31) - 128;
+
+// nvfp4_dequantize_bf16: K (2 x the packed row length) is a positive multiple of kColsMultiple, at most
+// this: the 128x4 scale offsets are 32-bit, so K / 64 tiles of 512 bytes stay below 2^31.
+constexpr int64_t kMaxDequantizeCols = int64_t(1) << 27;
 
 }  // namespace qwen_fp4

@@ -12,8 +12,6 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -389,28 +387,20 @@ void check_no_overlap(std::initializer_list<NamedTensor> outputs, std::initializ
   }
 }
 
-// The quantizing ops' kernel path on x's device, by QWEN_FP4_KERNEL_PATH read on every call (getenv, no
-// allocation): "auto" (or unset/empty) takes the Blackwell path where usable, "portable" never, "blackwell"
-// always (an error where it is not usable); any other value is an error.
+// The quantizing ops' kernel path on x's device, by the launch options (launch.h): auto takes the
+// Blackwell path where usable, portable never, blackwell always (an error where it is not usable).
 bool blackwell_path(const Tensor& x) {
-  const char* choice = std::getenv("QWEN_FP4_KERNEL_PATH");
+  const KernelPath path = launch_options().kernel_path;
   const int device = x.get_device_index();
-  if (choice == nullptr || *choice == '\0' || std::strcmp(choice, "auto") == 0) return blackwell_kernels_usable(device);
-  if (std::strcmp(choice, "portable") == 0) return false;
-  STD_TORCH_CHECK(std::strcmp(choice, "blackwell") == 0,
-                  "qwen_fp4: QWEN_FP4_KERNEL_PATH must be auto, portable or blackwell (or unset), got '", choice, "'");
-  STD_TORCH_CHECK(blackwell_kernels_usable(device), "qwen_fp4: QWEN_FP4_KERNEL_PATH=blackwell, but the Blackwell "
-                  "path is not usable on cuda:", device, " (this build has no Blackwell cubin for it); use auto or "
-                  "portable");
+  if (path == KernelPath::kAuto) return blackwell_kernels_usable(device);
+  if (path == KernelPath::kPortable) return false;
+  STD_TORCH_CHECK(path == KernelPath::kBlackwell, "qwen_fp4: QWEN_FP4_KERNEL_PATH must be auto, portable or "
+                  "blackwell (or unset) when qwen_resnorm_fp4 is imported; or pick the path with "
+                  "qwen_resnorm_fp4.set_launch_options(kernel_path=...)");
+  STD_TORCH_CHECK(blackwell_kernels_usable(device), "qwen_fp4: kernel path blackwell (QWEN_FP4_KERNEL_PATH or "
+                  "set_launch_options), but the Blackwell path is not usable on cuda:", device, " (this build has "
+                  "no Blackwell cubin for it); use auto or portable");
   return true;
-}
-
-// The input of the test-only ops (_rcp_approx, _e2m1_codes): a float32 CUDA tensor.
-void check_test_op_input(const char* op, const Tensor& x) {
-  STD_TORCH_CHECK(x.is_cuda(), "qwen_fp4: ", op, " needs a CUDA tensor");
-  check_cuda_tensor("x", x, x, /*vector_access=*/false);
-  STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float, "qwen_fp4: ", op, " needs float32, got ",
-                  dtype_name(x.scalar_type()));
 }
 
 }  // namespace
@@ -545,22 +535,10 @@ void nvfp4_quantize_out_cuda(const Tensor& y, const Tensor& global_scale, bool f
   run_nvfp4_quantize(a, y, global_scale, fast_math, nvfp4_4over6_code, packed, scales);
 }
 
-Tensor rcp_approx_cuda(const Tensor& x) {
-  check_test_op_input("_rcp_approx", x);
-  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
-  Tensor out = empty_cuda(x, sizes_of(x), aoti_torch_dtype_float32());
-  launch_rcp_approx(static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), x.numel(),
-                    current_stream(x));
-  return out;
-}
-
-Tensor e2m1_codes_cuda(const Tensor& x, bool toolkit) {
-  check_test_op_input("_e2m1_codes", x);
-  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
-  Tensor out = empty_cuda(x, sizes_of(x), aoti_torch_dtype_uint8());
-  launch_e2m1_codes(static_cast<const float*>(x.data_ptr()), static_cast<uint8_t*>(out.data_ptr()), x.numel(),
-                    toolkit, current_stream(x));
-  return out;
+void set_launch_options_op(int64_t kernel_path, bool pdl) {
+  STD_TORCH_CHECK(kernel_path >= 0 && kernel_path <= static_cast<int64_t>(KernelPath::kInvalid),
+                  "qwen_fp4: kernel_path must be a KernelPath code 0-3, got ", kernel_path);
+  set_launch_options({static_cast<KernelPath>(kernel_path), pdl});
 }
 
 Tensor nvfp4_dequantize_bf16_cuda(const Tensor& packed, const Tensor& scales) {
@@ -576,10 +554,10 @@ Tensor nvfp4_dequantize_bf16_cuda(const Tensor& packed, const Tensor& scales) {
                   "qwen_fp4: scales must be 2-byte aligned (a view at an odd offset? pass a copy)");
   STD_TORCH_CHECK(packed.dim() == 2, "qwen_fp4: packed must be [rows, K/2], got shape ", shape_str(packed));
   const int64_t rows = packed.size(0), cols = packed.size(1) * 2;
-  STD_TORCH_CHECK(cols > 0 && cols % 64 == 0, "qwen_fp4: packed.shape[1] * 2 (K) must be a positive multiple of 64, got ",
-                  cols);
-  // sf_block_offset_128x4 is 32-bit: K / 64 tiles of 512 bytes must stay below 2^31
-  STD_TORCH_CHECK(cols <= (int64_t(1) << 27), "qwen_fp4: packed.shape[1] * 2 (K) must be at most 2^27, got ", cols);
+  STD_TORCH_CHECK(cols > 0 && cols % kColsMultiple == 0,
+                  "qwen_fp4: packed.shape[1] * 2 (K) must be a positive multiple of ", kColsMultiple, ", got ", cols);
+  STD_TORCH_CHECK(cols <= kMaxDequantizeCols, "qwen_fp4: packed.shape[1] * 2 (K) must be at most ",
+                  kMaxDequantizeCols, ", got ", cols);
   STD_TORCH_CHECK(scales.numel() >= scale_rows(rows) * (cols / 16), "qwen_fp4: scales has ", scales.numel(),
                   " bytes, ", scale_rows(rows) * (cols / 16), " needed for ", rows, " rows of K = ", cols,
                   " in the 128x4 layout");

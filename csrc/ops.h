@@ -44,10 +44,9 @@ std::tuple<Tensor, Tensor> resnorm_cuda(const Tensor& residual, const Tensor& x,
 std::tuple<Tensor, Tensor> nvfp4_quantize_cuda(const Tensor& y, const Tensor& global_scale, bool fast_math,
                                                int64_t nvfp4_4over6_code);
 
-Tensor rcp_approx_cuda(const Tensor& x);
-
-Tensor e2m1_codes_cuda(const Tensor& x, bool toolkit);
-
 Tensor nvfp4_dequantize_bf16_cuda(const Tensor& packed, const Tensor& scales);
+
+// _set_launch_options: kernel_path a KernelPath code (launch.h), pdl the PDL switch.
+void set_launch_options_op(int64_t kernel_path, bool pdl);
 
 }  // namespace qwen_fp4

@@ -1,5 +1,5 @@
 // Registers the CUDA kernels for the qwen_fp4 ops. The schemas are defined once, in
-// qwen_resnorm_fp4/ops.py, which the package imports before it loads this library.
+// qwen_resnorm_fp4/ops.py, which loads this library once they are defined.
 #include <torch/csrc/stable/library.h>
 
 #include "ops.h"
@@ -11,7 +11,10 @@ STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CUDA, m) {
   m.impl("resnorm_quant_out", TORCH_BOX(&qwen_fp4::resnorm_quant_out_cuda));
   m.impl("resnorm_out", TORCH_BOX(&qwen_fp4::resnorm_out_cuda));
   m.impl("nvfp4_quantize_out", TORCH_BOX(&qwen_fp4::nvfp4_quantize_out_cuda));
-  m.impl("_rcp_approx", TORCH_BOX(&qwen_fp4::rcp_approx_cuda));
-  m.impl("_e2m1_codes", TORCH_BOX(&qwen_fp4::e2m1_codes_cuda));
   m.impl("nvfp4_dequantize_bf16", TORCH_BOX(&qwen_fp4::nvfp4_dequantize_bf16_cuda));
+}
+
+// No tensor arguments: the dispatcher takes it to this key's kernel.
+STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CompositeExplicitAutograd, m) {
+  m.impl("_set_launch_options", TORCH_BOX(&qwen_fp4::set_launch_options_op));
 }

@@ -4,31 +4,26 @@ Ops: ``torch.ops.qwen_fp4.resnorm_quant``, ``.resnorm``, ``.nvfp4_quantize`` and
 ``.resnorm_quant_out``, ``.resnorm_out``, ``.nvfp4_quantize_out`` (CUDA kernels where built, the
 pure-PyTorch reference on CPU). Typed wrappers: :func:`resnorm_quant`, :func:`resnorm`,
 :func:`nvfp4_quantize`, :func:`dequantize_nvfp4`, :func:`resnorm_quant_out`, :func:`resnorm_out`,
-:func:`nvfp4_quantize_out`.
+:func:`nvfp4_quantize_out`. Launch switches of the CUDA kernels: :func:`set_launch_options`.
 """
 
-from . import ops  # defines the op schemas first
-from . import _library
+from . import recipe
+from .api import dequantize_nvfp4, nvfp4_quantize, resnorm, resnorm_quant
+from .api import empty_quantize_outputs, empty_resnorm_outputs, empty_resnorm_quant_outputs
+from .api import nvfp4_quantize_out, resnorm_out, resnorm_quant_out
+from .fused_path import DeclineReason, last_decline_detail, last_decline_reason, try_fused_resnorm_quant
+from .gemm import apply_nvfp4_gemm_prequantized
+from .launch import LaunchOptions, launch_options, set_launch_options
+from .layout import sf_offset_128x4
+from .linear import NVFP4Linear
+from .recipe import NVFP44Over6Config
 
-_library.load()  # then the CUDA kernels register for the CUDA key, if built
+from .info import package_version
 
-from .api import dequantize_nvfp4, nvfp4_quantize, resnorm, resnorm_quant  # noqa: E402
-from .api import empty_quantize_outputs, empty_resnorm_outputs, empty_resnorm_quant_outputs  # noqa: E402
-from .api import nvfp4_quantize_out, resnorm_out, resnorm_quant_out  # noqa: E402
-from .layout import sf_offset_128x4  # noqa: E402
-from . import recipe  # noqa: E402
-from .recipe import NVFP44Over6Config  # noqa: E402
-from .gemm import apply_nvfp4_gemm_prequantized  # noqa: E402
-from .linear import NVFP4Linear  # noqa: E402
-from .fused_path import DeclineReason, last_decline_detail, last_decline_reason, try_fused_resnorm_quant  # noqa: E402
-
-try:
-    from ._version import __version__  # written by setup.py
-except ImportError:  # a source tree that was never built: no version of its own
-    __version__ = "0+source"
+__version__ = package_version()
 
 __all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "sf_offset_128x4", "__version__",
            "try_fused_resnorm_quant", "last_decline_reason", "last_decline_detail", "DeclineReason",
            "NVFP4Linear", "apply_nvfp4_gemm_prequantized", "NVFP44Over6Config", "recipe", "resnorm_quant_out",
            "resnorm_out", "nvfp4_quantize_out", "empty_resnorm_quant_outputs", "empty_resnorm_outputs",
-           "empty_quantize_outputs"]
+           "empty_quantize_outputs", "set_launch_options", "launch_options", "LaunchOptions"]

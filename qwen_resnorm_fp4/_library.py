@@ -12,11 +12,11 @@ _load_error: Optional[str] = None
 
 
 def load() -> None:
-    """Load ``_C*.so`` once. A pure-Python install (no CUDA toolkit at build time) has none: fine."""
+    """Load ``_C.*.so`` once. A pure-Python install (no CUDA toolkit at build time) has none: fine."""
     global _loaded, _load_error
     if _loaded is not None or _load_error is not None:
         return
-    candidates = sorted(Path(__file__).parent.glob("_C*.so"))
+    candidates = sorted(Path(__file__).parent.glob("_C.*so"))  # not _C_testing (qwen_resnorm_fp4.testing)
     if not candidates:
         _load_error = "not built (this install is pure Python: CPU reference only)"
         return

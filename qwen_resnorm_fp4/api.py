@@ -1,12 +1,13 @@
 """Typed, checked entry points over ``torch.ops.qwen_fp4``.
 
-Every call checks its arguments first (the rules of :mod:`qwen_resnorm_fp4.validation`), raising TypeError
-(wrong type or dtype) or ValueError (wrong shape, device or value) naming the argument, then calls the op
-once; an error of the op itself reaches the caller as it is. Inputs are never modified (except residual
-by an out-variant given ``residual_out=residual``). Non-contiguous or misaligned inputs are copied
-(contiguous, 16-byte aligned) so that the kernels can use vector loads, except gate, scale and shift where
-the op reads them in place (stride 1 in the last dimension, 16-byte aligned rows: e.g.
-``temb.chunk(6, dim=-1)`` views, :func:`~qwen_resnorm_fp4.validation.modulation_layout_problem`); the
+Each wrapper resolves its defaults once (``fast_math=None`` from the environment, ``nvfp4_4over6`` omitted
+from the environment, :mod:`qwen_resnorm_fp4.recipe`), then calls the op once with the op's own arguments.
+The rule book (:mod:`qwen_resnorm_fp4.validation`) is applied once per call: by the op's CPU implementation
+when every tensor is on the CPU, else here, before any copy, raising TypeError (wrong type or dtype) or
+ValueError (wrong shape, device or value) naming the argument; an error of the op itself reaches the caller
+as it is. Inputs are never modified (except residual by an out-variant given ``residual_out=residual``).
+Non-contiguous or misaligned inputs are copied for the CUDA kernels (:mod:`qwen_resnorm_fp4.operands`),
+except gate, scale and shift where the op reads them in place (e.g. ``temb.chunk(6, dim=-1)`` views); the
 outputs an out-variant is given are never copied, so they must fit as they are (validation.py's out-variant
 rules).
 """
@@ -17,76 +18,46 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import reference
+from . import ops, reference
 from .env import resolve_fast_math
 from .layout import round_up
-from .validation import dequantize_problem, has_data, modulation_in_place, quantize_out_problem, quantize_problem
+from .operands import OpArguments
+from .recipe import UNSET, resolve_nvfp4_4over6
+from .validation import dequantize_bf16_problem, dequantize_problem, quantize_out_problem, quantize_problem
 from .validation import require, resnorm_out_problem, resnorm_problem, resnorm_quant_out_problem
 from .validation import resnorm_quant_problem
-from .recipe import UNSET, resolve_nvfp4_4over6
-from .validation import MAX_COLS, WIDTH_RULE, is_supported_width  # noqa: F401 - also importable from here
 
 Tensor = torch.Tensor
 
-# The ops' overloads, looked up once (ops.py defined the schemas before this module is imported); calling
-# an overload skips the OpOverloadPacket's own dispatch.
-_RESNORM_QUANT = torch.ops.qwen_fp4.resnorm_quant.default
-_RESNORM = torch.ops.qwen_fp4.resnorm.default
-_NVFP4_QUANTIZE = torch.ops.qwen_fp4.nvfp4_quantize.default
-_RESNORM_QUANT_OUT = torch.ops.qwen_fp4.resnorm_quant_out.default
-_RESNORM_OUT = torch.ops.qwen_fp4.resnorm_out.default
-_NVFP4_QUANTIZE_OUT = torch.ops.qwen_fp4.nvfp4_quantize_out.default
-
-# Tensors that hold real data whenever they are not being traced (a Parameter made under FakeTensorMode has
-# type FakeTensor, not Parameter).
-_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_qwen_fp4 = getattr(torch.ops, ops.NAMESPACE)
+# Each op's overload, looked up once (calling an overload skips the OpOverloadPacket's own dispatch), with
+# where its arguments sit.
+_RESNORM_QUANT = OpArguments(_qwen_fp4.resnorm_quant.default)
+_RESNORM = OpArguments(_qwen_fp4.resnorm.default)
+_NVFP4_QUANTIZE = OpArguments(_qwen_fp4.nvfp4_quantize.default)
+_RESNORM_QUANT_OUT = OpArguments(_qwen_fp4.resnorm_quant_out.default)
+_RESNORM_OUT = OpArguments(_qwen_fp4.resnorm_out.default)
+_NVFP4_QUANTIZE_OUT = OpArguments(_qwen_fp4.nvfp4_quantize_out.default)
+_NVFP4_DEQUANTIZE_BF16 = OpArguments(_qwen_fp4.nvfp4_dequantize_bf16.default)
 
 
-def _aligned(t: Tensor) -> Tensor:
-    """Contiguous and 16-byte aligned (a copy only when needed). Tensors without data (meta, fake) are only
-    made contiguous: the CUDA op refuses a misaligned tensor at run time itself."""
-    if not t.is_contiguous():
-        t = t.contiguous()
-    if type(t) in _PLAIN_TENSOR_TYPES or has_data(t):  # the common case first: a plain tensor has data
-        return t.clone() if t.data_ptr() & 15 else t
-    return t
+def _call(op: OpArguments, rules, args: tuple, **rule_options):
+    """The op on its arguments (schema order, defaults resolved), its rules applied once: by its CPU
+    implementation when the call goes there as it is, else here, then the operands prepared."""
+    if op.all_on_cpu(args):
+        return op.op(*args)
+    require(rules(*args, **rule_options))
+    return op.op(*op.prepared(args))
 
 
-def _contiguous(t: Tensor) -> Tensor:
-    """While tracing (torch.compile) alignment is unknowable: only contiguity."""
-    return t.contiguous()
-
-
-def _operand():
-    """How tensor operands are prepared for the op: :func:`_aligned`, or :func:`_contiguous` while tracing."""
-    return _contiguous if torch.compiler.is_compiling() else _aligned
-
-
-def _modulation_operand(t: Tensor, op) -> Tensor:
-    """gate, scale or shift as it is where the op reads it in place (strided rows included), else ``op(t)``."""
-    if op is _aligned and type(t) in _PLAIN_TENSOR_TYPES and t.is_contiguous() and not t.data_ptr() & 15:
-        return t  # the common call (contiguous, aligned): what the layout rules would conclude, at less cost
-    with_data = not torch.compiler.is_compiling() and (type(t) in _PLAIN_TENSOR_TYPES or has_data(t))
-    return t if modulation_in_place(t, with_data) else op(t)
-
-
-def _resnorm_operands(residual, x, bias, gate, scale, shift, middle: tuple, weight, norm_bias,
-                      modulate_index) -> tuple:
-    """The resnorm / resnorm_quant op's arguments, tensors prepared by :func:`_operand` (gate, scale and shift
-    by :func:`_modulation_operand`), with ``middle`` (the op's arguments between shift and weight) in place."""
-    op = _operand()
-    mod = _modulation_operand
-    return (op(residual), op(x), None if bias is None else op(bias), mod(gate, op), mod(scale, op), mod(shift, op),
-            *middle,
-            None if weight is None else op(weight), None if norm_bias is None else op(norm_bias),
-            None if modulate_index is None else op(modulate_index))
-
-
-def _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool, weight,
-                      norm_bias, modulate_index, nvfp4_4over6_code: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
-    """The resnorm_quant op on arguments that passed the rules: operands prepared, the op called once."""
-    return _RESNORM_QUANT(*_resnorm_operands(residual, x, bias, gate, scale, shift, (global_scale, eps, fast_math),
-                                             weight, norm_bias, modulate_index), nvfp4_4over6_code)
+def call_resnorm_quant(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool,
+                       weight=None, norm_bias=None, modulate_index=None,
+                       nvfp4_4over6_code: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
+    """``torch.ops.qwen_fp4.resnorm_quant`` on arguments that already satisfy its rules (the fused path
+    applied them as declines): operands prepared, the op called once."""
+    return _RESNORM_QUANT.op(*_RESNORM_QUANT.prepared((residual, x, bias, gate, scale, shift, global_scale, eps,
+                                                       fast_math, weight, norm_bias, modulate_index,
+                                                       nvfp4_4over6_code)))
 
 
 def resnorm_quant(
@@ -132,34 +103,20 @@ def resnorm_quant(
 
     Bytes are identical to ``nvfp4_quantize(*resnorm(...))``.
     """
-    fm = resolve_fast_math(fast_math)
-    code = resolve_nvfp4_4over6(nvfp4_4over6)
-    require(resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
-                                  modulate_index))
-    return _resnorm_quant_op(residual, x, bias, gate, scale, shift, global_scale, float(eps), fm, weight, norm_bias,
-                             modulate_index, code)
+    return _call(_RESNORM_QUANT, resnorm_quant_problem,
+                 (residual, x, bias, gate, scale, shift, global_scale, eps, resolve_fast_math(fast_math), weight,
+                  norm_bias, modulate_index, resolve_nvfp4_4over6(nvfp4_4over6)))
 
 
-def resnorm(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    eps: float = 1e-6,
-    *,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+            eps: float = 1e-6, *, weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+            modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """The BF16 half of :func:`resnorm_quant`, same numerics: returns (y, residual_out), both bf16 like x.
 
     y = bf16(fma(LayerNorm(r), 1 + scale, shift)). Arguments as in :func:`resnorm_quant`.
     """
-    require(resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index))
-    return _RESNORM(*_resnorm_operands(residual, x, bias, gate, scale, shift, (float(eps),), weight, norm_bias,
-                                       modulate_index))
+    return _call(_RESNORM, resnorm_problem, (residual, x, bias, gate, scale, shift, eps, weight, norm_bias,
+                                             modulate_index))
 
 
 def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None, *,
@@ -167,10 +124,8 @@ def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = 
     """NVFP4-quantize bf16 ``y`` [..., D] with the production recipe (FlashInfer / TensorRT-LLM fp4_quantize,
     128x4 swizzled E4M3 scales). Returns (packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16]).
     ``nvfp4_4over6`` as in :func:`resnorm_quant`."""
-    fm = resolve_fast_math(fast_math)
-    code = resolve_nvfp4_4over6(nvfp4_4over6)
-    require(quantize_problem(y, global_scale))
-    return _NVFP4_QUANTIZE(_operand()(y), global_scale, fm, code)
+    return _call(_NVFP4_QUANTIZE, quantize_problem,
+                 (y, global_scale, resolve_fast_math(fast_math), resolve_nvfp4_4over6(nvfp4_4over6)))
 
 
 def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: Optional[int] = None) -> Tensor:
@@ -178,6 +133,15 @@ def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows:
     problem, rows, _ = dequantize_problem(packed, scales, global_scale, rows)
     require(problem)
     return reference.dequantize_nvfp4(packed.contiguous(), scales.contiguous(), global_scale, rows)
+
+
+def dequantize_to_bf16(packed: Tensor, scales: Tensor) -> Tensor:
+    """bf16 [rows, K]: ``e2m1 * float(e4m3 block scale)`` of every element of an NVFP4 tensor, without its
+    global scale (``packed`` uint8 [rows, K/2], even element in the low nibble; ``scales`` the 128x4-swizzled
+    E4M3 bytes, uint8 or float8_e4m3fn): ``torch.ops.qwen_fp4.nvfp4_dequantize_bf16``. Exact: these values
+    have at most 6 significant bits and lie in [2^-10, 2688] or are zero; the CUDA kernel and the reference
+    write the same bytes."""
+    return _call(_NVFP4_DEQUANTIZE_BF16, dequantize_bf16_problem, (packed, scales))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -216,25 +180,11 @@ def empty_resnorm_outputs(x: Tensor) -> Tuple[Tensor, Tensor]:
             torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
 
 
-def resnorm_quant_out(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    global_scale: Tensor,
-    eps: float = 1e-6,
-    fast_math: Optional[bool] = None,
-    *,
-    packed: Tensor,
-    scales: Tensor,
-    residual_out: Tensor,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    nvfp4_4over6: object = UNSET,
-) -> Tuple[Tensor, Tensor, Tensor]:
+def resnorm_quant_out(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+                      global_scale: Tensor, eps: float = 1e-6, fast_math: Optional[bool] = None, *, packed: Tensor,
+                      scales: Tensor, residual_out: Tensor, weight: Optional[Tensor] = None,
+                      norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                      nvfp4_4over6: object = UNSET) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`resnorm_quant` writing into the given outputs: the same bytes, no allocation.
 
     Args:
@@ -251,38 +201,22 @@ def resnorm_quant_out(
     Returns:
         (packed, scales, residual_out), the given tensors.
     """
-    fm = resolve_fast_math(fast_math)
-    code = resolve_nvfp4_4over6(nvfp4_4over6)
-    require(resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scale, eps, packed, scales,
-                                      residual_out, weight, norm_bias, modulate_index, code, memory=_memory_rules()))
-    _RESNORM_QUANT_OUT(*_resnorm_operands(residual, x, bias, gate, scale, shift,
-                                          (global_scale, float(eps), fm, packed, scales, residual_out), weight,
-                                          norm_bias, modulate_index), code)
+    _call(_RESNORM_QUANT_OUT, resnorm_quant_out_problem,
+          (residual, x, bias, gate, scale, shift, global_scale, eps, resolve_fast_math(fast_math), packed, scales,
+           residual_out, weight, norm_bias, modulate_index, resolve_nvfp4_4over6(nvfp4_4over6)),
+          memory=_memory_rules())
     return packed, scales, residual_out
 
 
-def resnorm_out(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    eps: float = 1e-6,
-    *,
-    y: Tensor,
-    residual_out: Tensor,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm_out(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+                eps: float = 1e-6, *, y: Tensor, residual_out: Tensor, weight: Optional[Tensor] = None,
+                norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """:func:`resnorm` writing into the given outputs: y and residual_out bf16 of x's shape, contiguous,
     16-byte aligned, on x's device; residual_out may be ``residual`` itself, as in :func:`resnorm_quant_out`,
     whose rules apply. Returns (y, residual_out), the given tensors."""
-    require(resnorm_out_problem(residual, x, bias, gate, scale, shift, eps, y, residual_out, weight, norm_bias,
-                                modulate_index, memory=_memory_rules()))
-    _RESNORM_OUT(*_resnorm_operands(residual, x, bias, gate, scale, shift, (float(eps), y, residual_out), weight,
-                                    norm_bias, modulate_index))
+    _call(_RESNORM_OUT, resnorm_out_problem,
+          (residual, x, bias, gate, scale, shift, eps, y, residual_out, weight, norm_bias, modulate_index),
+          memory=_memory_rules())
     return y, residual_out
 
 
@@ -291,8 +225,7 @@ def nvfp4_quantize_out(y: Tensor, global_scale: Tensor, fast_math: Optional[bool
     """:func:`nvfp4_quantize` writing into the given packed and scales (as in :func:`resnorm_quant_out`);
     neither may share memory with y, global_scale or the other. ``nvfp4_4over6`` as in :func:`resnorm_quant`.
     Returns (packed, scales), the given tensors."""
-    fm = resolve_fast_math(fast_math)
-    code = resolve_nvfp4_4over6(nvfp4_4over6)
-    require(quantize_out_problem(y, global_scale, packed, scales, code, memory=_memory_rules()))
-    _NVFP4_QUANTIZE_OUT(_operand()(y), global_scale, fm, packed, scales, code)
+    _call(_NVFP4_QUANTIZE_OUT, quantize_out_problem,
+          (y, global_scale, resolve_fast_math(fast_math), packed, scales, resolve_nvfp4_4over6(nvfp4_4over6)),
+          memory=_memory_rules())
     return packed, scales

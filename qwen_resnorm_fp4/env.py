@@ -1,18 +1,22 @@
-"""Environment switches, read at call time exactly as the production quantizer reads them (a switch is on
-when its variable is exactly "1").
+"""Environment switches, read from ``os.environ`` (a switch is on when its variable is exactly "1", the
+production quantizer's rule).
 
-They are read with the C library's ``getenv``, the process environment that FlashInfer's and TensorRT-LLM's
-C++ read too. ``os.environ`` writes reach it (``os.environ[...] = ...`` calls ``putenv``, ``del`` calls
-``unsetenv``), so a change made from Python takes effect at the next call. It costs a fifth of
-``os.environ.get`` of an unset name, which raises and catches KeyError inside ``os._Environ``. Without a C
-library to call (or under torch.compile tracing, which cannot trace a foreign call) ``os.environ`` is read.
+``os.environ.get`` of an unset name costs a raised and caught KeyError, and the wrappers read two or three
+switches on every call; so where ``os.environ`` is CPython's own mapping (not replaced, not being traced by
+torch.compile) its encoded dict is read directly: the same values, as ``os.environ[...] =`` and ``del``
+keep it, at a tenth of the cost.
+
+The fast-math, 4over6 and disable switches are read at every call, so a change made from Python takes
+effect at the next call (under torch.compile: at the next trace). The launch switches of the compiled
+kernels (QWEN_FP4_KERNEL_PATH, QWEN_FP4_PDL) are read once, when the package loads the library
+(:mod:`qwen_resnorm_fp4.launch`), and changed at run time with
+:func:`qwen_resnorm_fp4.set_launch_options`; their defaults are written here and nowhere else.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 import torch
 
@@ -31,85 +35,67 @@ FOUR_OVER_SIX_VARS = (FOUR_OVER_SIX_VAR, FOUR_OVER_SIX_E4M3_256_VAR, FOUR_OVER_S
                       FOUR_OVER_SIX_ERR_FAST_MATH_VAR)
 #: "1" turns the fused path off in try_fused_resnorm_quant.
 DISABLE_VAR = "QWEN_FP4_DISABLE"
-#: Programmatic dependent launch of the kernels: "0" off, "1" on, unset (or any other value): PDL_DEFAULT.
-#: The compiled library reads it too (csrc/launch_portable.cu, pdl_enabled), with the same rule, at every call.
+#: Programmatic dependent launch of the kernels at package load: "0" off, "1" on, unset (or any other
+#: value): PDL_DEFAULT.
 PDL_VAR = "QWEN_FP4_PDL"
-#: What an unset QWEN_FP4_PDL means.
+#: What an unset QWEN_FP4_PDL means: off, since after a GEMM (the fused op's predecessor in a model) PDL
+#: does not pay (docs/performance.md).
 PDL_DEFAULT = False
-#: The quantizing CUDA ops' kernel path, read by csrc/ops.cpp on every call: one of KERNEL_PATHS (unset: auto).
+#: The quantizing CUDA ops' kernel path at package load: one of KERNEL_PATHS (unset or empty: the default).
 KERNEL_PATH_VAR = "QWEN_FP4_KERNEL_PATH"
 #: auto: the Blackwell path where this build can run it, else portable; portable: always the portable path;
 #: blackwell: always the Blackwell path (the op raises where it is not usable).
 KERNEL_PATHS = ("auto", "portable", "blackwell")
+#: What an unset QWEN_FP4_KERNEL_PATH means.
+KERNEL_PATH_DEFAULT = "auto"
 
 ALL_VARS = (DISABLE_VAR, PDL_VAR, *FAST_MATH_DISABLE_VARS, *FOUR_OVER_SIX_VARS, KERNEL_PATH_VAR)
 
 
-def _libc_getenv() -> Optional[Callable[[bytes], Optional[bytes]]]:
-    """The C library's getenv(const char*) -> const char*, or None where it cannot be loaded."""
-    try:
-        getenv = ctypes.CDLL(None).getenv
-    except (OSError, AttributeError, TypeError):
-        return None
-    getenv.argtypes = [ctypes.c_char_p]
-    getenv.restype = ctypes.c_char_p
-    return getenv
-
-
-_GETENV = _libc_getenv()
 _ENVIRON = os.environ
+# os._Environ's mapping of encoded names to encoded values (None where os.environ is another kind of mapping).
+_ENCODED = getattr(_ENVIRON, "_data", None)
+_ENCODED_ONE = _ENVIRON.encodevalue("1") if _ENCODED is not None else None
+_ENCODED_NAMES: Dict[str, object] = {}
 _is_compiling = torch.compiler.is_compiling
-_FAST_MATH_KEYS = tuple(os.fsencode(v) for v in FAST_MATH_DISABLE_VARS)
-_ONE = b"1"
 
 
-def _libc_readable() -> bool:
-    """getenv may be used: there is one, os.environ was not replaced, and Dynamo is not tracing."""
-    return _GETENV is not None and os.environ is _ENVIRON and not _is_compiling()
+def _encoded_lookup() -> bool:
+    """Whether os.environ may be read through its encoded dict now."""
+    return _ENCODED is not None and os.environ is _ENVIRON and not _is_compiling()
+
+
+def _encoded_name(name: str) -> object:
+    key = _ENCODED_NAMES.get(name)
+    if key is None:
+        key = _ENCODED_NAMES[name] = _ENVIRON.encodekey(name)
+    return key
 
 
 def flag_enabled(name: str) -> bool:
     """True when the variable is exactly "1" (the production quantizer's getBoolEnv rule), read now."""
-    if _libc_readable():
-        return _GETENV(os.fsencode(name)) == _ONE
+    if _encoded_lookup():
+        return _ENCODED.get(_encoded_name(name)) == _ENCODED_ONE
     return os.environ.get(name) == "1"
 
 
 def env_value(name: str) -> Optional[str]:
     """The variable's value (None when unset), read now."""
-    if _libc_readable():
-        value = _GETENV(os.fsencode(name))
-        return None if value is None else os.fsdecode(value)
     return os.environ.get(name)
-
-
-def pdl_enabled() -> bool:
-    """Whether the kernels launch with programmatic dependent launch, read now by the C++ rule:
-    QWEN_FP4_PDL "0" off, "1" on, anything else (unset) PDL_DEFAULT."""
-    value = env_value(PDL_VAR)
-    if value == "0":
-        return False
-    if value == "1":
-        return True
-    return PDL_DEFAULT
 
 
 def default_fast_math() -> bool:
     """Fast math unless FLASHINFER_/TRTLLM_DISABLE_FP4_QUANT_FAST_MATH is "1" (read now, on every call)."""
-    if _libc_readable():
-        getenv = _GETENV
-        return getenv(_FAST_MATH_KEYS[0]) != _ONE and getenv(_FAST_MATH_KEYS[1]) != _ONE
-    get = os.environ.get
-    return get(FAST_MATH_DISABLE_VARS[0]) != "1" and get(FAST_MATH_DISABLE_VARS[1]) != "1"
+    return not (flag_enabled(FAST_MATH_DISABLE_VARS[0]) or flag_enabled(FAST_MATH_DISABLE_VARS[1]))
 
 
 def resolve_fast_math(fast_math: Optional[bool]) -> bool:
-    """``None`` follows the environment; a bool is taken as given."""
+    """``None`` follows the environment; a bool is taken as given (TypeError for anything else)."""
     if fast_math is None:
         return default_fast_math()
-    if not isinstance(fast_math, bool):
-        raise TypeError(f"fast_math must be a bool or None, got {type(fast_math).__name__}")
-    return fast_math
+    if fast_math is True or fast_math is False:
+        return fast_math
+    raise TypeError(f"fast_math must be a bool or None, got {type(fast_math).__name__}")
 
 
 def switches_in_force() -> Dict[str, str]:
@@ -117,10 +103,20 @@ def switches_in_force() -> Dict[str, str]:
     return {v: os.environ[v] for v in ALL_VARS if v in os.environ}
 
 
-def kernel_path_choice() -> str:
-    """QWEN_FP4_KERNEL_PATH as the CUDA ops read it now: "auto" when unset or empty, else its value, which
-    must be one of KERNEL_PATHS (ValueError naming the variable otherwise, as the ops raise)."""
-    value = os.environ.get(KERNEL_PATH_VAR) or "auto"
+def pdl_from_env() -> bool:
+    """What QWEN_FP4_PDL says now: "0" off, "1" on, anything else (unset) PDL_DEFAULT."""
+    value = os.environ.get(PDL_VAR)
+    if value == "0":
+        return False
+    if value == "1":
+        return True
+    return PDL_DEFAULT
+
+
+def kernel_path_from_env() -> str:
+    """What QWEN_FP4_KERNEL_PATH says now: KERNEL_PATH_DEFAULT when unset or empty, else its value, which
+    must be one of KERNEL_PATHS (ValueError naming the variable otherwise)."""
+    value = os.environ.get(KERNEL_PATH_VAR) or KERNEL_PATH_DEFAULT
     if value not in KERNEL_PATHS:
         raise ValueError(f"{KERNEL_PATH_VAR} must be one of {', '.join(KERNEL_PATHS)} (or unset), got {value!r}")
     return value

@@ -29,7 +29,7 @@ from typing import Any, Optional, Tuple
 import torch
 
 from . import _library
-from .api import _resnorm_quant_op
+from .api import call_resnorm_quant
 from .device import kernel_serves_cuda_device
 from .env import DISABLE_VAR, flag_enabled, resolve_fast_math
 from .recipe import UNSET, resolve_nvfp4_4over6
@@ -234,7 +234,7 @@ def try_fused_resnorm_quant(
         return _decline(R.FC1_WIDTH_MISMATCH, "fc1.in_features = {} but D = {}", in_features, cols)
 
     fm = resolve_fast_math(getattr(fc1, "fast_math", None) if fast_math is None else fast_math)
-    packed, scales, residual_out = _resnorm_quant_op(
+    packed, scales, residual_out = call_resnorm_quant(
         residual, x, bias, gate, scale, shift, g, float(norm_eps), fm, weight, norm_bias, modulate_index, recipe_code)
     _succeed()
     return (packed, scales), residual_out, gate_out

@@ -17,16 +17,16 @@ Three paths (``backend``):
   ``out_features`` columns. M needs no padding: the scale tensor carries round_up(M, 128) rows. The
   ``"trtllm"`` backend is refused: it needs weights prepared with ``do_shuffle=True``, which these are not.
 - **tensor_core** (the default on other CUDA GPUs, e.g. Hopper): both operands become their exact bf16 values
-  without the global scale, ``e2m1 * e4m3`` (:func:`dequantize_to_bf16`, a CUDA kernel; at most 6 significant
-  bits in [2^-10, 2688], so exact in bf16), and one bf16 tensor-core GEMM with fp32 accumulation computes
-  ``round_to_out_dtype(acc * alpha (+ bias))``: alpha (fp32) applied once to the fp32 accumulator, bias added
-  in fp32, one rounding. That is what a Blackwell block-scaled FP4 MMA computes, up to the order of the fp32
+  without the global scale, ``e2m1 * e4m3`` (:func:`~qwen_resnorm_fp4.api.dequantize_to_bf16`, a CUDA kernel; at
+  most 6 significant bits in [2^-10, 2688], so exact in bf16), and one bf16 tensor-core GEMM with fp32
+  accumulation computes ``round_to_out_dtype(acc * alpha (+ bias))``: alpha (fp32) applied once to the fp32
+  accumulator, bias added in fp32, one rounding. That is what a Blackwell block-scaled FP4 MMA computes, up to the order of the fp32
   accumulation. cuBLAS does it in its epilogue (``addmm`` with ``alpha``), with reduced-precision split-K
   reductions turned off for the call (``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``,
   restored afterwards); for a float32 bias or a float16/float32 output the fp32 product is written and one
   elementwise pass applies alpha, bias and the cast. The weight operand is dequantized on every call (N * K * 2
   bytes written and read again) unless the layer has ``cache_dequantized_weight=True``, which keeps it.
-- **reference** everywhere, the default on CPU (``"portable"`` is its old name, still accepted): both operands
+- **reference** everywhere, the default on CPU: both operands
   are dequantized exactly as the format defines them (``e2m1 * e4m3 / global_scale``, fp32, see
   :func:`~qwen_resnorm_fp4.dequantize_nvfp4`), multiplied in fp32 (``torch.matmul``; TF32 only if the caller
   enabled ``torch.backends.cuda.matmul.allow_tf32``) and cast once to ``out_dtype``. A correctness path.
@@ -38,23 +38,27 @@ function on the same packed activations (same device, same backend).
 
 Nothing here synchronises with the host on the hot path, so every path can be captured in a CUDA graph
 (FlashInfer's autotuner aside: call once before capturing). The tensor-core path reads ``alpha`` as a host
-number, cached on the layer when first used (one synchronisation then, and again only after the buffer
-changes): call the layer once eagerly before capturing it after a ``load_state_dict``.
+number, kept in the layer's :class:`GemmCache` when first used (one synchronisation then, and again only
+after the buffer changes): call the layer once eagerly before capturing it after a ``load_state_dict``.
+
+The functions here are stateless: what they keep between calls (the host alpha, the N-padded weight, the
+bf16 weight operand) goes into the ``gemm_cache`` the layer owns (:class:`GemmCache`;
+:class:`~qwen_resnorm_fp4.linear.NVFP4Linear` makes one and empties it when its buffers change). A layer
+without one keeps nothing: its alpha is read to the host at every tensor-core call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Tuple
 
 import torch
 
-from . import _library, reference
-from .api import _operand
+from . import ops, reference
 from .device import capability_major
 from .layout import round_up
-from .validation import dequantize_bf16_problem, require
+from .operands import tensor_operand
 
 Tensor = torch.Tensor
 
@@ -64,16 +68,34 @@ Tensor = torch.Tensor
 FLASHINFER_BACKENDS = ("auto", "cudnn", "cutlass", "cute-dsl", "cutedsl_low_latency", "b12x")
 TENSOR_CORE = "tensor_core"
 REFERENCE = "reference"
-#: The reference path's former name, accepted as an alias.
-PORTABLE_ALIAS = "portable"
-BACKENDS = FLASHINFER_BACKENDS + (TENSOR_CORE, REFERENCE, PORTABLE_ALIAS)
+BACKENDS = FLASHINFER_BACKENDS + (TENSOR_CORE, REFERENCE)
 #: The capability majors whose NVFP4 tensor cores FlashInfer's mm_fp4 drives.
 BLACKWELL_MAJORS = (10, 11, 12)
 #: FlashInfer's CUTLASS FP4 GEMM checks k % 32 == 0 and n % 32 == 0.
 N_ALIGNMENT = 32
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-#: What the dequantizer writes for a NaN block scale (torch's own fp32 -> bf16 NaN).
-CANONICAL_NAN_BF16 = 0x7FC0
+_NVFP4_DEQUANTIZE_BF16 = getattr(torch.ops, ops.NAMESPACE).nvfp4_dequantize_bf16.default
+
+
+class GemmCache:
+    """What the GEMM keeps between calls of one layer, each entry ``(key, value)`` or None; the key says which
+    buffer contents the value was made from. Owned by the layer (``layer.gemm_cache``), which empties it
+    (:meth:`clear`) when its buffers are replaced."""
+
+    def __init__(self) -> None:
+        self.host_alpha: Optional[Tuple[tuple, float]] = None
+        self.padded_weight: Optional[Tuple[tuple, Tensor]] = None
+        self.weight_bf16: Optional[Tuple[tuple, Tensor]] = None
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        self.host_alpha = self.padded_weight = self.weight_bf16 = None
+
+
+def _cache_of(layer: Any) -> GemmCache:
+    """The layer's cache, or an empty one that is dropped after the call (a layer without ``gemm_cache``)."""
+    cache = getattr(layer, "gemm_cache", None)
+    return cache if cache is not None else GemmCache()
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,7 +130,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if backend not in BACKENDS:
         hint = " (it needs weights prepared with do_shuffle=True)" if backend == "trtllm" else ""
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}{hint}")
-    if backend in (REFERENCE, PORTABLE_ALIAS):
+    if backend == REFERENCE:
         return REFERENCE
     if backend == TENSOR_CORE:
         return TENSOR_CORE
@@ -126,40 +148,11 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 # ----------------------------------------------------------------------------------------------------
 
 
-def check_dequantize_args(packed: object, scales: object) -> None:
-    """TypeError / ValueError naming the argument unless the arguments satisfy
-    :func:`~qwen_resnorm_fp4.validation.dequantize_bf16_problem`'s rules."""
-    require(dequantize_bf16_problem(packed, scales))
-
-
-def dequantize_to_bf16_reference(packed: Tensor, scales: Tensor) -> Tensor:
-    """The pure-PyTorch :func:`dequantize_to_bf16` (the CPU implementation of the op): the fp32 reference
-    dequantization with a global scale of 1 (exact: e2m1 * e4m3), cast to bf16 (exact), NaN written as
-    :data:`CANONICAL_NAN_BF16` as the CUDA kernel writes it."""
-    rows = packed.shape[0]
-    one = torch.ones((1,), dtype=torch.float32, device=packed.device)
-    vals = reference.dequantize_nvfp4(packed, scales, one, rows)
-    out = vals.to(torch.bfloat16)
-    bits = out.view(torch.int16)
-    return bits.masked_fill(torch.isnan(vals), CANONICAL_NAN_BF16).view(torch.bfloat16)
-
-
-def dequantize_to_bf16(packed: Tensor, scales: Tensor) -> Tensor:
-    """bf16 [rows, K]: ``e2m1 * float(e4m3 block scale)`` of every element of an NVFP4 tensor, without its
-    global scale (``packed`` uint8 [rows, K/2], even element in the low nibble; ``scales`` the 128x4-swizzled
-    E4M3 bytes, uint8 or float8_e4m3fn). Exact: these values have at most 6 significant bits and lie in
-    [2^-10, 2688] or are zero. The CUDA kernel (16-byte loads and stores) where the compiled library has
-    one for the device, else :func:`dequantize_to_bf16_reference`; both write the same bytes."""
-    check_dequantize_args(packed, scales)
-    return _dequantize_bf16(packed, scales)
-
-
 def _dequantize_bf16(packed: Tensor, scales: Tensor) -> Tensor:
-    """:func:`dequantize_to_bf16` of arguments already checked (the GEMM's _check, the layer's own buffers)."""
-    if _library.has_kernel("nvfp4_dequantize_bf16", packed.device.type):
-        prepare = _operand()  # aligned copies where needed; contiguity alone while tracing
-        return torch.ops.qwen_fp4.nvfp4_dequantize_bf16(prepare(packed), prepare(scales))
-    return dequantize_to_bf16_reference(packed, scales)
+    """The exact bf16 operand (``nvfp4_dequantize_bf16``) of arguments the GEMM has checked (its _check, the
+    layer's own buffers): aligned copies where needed, contiguity alone while tracing."""
+    prepare = tensor_operand()
+    return _NVFP4_DEQUANTIZE_BF16(prepare(packed), prepare(scales))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -251,12 +244,12 @@ def buffer_version(t: Tensor) -> Optional[int]:
     return None if t.is_inference() else t._version
 
 
-def host_alpha(layer: Any) -> float:
-    """``layer.alpha`` as a Python float (exact: an fp32 value), cached on the layer and re-read only when the
+def host_alpha(layer: Any, cache: GemmCache) -> float:
+    """``layer.alpha`` as a Python float (exact: an fp32 value), kept in ``cache`` and re-read only when the
     buffer changes (one host synchronisation then). Inside CUDA-graph capture a stale cache is an error;
     while torch.compile traces, the cached value is used as a constant."""
     alpha = layer.alpha
-    cached = getattr(layer, "_qwen_fp4_host_alpha", None)
+    cached = cache.host_alpha
     if torch.compiler.is_compiling():
         if cached is None:
             raise RuntimeError("the tensor-core GEMM needs the layer's alpha on the host: call the layer once "
@@ -269,19 +262,19 @@ def host_alpha(layer: Any) -> float:
         raise RuntimeError("layer.alpha changed since the layer last ran eagerly: call it once outside the CUDA "
                            "graph capture (reading alpha to the host needs a synchronisation)")
     value = float(alpha.reshape(-1)[0].item())
-    object.__setattr__(layer, "_qwen_fp4_host_alpha", (key, value))  # not a buffer: no state_dict entry
+    cache.host_alpha = (key, value)
     return value
 
 
-def weight_operand(layer: Any) -> Tensor:
-    """The layer's weight as the exact bf16 operand [N, K] (:func:`dequantize_to_bf16`): made on every call,
-    or kept on the layer when its ``cache_dequantized_weight`` is true (refreshed when the weight buffers
-    change; never cached from inside a CUDA-graph capture; used as it is while torch.compile traces)."""
+def weight_operand(layer: Any, cache: GemmCache) -> Tensor:
+    """The layer's weight as the exact bf16 operand [N, K] (``nvfp4_dequantize_bf16``): made on every call,
+    or kept in ``cache`` when the layer's ``cache_dequantized_weight`` is true (refreshed when the weight
+    buffers change; never cached from inside a CUDA-graph capture; used as it is while torch.compile traces)."""
     n = _out_features(layer)
     packed, scales = layer.weight_packed, layer.weight_scales
     if not getattr(layer, "cache_dequantized_weight", False):
         return _dequantize_bf16(packed[:n], scales)
-    cached = getattr(layer, "_qwen_fp4_weight_bf16", None)
+    cached = cache.weight_bf16
     if torch.compiler.is_compiling():
         return cached[1] if cached is not None else _dequantize_bf16(packed[:n], scales)
     key = (packed.device, packed.data_ptr(), buffer_version(packed), scales.data_ptr(), buffer_version(scales), n)
@@ -290,21 +283,16 @@ def weight_operand(layer: Any) -> Tensor:
     w = _dequantize_bf16(packed[:n], scales)
     if w.is_cuda and torch.cuda.is_current_stream_capturing():
         return w  # made inside a graph: only written on replay, never cache it
-    object.__setattr__(layer, "_qwen_fp4_weight_bf16", (key, w))
+    cache.weight_bf16 = (key, w)
     return w
-
-
-def drop_cached_weight(layer: Any) -> None:
-    """Free the cached bf16 weight operand of ``layer``, if any."""
-    if getattr(layer, "_qwen_fp4_weight_bf16", None) is not None:
-        object.__setattr__(layer, "_qwen_fp4_weight_bf16", None)
 
 
 def _tensor_core(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype,
                  bias: Optional[Tensor]) -> Tensor:
     a = _dequantize_bf16(x_fp4, x_scales)  # checked by apply_nvfp4_gemm_prequantized's _check
     gemm = _bf16_gemm_fp32_accumulate if torch.compiler.is_compiling() else _bf16_gemm_fp32_accumulate_eager
-    return gemm(a, weight_operand(layer), host_alpha(layer), bias, out_dtype)
+    cache = _cache_of(layer)
+    return gemm(a, weight_operand(layer, cache), host_alpha(layer, cache), bias, out_dtype)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -313,20 +301,21 @@ def _tensor_core(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.d
 
 
 def _padded_weight(layer: Any, n_pad: int) -> Tensor:
-    """The packed weight with rows zero-padded to ``n_pad`` (cached on the layer, refreshed if the buffer
-    changes)."""
+    """The packed weight with rows zero-padded to ``n_pad`` (kept in the layer's cache, refreshed if the
+    buffer changes)."""
     w = layer.weight_packed
     if w.shape[0] == n_pad:
         return w.contiguous()
     key = (w.data_ptr(), buffer_version(w), tuple(w.shape), n_pad)
-    cached = getattr(layer, "_qwen_fp4_padded_weight", None)
+    cache = _cache_of(layer)
+    cached = cache.padded_weight
     if cached is not None and cached[0] == key:
         return cached[1]
     padded = torch.zeros((n_pad, w.shape[1]), dtype=w.dtype, device=w.device)
     padded[: w.shape[0]].copy_(w)
     if w.is_cuda and torch.cuda.is_current_stream_capturing():
         return padded  # a copy made inside a graph is only written on replay: never cache it
-    object.__setattr__(layer, "_qwen_fp4_padded_weight", (key, padded))  # not a buffer: no state_dict entry
+    cache.padded_weight = (key, padded)
     return padded
 
 
@@ -410,7 +399,7 @@ def apply_nvfp4_gemm_prequantized(
     Args:
         layer: an :class:`~qwen_resnorm_fp4.linear.NVFP4Linear` (or any object with its buffers:
             weight_packed, weight_scales, weight_global_scale, input_global_scale, alpha, out_features; and
-            optionally cache_dequantized_weight).
+            optionally cache_dequantized_weight and a :class:`GemmCache` ``gemm_cache``).
         x_fp4: uint8 [M, K/2], two E2M1 codes a byte, quantized with ``layer.input_global_scale``.
         x_scales: uint8 (or float8_e4m3fn) block scales in the 128x4 layout, [round_up(M, 128), K/16] (any
             shape with that many bytes).
@@ -421,7 +410,7 @@ def apply_nvfp4_gemm_prequantized(
             GPUs, "reference" on CPU), a FlashInfer backend name ("cudnn", "cutlass", "cute-dsl",
             "cutedsl_low_latency", "b12x"; only on Blackwell with FlashInfer, else ValueError), "tensor_core"
             (exact bf16 operands, one bf16 GEMM with fp32 accumulation; any device, CUDA is the fast one) or
-            "reference" (dequantize + fp32 matmul anywhere; "portable" is its old name).
+            "reference" (dequantize + fp32 matmul anywhere).
     """
     k = _check(layer, x_fp4, x_scales, out_dtype)
     path = resolve_backend(backend, x_fp4.device)
@@ -434,5 +423,5 @@ def apply_nvfp4_gemm_prequantized(
     return _flashinfer(layer, x_fp4, x_scales, k, out_dtype, bias, backend)
 
 
-__all__ = ["apply_nvfp4_gemm_prequantized", "dequantize_to_bf16", "resolve_backend", "flashinfer_serves",
-           "flashinfer_mm_fp4", "BACKENDS", "TENSOR_CORE", "REFERENCE"]
+__all__ = ["apply_nvfp4_gemm_prequantized", "resolve_backend", "flashinfer_serves", "flashinfer_mm_fp4", "BACKENDS",
+           "TENSOR_CORE", "REFERENCE", "GemmCache"]

@@ -3,13 +3,12 @@ kernel path a GPU takes (used by the command line's ``info`` and by the benchmar
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from . import _library
-from .env import KERNEL_PATH_VAR, default_fast_math, kernel_path_choice, pdl_enabled, switches_in_force
+from . import _library, launch
+from .env import default_fast_math, switches_in_force
 
 PATH_BLACKWELL = "Blackwell (FlashInfer conversion)"
 PATH_BLACKWELL_EMULATED = ("Blackwell (FlashInfer conversion, its E2M1 instructions emulated in software on sm_90: "
@@ -18,6 +17,14 @@ PATH_PORTABLE = "portable (software E2M1, = cuda_fp4.h)"
 PATH_PORTABLE_JIT = "portable (software E2M1, = cuda_fp4.h; compute_90 PTX JIT)"
 PATH_CPU = "CPU reference"
 
+
+def package_version() -> str:
+    """The version setup.py wrote into the package, or "0+source" in a source tree that was never built."""
+    try:
+        from ._version import __version__
+    except ImportError:
+        return "0+source"
+    return __version__
 
 
 def build_info() -> Dict[str, object]:
@@ -61,8 +68,8 @@ def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]
                 library_loaded: Optional[bool] = None, choice: Optional[str] = None,
                 emulation: Optional[bool] = None) -> str:
     """Which implementation the quantizing ops take on a GPU of this compute capability (None: no GPU), as
-    csrc/ops.cpp chooses it: choice is QWEN_FP4_KERNEL_PATH (None: read it now), emulation whether this is
-    the Blackwell emulation build (None: from the build info); archs and library_loaded likewise."""
+    csrc/ops.cpp chooses it: choice is the kernel path (None: the launch options in force), emulation whether
+    this is the Blackwell emulation build (None: from the build info); archs and library_loaded likewise."""
     if library_loaded is None:
         library_loaded = _library.cuda_available()
     if archs is None:
@@ -72,15 +79,15 @@ def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]
     if capability is None:
         return f"{PATH_CPU} (no GPU)" if library_loaded else PATH_CPU
     if not library_loaded:
-        return f"{PATH_CPU} (the compiled library is not loaded: CUDA tensors are not supported)"
+        return f"{PATH_CPU} (the compiled library is not loaded: CUDA tensors run the reference too)"
     major, minor = capability
     parsed = [p for p in (_parse_arch(a) for a in archs) if p is not None]
     cubins = [(am, an, sfx) for ptx, am, an, sfx in parsed if not ptx and _cubin_runs_on(major, minor, am, an, sfx)]
     if choice is None:
-        try:
-            choice = kernel_path_choice()
-        except ValueError as exc:
-            return f"error: {exc}; the quantizing CUDA ops raise"
+        choice = launch.launch_options().kernel_path
+    error = launch.kernel_path_error(launch.LaunchOptions(choice, False))
+    if error is not None:
+        return f"error: {error}; the quantizing CUDA ops raise"
     if emulation:  # blackwell_kernels_usable of the emulation build: its sm_90a cubin runs
         blackwell = PATH_BLACKWELL_EMULATED if any((am, an, sfx) == (9, 0, "a") for am, an, sfx in cubins) else None
     else:
@@ -88,7 +95,7 @@ def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]
     if blackwell is not None and choice != "portable":
         return blackwell
     if choice == "blackwell":
-        return (f"error: {KERNEL_PATH_VAR}=blackwell, but this build ({' '.join(archs) or 'no GPU targets'}) has no "
+        return (f"error: kernel path blackwell (QWEN_FP4_KERNEL_PATH or set_launch_options), but this build ({' '.join(archs) or 'no GPU targets'}) has no "
                 f"Blackwell path for sm_{major}{minor}; the quantizing CUDA ops raise")
     if cubins:
         return PATH_PORTABLE
@@ -101,8 +108,6 @@ def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]
 def collect_info() -> Dict[str, object]:
     """What ``python -m qwen_resnorm_fp4 info`` reports: versions, the build, the library, the GPUs and the
     path each takes, the switches in force."""
-    from . import __version__
-
     bi = build_info()
     gpus = []
     if torch.cuda.is_available():
@@ -111,7 +116,7 @@ def collect_info() -> Dict[str, object]:
             gpus.append({"index": i, "name": torch.cuda.get_device_name(i),
                          "capability": f"{cap[0]}.{cap[1]}", "path": kernel_path(cap)})
     return {
-        "version": __version__,
+        "version": package_version(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "library_loaded": _library.cuda_available(),
@@ -122,10 +127,10 @@ def collect_info() -> Dict[str, object]:
         "build_cuda": bi["build_cuda"],
         "build_commit": bi["build_commit"],
         "blackwell_emulation": bi["blackwell_emulation"],
-        "kernel_path_switch": os.environ.get(KERNEL_PATH_VAR) or "auto",
+        "kernel_path_switch": launch.launch_options().kernel_path,
         "gpus": gpus,
         "path": gpus[0]["path"] if gpus else kernel_path(None),
         "fast_math_default": default_fast_math(),
-        "pdl": pdl_enabled(),
+        "pdl": launch.launch_options().pdl,
         "switches": switches_in_force(),
     }

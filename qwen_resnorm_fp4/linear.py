@@ -18,11 +18,10 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import _library, reference
 from .api import nvfp4_quantize
 from .env import resolve_fast_math
-from .recipe import UNSET, global_scale_numerator, nvfp4_4over6_code, nvfp4_4over6_from_code, resolve_nvfp4_4over6
-from .gemm import BACKENDS, apply_nvfp4_gemm_prequantized, drop_cached_weight, host_alpha
+from .recipe import UNSET, global_scale_numerator, nvfp4_4over6_code, resolve_config
+from .gemm import BACKENDS, GemmCache, apply_nvfp4_gemm_prequantized, host_alpha
 from .layout import round_up, sf_offsets
 from .validation import WIDTH_RULE, is_supported_width
 
@@ -31,16 +30,6 @@ Tensor = torch.Tensor
 #: 448 (E4M3 max) * 6 (E2M1 max): global scale = FP4_AMAX_SCALE / amax, as FlashInfer / TensorRT-LLM define it
 #: (the 4over6 recipes with e4m3_max 256: 256 * 6, recipe.global_scale_numerator).
 FP4_AMAX_SCALE = 448.0 * 6.0
-
-
-def _quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool], nvfp4_4over6: Any
-              ) -> Tuple[Tensor, Tensor]:
-    """nvfp4_quantize with the recipe (a config or None), or the reference where no kernel is registered for
-    the device (e.g. a CUDA tensor in a source tree without the compiled library)."""
-    if _library.has_kernel("nvfp4_quantize", y.device.type):
-        return nvfp4_quantize(y, global_scale, fast_math, nvfp4_4over6=nvfp4_4over6)
-    return reference.nvfp4_quantize(y, global_scale, resolve_fast_math(fast_math),
-                                    nvfp4_4over6_code=nvfp4_4over6_code(nvfp4_4over6))
 
 
 def _positive_scalar(name: str, value: Union[float, Tensor], device: torch.device) -> Tensor:
@@ -114,12 +103,11 @@ class NVFP4Linear(torch.nn.Module):
             raise ValueError(f"out_features must be positive, got {out_features}")
         if gemm_backend not in BACKENDS:
             raise ValueError(f"gemm_backend must be one of {BACKENDS}, got {gemm_backend!r}")
-        if fast_math is not None:
-            resolve_fast_math(fast_math)  # type check
+        resolve_fast_math(fast_math)  # refused now, not at the first call
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.fast_math = fast_math
-        self.nvfp4_4over6 = nvfp4_4over6_from_code(resolve_nvfp4_4over6(nvfp4_4over6))
+        self.nvfp4_4over6 = resolve_config(nvfp4_4over6)
         self.gemm_backend = gemm_backend
         k, n = self.in_features, self.out_features
         u8 = dict(dtype=torch.uint8, device=device)
@@ -130,6 +118,8 @@ class NVFP4Linear(torch.nn.Module):
         self.register_buffer("input_global_scale", torch.ones((1,), **f32))
         self.register_buffer("alpha", torch.ones((1,), **f32))
         self.register_buffer("bias", torch.zeros((n,), dtype=bias_dtype, device=device) if bias else None)
+        #: What the GEMM keeps between calls (made from the buffers; emptied when they are replaced).
+        self.gemm_cache = GemmCache()
         self.cache_dequantized_weight = cache_dequantized_weight
         self.register_load_state_dict_post_hook(_after_load_state_dict)
 
@@ -162,7 +152,7 @@ class NVFP4Linear(torch.nn.Module):
             raise TypeError(f"cache_dequantized_weight must be a bool, got {type(value).__name__}")
         self._cache_dequantized_weight = value
         if not value:
-            drop_cached_weight(self)
+            self.gemm_cache.weight_bf16 = None
 
     def _set_quantized(self, packed: Tensor, scales: Tensor, weight_global_scale: Tensor,
                        input_global_scale: Tensor, alpha: Tensor, bias: Optional[Tensor]) -> None:
@@ -175,7 +165,7 @@ class NVFP4Linear(torch.nn.Module):
             self.alpha.copy_(alpha)
             if bias is not None:
                 self.bias.copy_(bias.detach())
-        host_alpha(self)
+        host_alpha(self, self.gemm_cache)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, input_amax: Union[float, Tensor], fast_math: Optional[bool] = None,
@@ -210,7 +200,7 @@ class NVFP4Linear(torch.nn.Module):
         wb = w.to(torch.bfloat16).contiguous()
         w_amax = wb.float().abs().nan_to_num().amax()
         wgs = _global_scale_from_amax(w_amax, code)
-        packed, scales = _quantize(wb, wgs, fast_math, layer.nvfp4_4over6)
+        packed, scales = nvfp4_quantize(wb, wgs, fast_math, nvfp4_4over6=layer.nvfp4_4over6)
         igs = _global_scale_from_amax(amax_in, code)
         layer._set_quantized(packed, scales, wgs, igs, torch.ones_like(igs) / (igs * wgs), bias)
         return layer
@@ -281,7 +271,7 @@ class NVFP4Linear(torch.nn.Module):
 
     def quantize_input(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """NVFP4 of bf16 ``x`` [..., K] with this layer's input global scale: (packed [M, K/2], scales)."""
-        return _quantize(x, self.input_global_scale, self.fast_math, self.nvfp4_4over6)
+        return nvfp4_quantize(x, self.input_global_scale, self.fast_math, nvfp4_4over6=self.nvfp4_4over6)
 
     def forward(self, x: Union[Tensor, Tuple[Tensor, Tensor]], out_shape: Optional[Sequence[int]] = None) -> Tensor:
         """``x``: bf16 [..., K] (quantized here) -> bf16 [..., N]; or ``(packed, scales)`` (already quantized
@@ -317,11 +307,9 @@ def _after_load_state_dict(module: NVFP4Linear, incompatible_keys: Any) -> None:
     """New buffers: drop every cache made from the old ones (the bf16 weight, the N-padded weight, the host
     alpha: for inference tensors their keys cannot see an in-place copy) and read alpha to the host again (so
     that a torch.compile trace made later sees the loaded value)."""
-    drop_cached_weight(module)
-    object.__setattr__(module, "_qwen_fp4_padded_weight", None)
-    object.__setattr__(module, "_qwen_fp4_host_alpha", None)
+    module.gemm_cache.clear()
     if module.alpha.device.type != "meta":
-        host_alpha(module)
+        host_alpha(module, module.gemm_cache)
 
 
 __all__ = ["NVFP4Linear", "FP4_AMAX_SCALE", "swizzle_scales_128x4"]

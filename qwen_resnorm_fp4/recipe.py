@@ -9,7 +9,8 @@ The ``nvfp4_4over6=`` argument of the wrappers follows FlashInfer 0.7.4's ``fp4_
   ``err_mode`` and ``err_use_fast_math``): that 4over6 recipe.
 
 The code is FlashInfer's packing (bit 0 on, bit 1 ``e4m3_max == 256``, bits 2-3 the error mode, 0 = MAE /
-1 = MSE, bit 4 ``err_use_fast_math``); its rule is :func:`~qwen_resnorm_fp4.validation.nvfp4_4over6_code_problem`.
+1 = MSE, bit 4 ``err_use_fast_math``): :data:`NVFP4_4OVER6_CODES` are the codes the ops take (the rule:
+:func:`~qwen_resnorm_fp4.validation.nvfp4_4over6_code_problem`).
 ``e4m3_max`` does not change the kernels' bytes: it sets the global-scale rule ``e4m3_max * 6 / amax``
 (:func:`global_scale_numerator`).
 """
@@ -17,12 +18,21 @@ The code is FlashInfer's packing (bit 0 on, bit 1 ``e4m3_max == 256``, bits 2-3 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from .env import (FOUR_OVER_SIX_E4M3_256_VAR, FOUR_OVER_SIX_ERR_FAST_MATH_VAR, FOUR_OVER_SIX_ERR_MODE_VAR,
                   FOUR_OVER_SIX_VAR, env_value, flag_enabled)
-from .validation import (NVFP4_4OVER6_E4M3_MAX_256, NVFP4_4OVER6_ERR_FAST_MATH, NVFP4_4OVER6_ERR_MODE_SHIFT,
-                         NVFP4_4OVER6_ON, nvfp4_4over6_code_problem, require)
+
+#: FlashInfer's packing of an NVFP44Over6Config into the ops' nvfp4_4over6_code (csrc/launch.h kNvfp4Recipe*).
+NVFP4_4OVER6_ON = 1
+NVFP4_4OVER6_E4M3_MAX_256 = 2
+NVFP4_4OVER6_ERR_MODE_SHIFT = 2  # 2 bits: 0 = MAE, 1 = MSE
+NVFP4_4OVER6_ERR_FAST_MATH = 16
+NVFP4_4OVER6_KNOWN_BITS = 5
+#: Every code the ops take: 0 (the standard recipe) and the eight 4over6 recipes.
+NVFP4_4OVER6_CODES = frozenset([0] + [NVFP4_4OVER6_ON | e | (m << NVFP4_4OVER6_ERR_MODE_SHIFT) | f
+                                      for e in (0, NVFP4_4OVER6_E4M3_MAX_256) for m in (0, 1)
+                                      for f in (0, NVFP4_4OVER6_ERR_FAST_MATH)])
 
 #: The error modes by their code (bits 2-3).
 ERR_MODES = ("MAE", "MSE")
@@ -106,14 +116,22 @@ def nvfp4_4over6_code(config: object) -> int:
             | (NVFP4_4OVER6_ERR_FAST_MATH if c.err_use_fast_math else 0))
 
 
-def nvfp4_4over6_from_code(code: int) -> Optional[NVFP44Over6Config]:
-    """The config of a code (0: None), after the code's rule (TypeError / ValueError otherwise)."""
-    require(nvfp4_4over6_code_problem(code))
+def _config_of(code: int) -> Optional[NVFP44Over6Config]:
     if code == 0:
         return None
     return NVFP44Over6Config(e4m3_max=256 if code & NVFP4_4OVER6_E4M3_MAX_256 else 448,
                              err_mode=ERR_MODES[(code >> NVFP4_4OVER6_ERR_MODE_SHIFT) & 3],
                              err_use_fast_math=bool(code & NVFP4_4OVER6_ERR_FAST_MATH))
+
+
+_CONFIGS: Dict[int, Optional[NVFP44Over6Config]] = {code: _config_of(code) for code in NVFP4_4OVER6_CODES}
+
+
+def nvfp4_4over6_from_code(code: int) -> Optional[NVFP44Over6Config]:
+    """The config of a code of :data:`NVFP4_4OVER6_CODES` (0: None); ValueError for any other value."""
+    if type(code) is not int or code not in _CONFIGS:
+        raise ValueError(f"nvfp4_4over6_code must be one of {sorted(NVFP4_4OVER6_CODES)}, got {code!r}")
+    return _CONFIGS[code]
 
 
 def nvfp4_4over6_from_env() -> Optional[NVFP44Over6Config]:
@@ -126,6 +144,14 @@ def nvfp4_4over6_from_env() -> Optional[NVFP44Over6Config]:
     return NVFP44Over6Config(e4m3_max=256 if flag_enabled(FOUR_OVER_SIX_E4M3_256_VAR) else 448,
                              err_mode="MAE" if err_mode is None else err_mode,
                              err_use_fast_math=flag_enabled(FOUR_OVER_SIX_ERR_FAST_MATH_VAR))
+
+
+def resolve_config(setting: object = UNSET) -> Optional[NVFP44Over6Config]:
+    """The recipe a wrapper's ``nvfp4_4over6=`` argument names: omitted (:data:`UNSET`), the environment now;
+    None, the standard recipe (None); a config, this module's equal of it."""
+    if setting is UNSET:
+        return nvfp4_4over6_from_env()
+    return None if setting is None else config_from(setting)
 
 
 def resolve_nvfp4_4over6(setting: object = UNSET) -> int:
@@ -146,4 +172,6 @@ def global_scale_numerator(code: int) -> float:
 
 
 __all__ = ["NVFP44Over6Config", "UNSET", "nvfp4_4over6_code", "nvfp4_4over6_from_code", "nvfp4_4over6_from_env",
-           "resolve_nvfp4_4over6", "global_scale_numerator", "config_from"]
+           "resolve_config", "resolve_nvfp4_4over6", "global_scale_numerator", "config_from", "NVFP4_4OVER6_CODES",
+           "NVFP4_4OVER6_ON", "NVFP4_4OVER6_E4M3_MAX_256", "NVFP4_4OVER6_ERR_MODE_SHIFT", "NVFP4_4OVER6_ERR_FAST_MATH",
+           "NVFP4_4OVER6_KNOWN_BITS", "ERR_MODES", "E4M3_MAXES", "E2M1_MAX"]

@@ -1,7 +1,8 @@
 """Pure-PyTorch reference of the numerics contract (docs/numerics.md).
 
-This module *is* the specification: the CPU implementations of the ``qwen_fp4`` ops call it, and the
-GPU tests compare the CUDA kernels against it. It runs on any device (plain tensor ops, no Python loops
+This module *is* the specification: the CPU implementations of the ``qwen_fp4`` ops are these functions
+behind the rules (ops.py; each takes its op's arguments in the schema's order), and the GPU tests compare
+the CUDA kernels against it. It runs on any device (plain tensor ops, no Python loops
 over elements). Every step names the contract step it implements.
 
 Exactness notes
@@ -12,7 +13,7 @@ Exactness notes
   and a correctly rounded rsqrt, where the GPU uses a tree reduction and ``rsqrt.approx``. So ``y`` may
   differ from the GPU in the last bf16 bit for a small fraction of elements; everything else is exact.
 - Fast mode needs the GPU's approximate reciprocal to be byte-exact; pass ``rcp=`` (the CUDA extension
-  exposes it as ``torch.ops.qwen_fp4._rcp_approx``). Without it, IEEE ``1/x`` stands in.
+  provides it: :func:`qwen_resnorm_fp4.testing.gpu_rcp`). Without it, IEEE ``1/x`` stands in.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from .layout import round_up, sf_offsets
-from .validation import NVFP4_4OVER6_ERR_FAST_MATH, NVFP4_4OVER6_ERR_MODE_SHIFT, NVFP4_4OVER6_ON
+from .recipe import NVFP4_4OVER6_ERR_FAST_MATH, NVFP4_4OVER6_ERR_MODE_SHIFT, NVFP4_4OVER6_ON
 
 Tensor = torch.Tensor
 
 FLT_MAX = torch.finfo(torch.float32).max
 E4M3_MAX = 448.0
 BLOCK = 16  # NVFP4 block size along a row
+#: What the bf16 dequantization writes for a NaN block scale (torch's own fp32 -> bf16 NaN).
+CANONICAL_NAN_BF16 = 0x7FC0
 
 # E2M1 magnitudes by code 0..7; bit 3 is the sign.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -82,18 +85,9 @@ def _modulation_rows(p: Tensor, rows: int, rows_per_batch: int, modulate_index: 
     return pf[batch]
 
 
-def resnorm(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    eps: float,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+            eps: float, weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+            modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Contract steps 1-7. Returns (y, residual_out), both bf16 and shaped like ``x``."""
     d = x.shape[-1]
     rows = x.numel() // d if d else 0
@@ -224,13 +218,8 @@ def _nvfp4_4over6_blocks(blocks: Tensor, amax: Tensor, g: Tensor, fast_math: boo
     return torch.where(zero.unsqueeze(-1), torch.zeros_like(codes), codes), sf
 
 
-def nvfp4_quantize(
-    y: Tensor,
-    global_scale: Tensor,
-    fast_math: bool,
-    rcp: Optional[Callable[[Tensor], Tensor]] = None,
-    nvfp4_4over6_code: int = 0,
-) -> Tuple[Tensor, Tensor]:
+def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: bool, nvfp4_4over6_code: int = 0, *,
+                   rcp: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
     """Contract step 8: NVFP4 of ``y`` ([..., D] bf16) with the production recipe.
 
     Returns ``packed`` uint8 [M, D/2] (two E2M1 codes a byte, even element in the low nibble) and
@@ -258,25 +247,14 @@ def nvfp4_quantize(
     return packed, scales.reshape(padded_rows, d // BLOCK)
 
 
-def resnorm_quant(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    global_scale: Tensor,
-    eps: float,
-    fast_math: bool,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    rcp: Optional[Callable[[Tensor], Tensor]] = None,
-    nvfp4_4over6_code: int = 0,
-) -> Tuple[Tensor, Tensor, Tensor]:
+def resnorm_quant(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+                  global_scale: Tensor, eps: float, fast_math: bool, weight: Optional[Tensor] = None,
+                  norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                  nvfp4_4over6_code: int = 0, *, rcp: Optional[Callable[[Tensor], Tensor]] = None
+                  ) -> Tuple[Tensor, Tensor, Tensor]:
     """Steps 1-8: (packed, scales, residual_out) == nvfp4_quantize(resnorm(...)) by definition."""
     y, residual_out = resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
-    packed, scales = nvfp4_quantize(y, global_scale, fast_math, rcp, nvfp4_4over6_code)
+    packed, scales = nvfp4_quantize(y, global_scale, fast_math, nvfp4_4over6_code, rcp=rcp)
     return packed, scales, residual_out
 
 
@@ -288,3 +266,14 @@ def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows:
     sf = e4m3_to_float(scales.reshape(-1).view(torch.uint8)[sf_offsets(rows, d, packed.device)])  # [rows, D/16]
     vals = e2m1_value(codes).reshape(rows, d // BLOCK, BLOCK) * sf.unsqueeze(-1)
     return (vals / global_scale.reshape(()).float()).reshape(rows, d)
+
+
+def nvfp4_dequantize_bf16(packed: Tensor, scales: Tensor) -> Tensor:
+    """bf16 [rows, K] of ``e2m1 * float(e4m3 block scale)`` (no global scale): :func:`dequantize_nvfp4` with a
+    global scale of 1 (exact), cast to bf16 (exact: at most 6 significant bits in [2^-10, 2688]), NaN written
+    as :data:`CANONICAL_NAN_BF16` as the CUDA kernel writes it."""
+    rows = packed.shape[0]
+    one = torch.ones((1,), dtype=torch.float32, device=packed.device)
+    vals = dequantize_nvfp4(packed, scales, one, rows)
+    bits = vals.to(torch.bfloat16).view(torch.int16)
+    return bits.masked_fill(torch.isnan(vals), CANONICAL_NAN_BF16).view(torch.bfloat16)

@@ -3,9 +3,11 @@
 Each rule function returns ``None`` when the arguments satisfy it, or a :class:`Problem`: the
 :class:`DeclineReason` that :func:`~qwen_resnorm_fp4.fused_path.try_fused_resnorm_quant` records, and the
 exception (TypeError for a type or dtype, ValueError for a shape, device or value) with a message that
-names the argument. Two thin callers use them: :func:`require` raises (the typed wrappers in api.py and the
-CPU implementations in ops.py), the fused path declines. The C++ checks (csrc/ops.cpp) enforce the same
-rules once more before any launch; the limits below equal csrc/op_limits.h (tests/test_validation.py).
+names the argument. The op rules take the op's own arguments, in the schema's order (ops.py). Their callers
+raise (:func:`require`: the fakes and CPU implementations in ops.py, the typed wrappers in api.py for
+tensors the CPU implementation does not take) or decline (the fused path). The raw CUDA op has its own
+checks (csrc/ops.cpp), which hold without this module; the limits they share are csrc/op_limits.h's, and
+tests/test_validation.py holds the two equal.
 
 The rules read only static properties (types, dtypes, devices, shapes, Python scalars), so they cost no
 device work, trace away under torch.compile, and run while a CUDA graph is captured. They are on the hot
@@ -22,6 +24,7 @@ import torch
 
 from .env import DISABLE_VAR
 from .layout import round_up
+from .recipe import NVFP4_4OVER6_CODES
 
 Tensor = torch.Tensor
 
@@ -31,6 +34,9 @@ MAX_COLS = 16384
 COLS_MULTIPLE = 64
 #: Rows (x.numel() / D) the kernels take at most: their row index is a 32-bit int (csrc/op_limits.h kMaxRows).
 MAX_ROWS = (1 << 31) - 128
+#: K (2 x the packed row length) the bf16 dequantization takes at most: its 128x4 scale offsets are 32-bit
+#: (csrc/op_limits.h kMaxDequantizeCols).
+MAX_DEQUANTIZE_COLS = 1 << 27
 
 ACTIVATION_DTYPES = (torch.bfloat16,)
 PARAM_DTYPES = (torch.bfloat16, torch.float32)
@@ -229,14 +235,11 @@ def _vector_shape_problem(name: str, shape: torch.Size, cols: int) -> Problem:
                    (name, cols, tuple(shape)))
 
 
-_NO_GLOBAL_SCALE = object()
-
-
-def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None, modulate_index=None,
-                    global_scale=_NO_GLOBAL_SCALE) -> Optional[Problem]:
-    """The rules of the resnorm op, in the order the wrappers report them: x and residual, D and the row
-    count, the [D] parameters, gate/scale/shift, modulate_index, eps; and, when given, global_scale (the
-    resnorm_quant op). Each check reads an attribute once; messages are made only for a broken rule."""
+def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None,
+                    modulate_index=None) -> Optional[Problem]:
+    """The rules of the resnorm op, in the order they are reported: x and residual, D and the row count, the
+    [D] parameters, gate/scale/shift, modulate_index, eps. Each check reads an attribute once; messages are
+    made only for a broken rule."""
     if not isinstance(x, Tensor) or x.dtype is not torch.bfloat16:
         return tensor_problem("x", x, ACTIVATION_DTYPES, None)
     dev = x.device
@@ -305,49 +308,36 @@ def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, nor
             return Problem(R.UNSUPPORTED_MODULATION, ValueError, "x has {} rows, which does not split into "
                            "gate.shape[0] = {} batches", (rows, b))
 
-    p = eps_problem(eps)
-    if p is not None or global_scale is _NO_GLOBAL_SCALE:
-        return p
-        return None
-    return global_scale_problem(global_scale, dev)
+    return eps_problem(eps)
 
 
-def resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight=None, norm_bias=None,
-                          modulate_index=None) -> Optional[Problem]:
-    """The rules of the resnorm_quant op: :func:`resnorm_problem` with its global_scale."""
-    return resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index, global_scale)
+def resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math=None, weight=None,
+                          norm_bias=None, modulate_index=None, nvfp4_4over6_code=0) -> Optional[Problem]:
+    """The rules of the resnorm_quant op: :func:`resnorm_problem`, then global_scale and the recipe code
+    (``fast_math`` has none beyond the schema's bool)."""
+    return resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index) or \
+        global_scale_problem(global_scale, x.device) or nvfp4_4over6_code_problem(nvfp4_4over6_code)
 
 
-def quantize_problem(y, global_scale) -> Optional[Problem]:
-    """The rules of the nvfp4_quantize op: y bf16 [..., D] with a supported D and row count, global_scale."""
+def quantize_problem(y, global_scale, fast_math=None, nvfp4_4over6_code=0) -> Optional[Problem]:
+    """The rules of the nvfp4_quantize op: y bf16 [..., D] with a supported D and row count, global_scale,
+    the recipe code."""
     if not isinstance(y, Tensor) or y.dtype is not torch.bfloat16:
         return tensor_problem("y", y, ACTIVATION_DTYPES, None)
     shape = y.shape
     if not shape:
         return Problem(R.UNSUPPORTED_SHAPE, ValueError, "y must have at least one dimension ([..., D])", ())
     cols = shape[-1]
-    p = width_problem("y", cols) or rows_problem("y", y.numel() // cols)
-    if p is not None:
-        return p
-    return global_scale_problem(global_scale, y.device, like="y")
-
-
-#: FlashInfer's packing of an NVFP44Over6Config into the ops' nvfp4_4over6_code (csrc/launch.h kNvfp4Recipe*).
-NVFP4_4OVER6_ON = 1
-NVFP4_4OVER6_E4M3_MAX_256 = 2
-NVFP4_4OVER6_ERR_MODE_SHIFT = 2  # 2 bits: 0 = MAE, 1 = MSE
-NVFP4_4OVER6_ERR_FAST_MATH = 16
-NVFP4_4OVER6_KNOWN_BITS = 5
-#: Every code the ops take: 0 (the standard recipe) and the eight 4over6 recipes.
-NVFP4_4OVER6_CODES = frozenset([0] + [NVFP4_4OVER6_ON | e | (m << NVFP4_4OVER6_ERR_MODE_SHIFT) | f
-                                      for e in (0, NVFP4_4OVER6_E4M3_MAX_256) for m in (0, 1)
-                                      for f in (0, NVFP4_4OVER6_ERR_FAST_MATH)])
+    return width_problem("y", cols) or rows_problem("y", y.numel() // cols) or \
+        global_scale_problem(global_scale, y.device, like="y") or nvfp4_4over6_code_problem(nvfp4_4over6_code)
 
 
 def nvfp4_4over6_code_problem(code: object) -> Optional[Problem]:
     """The rule of the ops' ``nvfp4_4over6_code`` (csrc/ops.cpp check_nvfp4_4over6_code is the same): an int,
     0 or FlashInfer's packing (bit 0 on, bit 1 e4m3_max 256, bits 2-3 err_mode 0 = MAE / 1 = MSE, bit 4
     err_use_fast_math), no other bits."""
+    if type(code) is int and code in NVFP4_4OVER6_CODES:  # the common case, one test
+        return None
     if isinstance(code, bool) or not isinstance(code, int):
         return Problem(R.UNSUPPORTED_RECIPE, TypeError, "nvfp4_4over6_code must be an int, got {}",
                        (type(code).__name__,))
@@ -386,9 +376,6 @@ def dequantize_problem(packed, scales, global_scale, rows: Optional[int]) -> Tup
     return None, rows, cols
 
 
-#: K (2 x the packed row length) the bf16 dequantization takes at most: its 128x4 scale offsets are 32-bit
-#: (csrc/ops.cpp, nvfp4_dequantize_bf16).
-MAX_DEQUANTIZE_COLS = 1 << 27
 SCALE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
 
 
@@ -407,7 +394,8 @@ def dequantize_bf16_problem(packed, scales) -> Optional[Problem]:
         return Problem(R.UNSUPPORTED_WIDTH, ValueError, "packed.shape[1] * 2 (K) must be a positive multiple of "
                        "{}, got {}", (COLS_MULTIPLE, k))
     if k > MAX_DEQUANTIZE_COLS:
-        return Problem(R.UNSUPPORTED_WIDTH, ValueError, "packed.shape[1] * 2 (K) must be at most 2^27, got {}", (k,))
+        return Problem(R.UNSUPPORTED_WIDTH, ValueError, "packed.shape[1] * 2 (K) must be at most {}, got {}",
+                       (MAX_DEQUANTIZE_COLS, k))
     if scales.device != packed.device:
         return Problem(R.DEVICE_MISMATCH, ValueError, "scales is on {} but packed is on {}",
                        (scales.device, packed.device))
@@ -524,15 +512,15 @@ def _memory_checked(memory: Optional[bool], outputs) -> bool:
     return all(has_data(t) for _, t in outputs) if memory is None else memory
 
 
-def resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scale, eps, packed, scales,
+def resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math, packed, scales,
                               residual_out, weight=None, norm_bias=None, modulate_index=None,
                               nvfp4_4over6_code=0, memory: Optional[bool] = None) -> Optional[Problem]:
     """The rules of resnorm_quant_out: those of resnorm_quant for the inputs; packed uint8 [M, D/2], scales
     uint8 or float8_e4m3fn [round_up(M, 128), D/16], residual_out bf16 of x's shape, each contiguous on x's
     device; and, when ``memory`` (None: when the tensors have data), :func:`memory_problem` with
     residual_out allowed to be residual."""
-    p = resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, weight, norm_bias,
-                              modulate_index) or nvfp4_4over6_code_problem(nvfp4_4over6_code) or \
+    p = resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math, weight, norm_bias,
+                              modulate_index, nvfp4_4over6_code) or \
         _quantized_output_problem(packed, scales, x, "x") or \
         output_problem("residual_out", residual_out, ACTIVATION_DTYPES, tuple(x.shape), x.device, "x")
     if p is not None:
@@ -563,11 +551,11 @@ def resnorm_out_problem(residual, x, bias, gate, scale, shift, eps, y, residual_
     return memory_problem(outputs, inputs, in_place=("residual_out", "residual"))
 
 
-def quantize_out_problem(y, global_scale, packed, scales, nvfp4_4over6_code=0,
+def quantize_out_problem(y, global_scale, fast_math, packed, scales, nvfp4_4over6_code=0,
                          memory: Optional[bool] = None) -> Optional[Problem]:
     """The rules of nvfp4_quantize_out: those of nvfp4_quantize for the inputs, packed and scales as in
     :func:`resnorm_quant_out_problem`, no overlap at all."""
-    p = quantize_problem(y, global_scale) or nvfp4_4over6_code_problem(nvfp4_4over6_code) or \
+    p = quantize_problem(y, global_scale, fast_math, nvfp4_4over6_code) or \
         _quantized_output_problem(packed, scales, y, "y")
     if p is not None:
         return p

@@ -144,7 +144,7 @@ def extra_kwargs(kw: Dict[str, object]):
 
 def reference_rcp(device) -> Optional[object]:
     """The reciprocal that makes the reference's fast mode byte-exact on ``device``."""
-    from qwen_resnorm_fp4.ops import reference_rcp_for
+    from qwen_resnorm_fp4.testing import reference_rcp_for
 
     return reference_rcp_for(torch.device(device))
 

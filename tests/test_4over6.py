@@ -16,7 +16,8 @@ import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import recipe, reference
 from qwen_resnorm_fp4.env import FOUR_OVER_SIX_VARS
 from qwen_resnorm_fp4.recipe import NVFP44Over6Config, nvfp4_4over6_code, nvfp4_4over6_from_code
-from qwen_resnorm_fp4.validation import NVFP4_4OVER6_CODES, nvfp4_4over6_code_problem
+from qwen_resnorm_fp4.recipe import NVFP4_4OVER6_CODES
+from qwen_resnorm_fp4.validation import nvfp4_4over6_code_problem
 
 from conftest import e4m3_byte_oracle, make_inputs, nvfp4_4over6_oracle
 

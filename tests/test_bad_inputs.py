@@ -496,21 +496,24 @@ _OPS = {RQ: ("_RESNORM_QUANT", "resnorm_quant_problem"), RN: ("_RESNORM", "resno
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("op", ALL_OPS)
 def test_wrappers_check_first_then_call_the_op_once(monkeypatch, op, dev):
-    """The wrappers apply the rules before the op and call it once: a good call (a strided gate included,
-    copied for the layout) calls it once; a bad one raises the rules' typed error without calling it; where
-    the rules find nothing wrong, the op's own error reaches the caller unchanged."""
+    """The rules run once per call, then the op once: on CUDA the wrapper applies them before any copy (a
+    bad call raises the rules' typed error without reaching the op; with rules that find nothing, the op's
+    own C++ error reaches the caller unchanged); on CPU the op's CPU implementation applies them (the op is
+    reached, the same typed error comes back). A good call (a strided gate included, copied for the layout)
+    calls the op once."""
     from qwen_resnorm_fp4 import api
 
     kw = good(dev)
     want = call(op, "wrapper", kw)
     overload_name, rules_name = _OPS[op]
-    real, calls = getattr(api, overload_name), []
+    arguments = getattr(api, overload_name)
+    real, calls = arguments.op, []
 
     def counted(*args):
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(api, overload_name, counted)
+    monkeypatch.setattr(arguments, "op", counted)
     got = call(op, "wrapper", kw if op == NQ else dict(kw, gate=strided(kw["gate"])))
     sync_all()
     assert same_bytes(got, want) and calls == [1]
@@ -518,10 +521,10 @@ def test_wrappers_check_first_then_call_the_op_once(monkeypatch, op, dev):
     bad = dict(kw, **{name: kw[name].half()})
     with pytest.raises(TypeError, match=rf"^{name} must be bfloat16"):
         call(op, "wrapper", bad)
-    assert calls == [1]
-    monkeypatch.setattr(api, rules_name, lambda *args: None)  # rules that find nothing: the op refuses itself
+    assert calls == ([1] if dev == "cuda" else [1, 1])
+    monkeypatch.setattr(api, rules_name, lambda *args, **kw: None)  # wrapper rules that find nothing
     with pytest.raises(RuntimeError if dev == "cuda" else TypeError, match=rf"{name} must be bfloat16"):
         call(op, "wrapper", bad)
-    assert calls == [1, 1]
+    assert calls == ([1, 1] if dev == "cuda" else [1, 1, 1])
     sync_all()
     assert same_bytes(call(op, "wrapper", kw), want)

@@ -6,7 +6,6 @@ GPU."""
 from __future__ import annotations
 
 import ast
-import os
 import sys
 from pathlib import Path
 
@@ -30,7 +29,6 @@ import run_all  # noqa: E402
 import timing  # noqa: E402
 from peers import flashinfer_dit  # noqa: E402
 from qwen_resnorm_fp4 import reference  # noqa: E402
-from qwen_resnorm_fp4.env import PDL_VAR  # noqa: E402
 from qwen_resnorm_fp4.layout import round_up  # noqa: E402
 
 SCRIPTS = ("bench_fused", "bench_pdl", "bench_per_token", "bench_gemm", "bench_model")
@@ -428,16 +426,18 @@ def test_pdl_table_and_checks():
     assert bench_pdl.pair_bytes(32768, 3072) == harness.bytes_moved(32768, 3072) + 2 * 32768 * 3072 * 2
 
 
-@pytest.mark.parametrize("before", [None, "0", "1"])
-def test_pdl_setting_sets_and_restores(before, monkeypatch):
-    if before is None:
-        monkeypatch.delenv(PDL_VAR, raising=False)
-    else:
-        monkeypatch.setenv(PDL_VAR, before)
-    for on in (True, False):
-        with bench_pdl.pdl_setting(on):
-            assert os.environ[PDL_VAR] == ("1" if on else "0")
-        assert os.environ.get(PDL_VAR) == before
+@pytest.mark.parametrize("before", [False, True])
+def test_pdl_setting_sets_and_restores(before):
+    import qwen_resnorm_fp4 as q
+
+    previous = q.set_launch_options(pdl=before)
+    try:
+        for on in (True, False):
+            with bench_pdl.pdl_setting(on):
+                assert q.launch_options().pdl is on
+            assert q.launch_options().pdl is before
+    finally:
+        q.set_launch_options(*previous)
 
 
 # ----------------------------------------------------------------------------------------------------

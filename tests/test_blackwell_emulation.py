@@ -1,7 +1,7 @@
 """The Blackwell path (FlashInfer 0.7.4's cvt_warp_fp16_to_fp4) run on sm_90 by the emulation build
 (QWEN_FP4_EMULATE_BLACKWELL=1: only its Blackwell-only E2M1 instructions are software): for the cases the
 portable-path GPU tests cover, its packed, scales and residual_out equal the portable path's byte for byte,
-for resnorm_quant and nvfp4_quantize, the path switched per call with QWEN_FP4_KERNEL_PATH in one process.
+for resnorm_quant and nvfp4_quantize, the path switched per call with set_launch_options in one process.
 Every call runs after the caching allocator was filled with 0xFF blocks of the outputs' sizes, so a byte a
 path leaves unwritten shows. Skipped unless the emulation build is loaded on a GPU."""
 
@@ -13,12 +13,19 @@ import torch
 
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import info
-from qwen_resnorm_fp4.env import KERNEL_PATH_VAR
 from qwen_resnorm_fp4.layout import round_up
 from reliability_utils import (as_bits, block_inputs, capture_graph, extra_kwargs, first_difference, resnorm_args,
                                special_values_y)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.blackwell_emulation]
+
+
+@pytest.fixture(autouse=True)
+def _restore_launch_options():
+    """Every test leaves the launch options as it found them."""
+    before = q.launch_options()
+    yield
+    q.set_launch_options(*before)
 
 DIMS = (64, 1536, 2048, 3072, 4096, 5120, 8192, 16384)
 ROWS = (1, 17, 127, 128, 129, 255, 2048, 4113)
@@ -37,7 +44,7 @@ def _dirty_allocator(rows: int, cols: int) -> None:
 
 
 def _on_path(monkeypatch, path: str, fn, rows: int, cols: int):
-    monkeypatch.setenv(KERNEL_PATH_VAR, path)
+    q.set_launch_options(kernel_path=path)
     _dirty_allocator(rows, cols)
     return fn()
 
@@ -88,14 +95,14 @@ def test_switch_selects_the_kernels(monkeypatch):
     y, _ = q.resnorm(*resnorm_args(kw))
     calls = {"resnorm_quant": lambda: q.resnorm_quant(*resnorm_args(kw), G), "nvfp4_quantize": lambda: q.nvfp4_quantize(y, G)}
     for path, conversion in (("blackwell", "FlashInferNvfp4"), ("auto", "FlashInferNvfp4"), ("portable", "PortableNvfp4")):
-        monkeypatch.setenv(KERNEL_PATH_VAR, path)
+        q.set_launch_options(kernel_path=path)
         for op, fn in calls.items():
             names = _kernel_names(fn)
             assert len(names) == 1 and conversion in names[0], f"{path} {op}: {names}"
     cap = torch.cuda.get_device_capability()
-    monkeypatch.setenv(KERNEL_PATH_VAR, "auto")
+    q.set_launch_options(kernel_path="auto")
     assert info.kernel_path(cap) == info.PATH_BLACKWELL_EMULATED
-    monkeypatch.setenv(KERNEL_PATH_VAR, "portable")
+    q.set_launch_options(kernel_path="portable")
     assert info.kernel_path(cap) == info.PATH_PORTABLE
 
 
@@ -167,13 +174,13 @@ def test_cuda_graph_replay_through_the_blackwell_path(monkeypatch):
     kw = block_inputs(4608, 3072, device="cuda", seed=3, form="shared", bias=False)
     static = [kw["residual"].clone(), kw["x"].clone(), kw["gate"].clone(), kw["scale"].clone(), kw["shift"].clone(),
               torch.tensor([100.0], device="cuda")]
-    monkeypatch.setenv(KERNEL_PATH_VAR, "blackwell")
+    q.set_launch_options(kernel_path="blackwell")
     graph, captured = capture_graph(_fused, *static)
     fresh = block_inputs(4608, 3072, device="cuda", seed=4, form="shared", bias=False)
     for dst, src in zip(static, (fresh["residual"], fresh["x"], fresh["gate"], fresh["scale"], fresh["shift"],
                                  torch.tensor([50.0], device="cuda"))):
         dst.copy_(src)
-    monkeypatch.setenv(KERNEL_PATH_VAR, "portable")  # the graph keeps the kernels it captured
+    q.set_launch_options(kernel_path="portable")  # the graph keeps the kernels it captured
     graph.replay()
     torch.cuda.synchronize()
     portable = _fused(*static)
@@ -184,9 +191,9 @@ def test_cuda_graph_replay_through_the_blackwell_path(monkeypatch):
 def test_torch_compile_fullgraph_through_the_blackwell_path(monkeypatch):
     kw = block_inputs(2 * 1000, 3072, device="cuda", batches=2, seed=2, bias=False)
     args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"], torch.tensor([100.0], device="cuda"))
-    monkeypatch.setenv(KERNEL_PATH_VAR, "portable")
+    q.set_launch_options(kernel_path="portable")
     portable = _fused(*args)
-    monkeypatch.setenv(KERNEL_PATH_VAR, "blackwell")
+    q.set_launch_options(kernel_path="blackwell")
     compiled = torch.compile(_fused, fullgraph=True)(*args)
     for name, a, b in zip(("packed", "scales", "residual_out"), portable, compiled):
         assert torch.equal(as_bits(a), as_bits(b)), f"compiled {name}: {first_difference(a, b)}"

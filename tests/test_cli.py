@@ -17,6 +17,7 @@ from typing import Optional
 import pytest
 import torch
 
+import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import cli, env, info
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -286,17 +287,27 @@ def test_kernel_path_switch_blackwell_unusable_and_unknown(monkeypatch):
     for cap, archs, emulation in (((9, 0), ARCHS, False), ((12, 0), ["90a", "compute_90"], False),
                                   ((10, 0), ["90a"], True)):
         path = info.kernel_path(cap, archs, library_loaded=True, choice="blackwell", emulation=emulation)
-        assert path.startswith("error: QWEN_FP4_KERNEL_PATH=blackwell"), path
+        assert path.startswith("error: kernel path blackwell"), path
     monkeypatch.setenv("QWEN_FP4_KERNEL_PATH", "Blackwell")
     with pytest.raises(ValueError, match="QWEN_FP4_KERNEL_PATH must be one of auto, portable, blackwell"):
-        env.kernel_path_choice()
-    assert info.kernel_path((10, 0), ARCHS, library_loaded=True, emulation=False).startswith("error:")
+        env.kernel_path_from_env()
+    path = info.kernel_path((10, 0), ARCHS, library_loaded=True, choice="Blackwell", emulation=False)
+    assert path.startswith("error: QWEN_FP4_KERNEL_PATH must be one of"), path
     monkeypatch.setenv("QWEN_FP4_KERNEL_PATH", "")
-    assert env.kernel_path_choice() == "auto"
-    monkeypatch.setenv("QWEN_FP4_KERNEL_PATH", "portable")
-    assert info.kernel_path((10, 0), ARCHS, library_loaded=True, emulation=False) == info.PATH_PORTABLE
-    assert info.collect_info()["kernel_path_switch"] == "portable"
-    assert info.collect_info()["switches"]["QWEN_FP4_KERNEL_PATH"] == "portable"
+    assert env.kernel_path_from_env() == "auto"
+
+
+def test_info_reports_the_launch_options_in_force():
+    before = q.launch_options()
+    try:
+        q.set_launch_options(kernel_path="portable")
+        assert info.kernel_path((10, 0), ARCHS, library_loaded=True, emulation=False) == info.PATH_PORTABLE
+        assert info.collect_info()["kernel_path_switch"] == "portable"
+        q.set_launch_options(kernel_path="auto")
+        assert info.kernel_path((10, 0), ARCHS, library_loaded=True, emulation=False) == info.PATH_BLACKWELL
+        assert info.collect_info()["kernel_path_switch"] == "auto"
+    finally:
+        q.set_launch_options(*before)
 
 
 def test_kernel_path_no_kernel_or_no_library():

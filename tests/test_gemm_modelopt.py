@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from qwen_resnorm_fp4 import reference
-from qwen_resnorm_fp4.gemm import apply_nvfp4_gemm_prequantized, dequantize_to_bf16
+from qwen_resnorm_fp4.api import dequantize_to_bf16
+from qwen_resnorm_fp4.gemm import apply_nvfp4_gemm_prequantized
 from qwen_resnorm_fp4.layout import round_up, sf_offsets
 from qwen_resnorm_fp4.linear import NVFP4Linear
 

@@ -15,8 +15,9 @@ import torch
 
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import reference
-from qwen_resnorm_fp4.gemm import (BACKENDS, CANONICAL_NAN_BF16, apply_nvfp4_gemm_prequantized, dequantize_to_bf16,
-                                   dequantize_to_bf16_reference, flashinfer_serves, resolve_backend)
+from qwen_resnorm_fp4.api import dequantize_to_bf16
+from qwen_resnorm_fp4.gemm import BACKENDS, GemmCache, apply_nvfp4_gemm_prequantized, flashinfer_serves, resolve_backend
+from qwen_resnorm_fp4.reference import CANONICAL_NAN_BF16
 from qwen_resnorm_fp4.layout import round_up
 from qwen_resnorm_fp4.linear import NVFP4Linear
 
@@ -61,8 +62,8 @@ def exact_grid_activations(m: int, k: int, seed: int, device="cpu"):
 
 def exact_expectation(layer, packed, scales, out_dtype, bias):
     """round_to_out_dtype(fp32(acc * alpha) (+ bias)), acc summed exactly (float64, then fp32: exact here)."""
-    a = dequantize_to_bf16_reference(packed.cpu(), scales.cpu()).double()
-    w = dequantize_to_bf16_reference(layer.weight_packed.cpu(), layer.weight_scales.cpu()).double()
+    a = reference.nvfp4_dequantize_bf16(packed.cpu(), scales.cpu()).double()
+    w = reference.nvfp4_dequantize_bf16(layer.weight_packed.cpu(), layer.weight_scales.cpu()).double()
     acc = (a @ w.t()).float()
     assert torch.equal(acc.double(), a @ w.t())  # the premise: the sum is exact in fp32
     out = acc * layer.alpha.cpu().float()
@@ -124,10 +125,12 @@ def test_dequantize_op_opcheck_cpu():
 
 
 def test_backend_names():
-    assert {"tensor_core", "reference", "portable"} <= set(BACKENDS)
+    assert {"tensor_core", "reference"} <= set(BACKENDS)
+    assert "portable" not in BACKENDS  # the reference's old name is gone
     cpu = torch.device("cpu")
     assert resolve_backend("auto", cpu) == "reference"
-    assert resolve_backend("portable", cpu) == "reference"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        resolve_backend("portable", cpu)
     assert resolve_backend("tensor_core", cpu) == "tensor_core"
     with pytest.raises(ValueError, match="backend must be one of"):
         resolve_backend("fp32", cpu)
@@ -137,11 +140,10 @@ def test_backend_names():
         NVFP4Linear(128, 32, gemm_backend="fp32")
 
 
-def test_portable_is_the_reference():
+def test_auto_on_cpu_is_the_reference():
     layer = NVFP4Linear.from_linear(torch.nn.Linear(128, 96).bfloat16(), 4.0)
     packed, scales = q.nvfp4_quantize(torch.randn(9, 128).bfloat16(), layer.input_global_scale)
     ref = apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="reference")
-    assert torch.equal(apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="portable"), ref)
     assert torch.equal(apply_nvfp4_gemm_prequantized(layer, packed, scales), ref)  # auto on CPU
 
 
@@ -205,7 +207,7 @@ def test_weight_cache_follows_the_weight():
     per_call = apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="tensor_core")
     layer.cache_dequantized_weight = True
     assert torch.equal(apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="tensor_core"), per_call)
-    cached = layer._qwen_fp4_weight_bf16[1]
+    cached = layer.gemm_cache.weight_bf16[1]
     assert torch.equal(cached, dequantize_to_bf16(layer.weight_packed, layer.weight_scales))
     other = exact_grid_layer(128, 96, 0.25, None, seed=9)
     with torch.no_grad():
@@ -213,9 +215,9 @@ def test_weight_cache_follows_the_weight():
         layer.weight_scales.copy_(other.weight_scales)
     assert torch.equal(apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="tensor_core"),
                        apply_nvfp4_gemm_prequantized(other, packed, scales, backend="tensor_core"))
-    assert layer._qwen_fp4_weight_bf16[1] is not cached
+    assert layer.gemm_cache.weight_bf16[1] is not cached
     layer.cache_dequantized_weight = False
-    assert layer._qwen_fp4_weight_bf16 is None
+    assert layer.gemm_cache.weight_bf16 is None
     assert set(layer.state_dict()) == {"weight_packed", "weight_scales", "weight_global_scale",
                                        "input_global_scale", "alpha", "bias"} - {"bias"}
     with pytest.raises(TypeError, match="cache_dequantized_weight"):
@@ -236,7 +238,7 @@ def test_load_state_dict_refreshes_host_alpha():
     src = exact_grid_layer(64, 32, 0.375, None, seed=3)
     dst = NVFP4Linear(64, 32, bias=False, gemm_backend="tensor_core", cache_dequantized_weight=True)
     dst.load_state_dict(src.state_dict())
-    assert dst._qwen_fp4_host_alpha[1] == 0.375
+    assert dst.gemm_cache.host_alpha[1] == 0.375
     packed, scales = exact_grid_activations(4, 64, seed=2)
     assert torch.equal(dst((packed, scales)), apply_nvfp4_gemm_prequantized(src, packed, scales, backend="tensor_core"))
 
@@ -396,5 +398,23 @@ def test_dequantize_refuses_k_beyond_its_limit() -> None:
     from qwen_resnorm_fp4.validation import MAX_DEQUANTIZE_COLS
 
     packed = torch.zeros((1, MAX_DEQUANTIZE_COLS // 2 + 32), dtype=torch.uint8)
-    with pytest.raises(ValueError, match=r"packed.shape\[1\] \* 2 \(K\) must be at most 2\^27"):
+    with pytest.raises(ValueError, match=rf"packed.shape\[1\] \* 2 \(K\) must be at most {MAX_DEQUANTIZE_COLS}\b"):
         dequantize_to_bf16(packed, torch.zeros(16, dtype=torch.uint8))
+
+
+def test_the_layer_owns_its_gemm_cache():
+    """The GEMM keeps nothing on a layer without a gemm_cache (it adds no attribute) and fills the one an
+    NVFP4Linear owns."""
+    layer = exact_grid_layer(64, 32, 0.5, None, seed=1)
+    packed, scales = exact_grid_activations(4, 64, seed=2)
+    want = apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="tensor_core")
+    assert isinstance(layer.gemm_cache, GemmCache) and layer.gemm_cache.host_alpha[1] == 0.5
+    plain = type("Layer", (), {})()
+    for name in ("weight_packed", "weight_scales", "weight_global_scale", "input_global_scale", "alpha", "out_features",
+                 "bias"):
+        setattr(plain, name, getattr(layer, name))
+    before = set(vars(plain))
+    assert torch.equal(apply_nvfp4_gemm_prequantized(plain, packed, scales, backend="tensor_core"), want)
+    assert set(vars(plain)) == before
+    layer.gemm_cache.clear()
+    assert layer.gemm_cache.host_alpha is None and layer.gemm_cache.weight_bf16 is None

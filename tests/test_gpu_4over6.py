@@ -1,6 +1,6 @@
 """GPU tests of the 4over6 recipe (skipped without a GPU and the compiled library): for every configuration
 and both modes, resnorm_quant and nvfp4_quantize on the GPU give the bytes of the reference quantizer applied
-to the GPU's own y (fast mode with the GPU's rcp.approx, torch.ops.qwen_fp4._rcp_approx), the fused op the
+to the GPU's own y (fast mode with the GPU's rcp.approx, qwen_resnorm_fp4.testing.gpu_rcp), the fused op the
 bytes of resnorm + nvfp4_quantize; special values and extreme global scales; the C++ refusal of bad codes;
 and on Blackwell the bytes of flashinfer.fp4_quantize(..., nvfp4_4over6=...)."""
 
@@ -14,7 +14,7 @@ import torch
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import reference
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
-from qwen_resnorm_fp4.ops import gpu_rcp
+from qwen_resnorm_fp4.testing import gpu_rcp
 from qwen_resnorm_fp4.recipe import NVFP44Over6Config, nvfp4_4over6_code
 from reliability_utils import block_inputs, special_values_y
 

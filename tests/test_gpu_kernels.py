@@ -12,7 +12,7 @@ What is exact where (docs/numerics.md):
   (reliability_utils.y_ulps; the derivation is there, and tests/test_y_tolerance.py checks it on step 7
   alone), and a small fraction of differing elements.
 - packed/scales: bit-exact against the reference quantizer applied to the GPU's own y (fast mode with
-  the GPU's approximate reciprocal, exposed as torch.ops.qwen_fp4._rcp_approx).
+  the GPU's approximate reciprocal, qwen_resnorm_fp4.testing.gpu_rcp).
 - fused == nvfp4_quantize(resnorm(...)) bit-exact always.
 """
 
@@ -27,10 +27,10 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
-from qwen_resnorm_fp4 import reference
+from qwen_resnorm_fp4 import reference, testing
 from qwen_resnorm_fp4.layout import round_up
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
-from qwen_resnorm_fp4.ops import gpu_rcp
+from qwen_resnorm_fp4.testing import gpu_rcp
 from reliability_utils import (Y_ULPS_BOUND, block_inputs, capture_graph, logical_scales, padding_scale_bytes,
                                special_values_y, y_ulps)
 
@@ -316,15 +316,15 @@ def test_e2m1_matches_cuda_fp4_exhaustively(seed):
     for start in range(0, 1 << 32, chunk):
         bits = torch.arange(start, start + chunk, device="cuda", dtype=torch.int64)
         x = (bits - (1 << 32) * (bits >= (1 << 31))).to(torch.int32).view(torch.float32)
-        ours = torch.ops.qwen_fp4._e2m1_codes(x, False)
-        toolkit = torch.ops.qwen_fp4._e2m1_codes(x, True)
+        ours = testing.e2m1_codes(x, False)
+        toolkit = testing.e2m1_codes(x, True)
         bad = (ours != toolkit).nonzero()
         assert bad.numel() == 0, f"{bad.numel()} mismatches from bits {start:#x}, first {x[bad[0]].item()!r}"
         del bits, ours
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randint(-(1 << 31), 1 << 31, (1 << 24,), generator=g, device="cuda", dtype=torch.int64)
     x = x.to(torch.int32).view(torch.float32)
-    assert torch.equal(reference.e2m1_code(x), torch.ops.qwen_fp4._e2m1_codes(x, True))
+    assert torch.equal(reference.e2m1_code(x), testing.e2m1_codes(x, True))
 
 
 def test_rcp_approx_is_close_to_ieee():

@@ -1,4 +1,4 @@
-"""GPU tests of programmatic dependent launch (csrc/pdl.cuh): with QWEN_FP4_PDL on and off, every row
+"""GPU tests of programmatic dependent launch (csrc/pdl.cuh): with PDL on and off (set_launch_options), every row
 kernel gives the bytes of a fully synchronized run when its inputs are written by the kernel just before it
 and when its outputs reuse memory the kernel before it still reads; CUDA-graph capture keeps PDL (a
 programmatic edge) and the bytes; the switch reaches the C++ launcher.
@@ -20,8 +20,8 @@ from typing import Dict, Tuple
 import pytest
 import torch
 
+import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import _library
-from qwen_resnorm_fp4.env import PDL_DEFAULT, PDL_VAR
 
 pytestmark = pytest.mark.gpu
 
@@ -29,6 +29,14 @@ D = 3072
 EPS = 1e-6
 ROWS = (17, 256, 1024, 4096)
 ops = torch.ops.qwen_fp4 if _library.cuda_available() else None
+
+
+@pytest.fixture
+def set_pdl():
+    """Sets the PDL switch for the test (qwen_resnorm_fp4.set_launch_options); the options come back after."""
+    before = q.launch_options()
+    yield lambda on: q.set_launch_options(pdl=on)
+    q.set_launch_options(*before)
 
 
 def make_inputs(rows: int, seed: int = 0) -> Dict[str, torch.Tensor]:
@@ -72,13 +80,13 @@ def assert_same_bytes(got, want):
         assert a.shape == b.shape and torch.equal(a, b), f"output {i} of the chain differs"
 
 
-@pytest.mark.parametrize("pdl", ["1", "0"])
+@pytest.mark.parametrize("pdl", [True, False])
 @pytest.mark.parametrize("rows", ROWS)
-def test_chain_on_predecessor_outputs_matches_synchronized_run(rows, pdl, monkeypatch):
+def test_chain_on_predecessor_outputs_matches_synchronized_run(rows, pdl, set_pdl):
     inp = make_inputs(rows)
-    monkeypatch.setenv(PDL_VAR, "0")
+    set_pdl(False)
     want = chain(inp, synchronize=True)
-    monkeypatch.setenv(PDL_VAR, pdl)
+    set_pdl(pdl)
     for _ in range(3):  # several runs: a race would not show every time
         got = chain(inp, synchronize=False)
         torch.cuda.synchronize()
@@ -87,11 +95,11 @@ def test_chain_on_predecessor_outputs_matches_synchronized_run(rows, pdl, monkey
 
 @pytest.mark.skipif(not hasattr(torch.cuda, "use_mem_pool"), reason="this torch has no torch.cuda.use_mem_pool")
 @pytest.mark.parametrize("rows", (17, 256))
-def test_output_reusing_memory_the_predecessor_still_reads(rows, monkeypatch):
+def test_output_reusing_memory_the_predecessor_still_reads(rows, set_pdl):
     """resnorm B's output gets the block of resnorm A's input x, freed right after A was enqueued: B must not
     write it before A has finished reading it. A fresh memory pool per run makes the reuse certain: x, then
     A's two outputs, fill the start of its first segment, so x's block is the smallest free block that fits."""
-    monkeypatch.setenv(PDL_VAR, "1")
+    set_pdl(True)
     inp = make_inputs(rows, seed=1)
     g, s, sh = inp["gate"], inp["scale"], inp["shift"]
     y_a_ref, r_a_ref = ops.resnorm(inp["residual"], inp["x"], None, g, s, sh, EPS)
@@ -129,15 +137,15 @@ def _capture(fn, keep_graph: bool = False):
 
 
 @pytest.mark.parametrize("rows", (17, 6889))
-def test_graph_capture_with_pdl(rows, monkeypatch):
-    monkeypatch.setenv(PDL_VAR, "1")
+def test_graph_capture_with_pdl(rows, set_pdl):
+    set_pdl(True)
     inp = make_inputs(rows, seed=2)
     graph, out = _capture(lambda: chain(inp, synchronize=False))
     for seed in (2, 3):  # new inputs copied into the captured ones: the replay recomputes everything
         fresh = make_inputs(rows, seed=seed)
         for k in inp:
             inp[k].copy_(fresh[k])
-        monkeypatch.setenv(PDL_VAR, "0")
+        set_pdl(False)
         want = chain(fresh, synchronize=True)
         graph.replay()
         torch.cuda.synchronize()
@@ -169,13 +177,10 @@ def _edge_types(graph: "torch.cuda.CUDAGraph"):
 
 @pytest.mark.skipif("keep_graph" not in str(inspect.signature(torch.cuda.CUDAGraph.__new__)),
                     reason="this torch has no CUDAGraph(keep_graph=True)")
-@pytest.mark.parametrize("pdl", ["1", "0", None])
-def test_switch_reaches_the_launcher(pdl, monkeypatch):
-    """QWEN_FP4_PDL decides whether resnorm -> nvfp4_quantize is captured with a programmatic edge (unset: env.PDL_DEFAULT)."""
-    if pdl is None:
-        monkeypatch.delenv(PDL_VAR, raising=False)
-    else:
-        monkeypatch.setenv(PDL_VAR, pdl)
+@pytest.mark.parametrize("pdl", [True, False])
+def test_switch_reaches_the_launcher(pdl, set_pdl):
+    """The PDL switch decides whether resnorm -> nvfp4_quantize is captured with a programmatic edge."""
+    set_pdl(pdl)
     inp = make_inputs(256, seed=4)
 
     def pair():
@@ -185,4 +190,4 @@ def test_switch_reaches_the_launcher(pdl, monkeypatch):
     graph, _ = _capture(pair, keep_graph=True)
     types = _edge_types(graph)
     assert types, "the graph has the pair's edge"
-    assert (_PROGRAMMATIC in types) == (pdl == "1" or (pdl is None and PDL_DEFAULT)), types
+    assert (_PROGRAMMATIC in types) == pdl, types

@@ -20,7 +20,7 @@ import torch
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import reference
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
-from qwen_resnorm_fp4.ops import gpu_rcp
+from qwen_resnorm_fp4.testing import gpu_rcp
 from conftest import make_inputs
 from reliability_utils import Y_ULPS_BOUND, capture_graph, logical_scales, y_ulps
 

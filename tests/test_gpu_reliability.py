@@ -68,7 +68,7 @@ def _check_window(a, b, kw, G, fast, packed, scales, r_out, y):
     _, r_ref = reference.resnorm(sl(kw["residual"]), sl(kw["x"]), kw["bias"], gate, scale, shift, 1e-6)
     where = f"rows {a}..{b - 1}"
     assert same_bits(sl(r_out), r_ref), f"{where}: residual_out vs reference: {first_difference(sl(r_out), r_ref)}"
-    from qwen_resnorm_fp4.ops import gpu_rcp
+    from qwen_resnorm_fp4.testing import gpu_rcp
 
     p_ref, s_ref = reference.nvfp4_quantize(sl(y), G, fast, rcp=gpu_rcp if fast else None)
     assert torch.equal(packed[a:b], p_ref), f"{where}: packed: {first_difference(packed[a:b], p_ref)}"
@@ -232,7 +232,7 @@ def test_second_gpu_matches_first(form, fast):
     assert torch.cuda.current_device() == 0
     assert_same_outputs(on1b, on0, "cuda:1 vs cuda:0 (current device 1)")
     # the reference on cuda:1's own y (fast mode with the GPU's reciprocal)
-    from qwen_resnorm_fp4.ops import gpu_rcp
+    from qwen_resnorm_fp4.testing import gpu_rcp
 
     p_ref, s_ref = reference.nvfp4_quantize(on1["y"], G1, fast, rcp=gpu_rcp if fast else None)
     assert torch.equal(on1["packed"], p_ref) and torch.equal(on1["scales"], s_ref)

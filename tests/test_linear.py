@@ -181,7 +181,7 @@ def test_scales_as_float8_and_flat():
     ref = apply_nvfp4_gemm_prequantized(layer, packed, scales)
     assert torch.equal(apply_nvfp4_gemm_prequantized(layer, packed, scales.view(torch.float8_e4m3fn)), ref)
     assert torch.equal(apply_nvfp4_gemm_prequantized(layer, packed, scales.reshape(-1)), ref)
-    assert torch.equal(apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="portable"), ref)
+    assert torch.equal(apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="reference"), ref)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ blackwell = pytest.mark.skipif(not (CUDA_OK and _blackwell_flashinfer()),
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["auto", "portable"])
+@pytest.mark.parametrize("backend", ["auto", "reference"])
 @pytest.mark.parametrize("M,N", [(1, 96), (300, 100), (4096, 12288)])
 def test_gpu_prequantized_equals_forward(backend, M, N):
     K = 3072
@@ -316,7 +316,7 @@ def test_gpu_cuda_graph_forward():
     assert torch.equal(captured, eager)
 
 
-FI_BACKENDS = [b for b in BACKENDS if b != "portable"]
+FI_BACKENDS = list(BACKENDS)
 
 
 @blackwell
@@ -338,6 +338,6 @@ def test_blackwell_backend_prequantized_equals_forward(backend, M, N):
         pytest.skip(f"backend {backend!r} declined M={M}, N={N}: {exc}")
     packed, scales = q.nvfp4_quantize(x, layer.input_global_scale)
     assert torch.equal(layer((packed, scales)), regular)
-    # and it computes the same product as the portable path, up to bf16 rounding and summation order
-    portable = apply_nvfp4_gemm_prequantized(layer, packed, scales, torch.float32, backend="portable")
-    assert rel_err(regular, portable) < 1e-2
+    # and it computes the same product as the reference path, up to bf16 rounding and summation order
+    fp32_reference = apply_nvfp4_gemm_prequantized(layer, packed, scales, torch.float32, backend="reference")
+    assert rel_err(regular, fp32_reference) < 1e-2

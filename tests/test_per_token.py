@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
-from qwen_resnorm_fp4 import api, validation
+from qwen_resnorm_fp4 import operands, validation
 from qwen_resnorm_fp4.validation import DeclineReason as R
 from conftest import make_inputs, op_args
 
@@ -164,13 +164,13 @@ def test_misaligned_start_is_not_read_in_place():
 def test_wrapper_operands_keep_views_and_copy_the_rest():
     inp = make_inputs(B, S, D, "token", torch.bfloat16, seed=4, strided=True)
     view = inp["gate"]
-    assert api._modulation_operand(view, api._aligned) is view  # read in place: no copy
+    assert operands.modulation_operand(view, operands.aligned) is view  # read in place: no copy
     odd = torch.zeros(B, S, 5 * D + 4, dtype=torch.bfloat16)[..., :D]
-    copy = api._modulation_operand(odd, api._aligned)
+    copy = operands.modulation_operand(odd, operands.aligned)
     assert copy.is_contiguous() and copy.data_ptr() != odd.data_ptr() and torch.equal(copy, odd)
     buf = torch.zeros(B * S * 6 * D + 1, dtype=torch.bfloat16)
     shifted = buf[1:].view(B, S, 6 * D)[..., :D]
-    moved = api._modulation_operand(shifted, api._aligned)
+    moved = operands.modulation_operand(shifted, operands.aligned)
     assert moved.data_ptr() % 16 == 0 and torch.equal(moved, shifted)
 
 

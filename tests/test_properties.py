@@ -287,7 +287,7 @@ def _well_conditioned_rows(r_ref: torch.Tensor) -> torch.Tensor:
 @GPU_SETTINGS
 @given(data=st.data(), fast=st.booleans())
 def test_gpu_kernels_match_reference(data, fast):
-    from qwen_resnorm_fp4.ops import gpu_rcp
+    from qwen_resnorm_fp4.testing import gpu_rcp
 
     batches, per_batch, cols = data.draw(shapes(max_cols=4096))
     rows = batches * per_batch

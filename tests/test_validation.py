@@ -62,6 +62,15 @@ def test_python_limits_equal_csrc_limits_h():
     assert limits.get("kMaxCols") == v.MAX_COLS
     assert limits.get("kColsMultiple") == v.COLS_MULTIPLE
     assert limits.get("kMaxRows") == v.MAX_ROWS
+    assert limits.get("kMaxDequantizeCols") == v.MAX_DEQUANTIZE_COLS
+
+
+@pytest.mark.skipif(not CSRC.is_dir(), reason="csrc/ not present (tests run against an installed wheel)")
+def test_ops_cpp_writes_no_limit_of_its_own():
+    """ops.cpp takes every limit it shares with validation.py from op_limits.h: no literal of those values."""
+    text = (CSRC / "ops.cpp").read_text()
+    for literal in ("16384", "1 << 27", "<< 27", "% 64", "<< 31"):
+        assert literal not in text, literal
 
 
 def test_width_rule():
@@ -168,3 +177,35 @@ def test_ops_module_does_not_import_the_wrappers():
 
     text = Path(ops.__file__).read_text()
     assert "from .api" not in text and "import api" not in text
+
+
+@pytest.mark.parametrize("wrapper,rules", [("resnorm_quant", "resnorm_quant_problem"), ("resnorm", "resnorm_problem")])
+def test_a_cpu_call_applies_the_rules_once(monkeypatch, wrapper, rules):
+    """On CPU tensors the wrapper leaves the rules to the op's CPU implementation: one application per call
+    (api.py and ops.py together), and a traced call's fake applies them too."""
+    import qwen_resnorm_fp4.api as api
+    import qwen_resnorm_fp4.ops as ops
+
+    real, calls = getattr(v, rules), []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, rules, counted)
+    monkeypatch.setattr(ops, rules, counted)
+    a = _args()
+    args = [a["residual"], a["x"], a["bias"], a["gate"], a["scale"], a["shift"]]
+    if wrapper == "resnorm_quant":
+        args.append(torch.ones(1))
+    getattr(q, wrapper)(*args)
+    assert calls == [1]
+    with pytest.raises(TypeError, match="^x must be bfloat16"):
+        getattr(q, wrapper)(args[0], args[1].half(), *args[2:])
+    assert calls == [1, 1]
+    scalars = [1e-6, True] if wrapper == "resnorm_quant" else [1e-6]  # eps (and fast_math)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in args]
+        fake[1] = fake[1].half()
+        with pytest.raises(TypeError, match="^x must be bfloat16"):
+            getattr(torch.ops.qwen_fp4, wrapper)(*fake, *scalars)

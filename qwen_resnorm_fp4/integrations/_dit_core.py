@@ -24,11 +24,11 @@ import math
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from .. import NVFP4Linear, _library, last_decline_reason, reference, resnorm, try_fused_resnorm_quant
+from .. import NVFP4Linear, last_decline_reason, resnorm, try_fused_resnorm_quant
 from ..env import resolve_fast_math
 from ..gemm import BACKENDS
 from ..validation import WIDTH_RULE, is_supported_width
@@ -355,19 +355,11 @@ def resolve_input_amax(model: torch.nn.Module, spec: ModelSpec, input_amax: Any,
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _resnorm_kernel_or_reference(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor,
-                                 shift: Tensor, eps: float, **kwargs: Any) -> Tuple[Tensor, Tensor]:
-    """``resnorm`` through the op where the compiled library has a kernel for x's device, else the reference
-    (e.g. CUDA tensors in a source tree without the compiled library); ``resnorm``'s arguments."""
-    fn = resnorm if _library.has_kernel("resnorm", x.device.type) else reference.resnorm
-    return fn(residual, x, bias, gate, scale, shift, eps, **kwargs)
-
-
 def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
              norm: torch.nn.LayerNorm, fc1: NVFP4Linear, index: Optional[Tensor]) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
     """The baseline: ``resnorm`` (residual update, LayerNorm, modulation -> BF16 y), then the quantizer with
     FC1's input global scale and fast-math mode (what ``NVFP4Linear`` does to a BF16 input)."""
-    y, residual_out = _resnorm_kernel_or_reference(residual, x, bias, gate, scale, shift, float(norm.eps),
+    y, residual_out = resnorm(residual, x, bias, gate, scale, shift, float(norm.eps),
                                                    weight=norm.weight, norm_bias=norm.bias, modulate_index=index)
     return fc1.quantize_input(y), residual_out
 
