@@ -21,6 +21,8 @@ from .recipe import NVFP44Over6Config  # noqa: E402
 from .gemm import apply_nvfp4_gemm_prequantized  # noqa: E402
 from .linear import NVFP4Linear  # noqa: E402
 from .fused_path import DeclineReason, last_decline_detail, last_decline_reason, try_fused_resnorm_quant  # noqa: E402
+from .linear_fp8 import FP8Linear  # noqa: E402
+from .fused_path_fp8 import try_fused_resnorm_quant_fp8  # noqa: E402
 
 try:
     from ._version import __version__  # written by setup.py
@@ -31,4 +33,4 @@ __all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "sf
            "try_fused_resnorm_quant", "last_decline_reason", "last_decline_detail", "DeclineReason",
            "NVFP4Linear", "apply_nvfp4_gemm_prequantized", "NVFP44Over6Config", "recipe", "resnorm_quant_out",
            "resnorm_out", "nvfp4_quantize_out", "empty_resnorm_quant_outputs", "empty_resnorm_outputs",
-           "empty_quantize_outputs"]
+           "empty_quantize_outputs", "FP8Linear", "try_fused_resnorm_quant_fp8"]

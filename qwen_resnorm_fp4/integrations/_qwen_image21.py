@@ -101,4 +101,5 @@ SPEC = ModelSpec(
     streams=(StreamSpec("img", "img_norm2", "img_mlp", ffn_kind="swiglu"),),
     block_forward=_converted_block_forward,
     block_attrs=("img_norm1", "attn", "_modulate"),
+    modelopt_bf16=(r"img_mlp\.out",),  # the FFN output (the modulation comes from outside the blocks)
 )

@@ -1,0 +1,129 @@
+"""The fused path of a DiT block into an FP8 (E4M3) FC1: :func:`try_fused_resnorm_quant_fp8`.
+
+The FP8 counterpart of :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant`: it takes the block's tensors and
+FC1's static ``input_scale`` (ModelOpt's amax / 448) and either returns ``(y_e4m3, residual_out)`` from one
+call of :func:`~qwen_resnorm_fp4.resnorm_quant_fp8`, or returns ``None`` so that the caller runs its
+unfused code (``resnorm`` + ``fp8_quantize``, the same bytes). It never raises for a condition the fused path
+cannot serve; the reason is recorded where the NVFP4 path records its own
+(:func:`~qwen_resnorm_fp4.last_decline_reason`, :func:`~qwen_resnorm_fp4.last_decline_detail`).
+
+The decision uses only static properties (dtypes, shapes, devices, the environment), so it is traced away by
+``torch.compile(fullgraph=True)`` and does nothing on the device while a CUDA graph is captured. The value
+of ``input_scale`` is not read here (that would synchronise): the layer that owns it checked it when it was
+made (:class:`~qwen_resnorm_fp4.FP8Linear`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import torch
+
+from . import _library, api
+from .device import kernel_serves_cuda_device
+from .env import DISABLE_VAR, flag_enabled
+from .fused_path import _decline, _decline_for, _norm_field, _succeed
+from .validation import DeclineReason, global_scale_problem, resnorm_problem
+
+Tensor = torch.Tensor
+
+
+def _norm_settings(norm: Any, eps: float):
+    """(weight, norm_bias, eps, normalized_shape) of a supported norm, or a decline (None) for another."""
+    R = DeclineReason
+    if norm is None:
+        return None, None, eps, None
+    if isinstance(norm, torch.nn.LayerNorm):
+        return norm.weight, norm.bias, norm.eps, norm.normalized_shape
+    if isinstance(norm, torch.nn.Module):
+        return _decline(R.UNSUPPORTED_NORM, "norm is a {}, not a LayerNorm", type(norm).__name__)
+    kind = _norm_field(norm, "type", "layernorm")
+    if not isinstance(kind, str) or kind.lower().replace("_", "").replace("-", "") != "layernorm":
+        return _decline(R.UNSUPPORTED_NORM, "norm type {!r}, not 'layernorm'", kind)
+    norm_eps = _norm_field(norm, "eps", None)
+    weight = _norm_field(norm, "weight", None)
+    norm_bias = _norm_field(norm, "bias", None)
+    if not _norm_field(norm, "elementwise_affine", weight is not None or norm_bias is not None):
+        weight = norm_bias = None
+    return weight, norm_bias, eps if norm_eps is None else norm_eps, None
+
+
+def try_fused_resnorm_quant_fp8(
+    residual: Tensor,
+    x: Tensor,
+    gate: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    input_scale: Tensor,
+    *,
+    bias: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    norm: Any = None,
+    modulate_index: Optional[Tensor] = None,
+    allow_cpu: bool = False,
+) -> Optional[Tuple[Tensor, Tensor]]:
+    """The fused ``residual + gate * (x + bias) -> LayerNorm -> (1 + scale), shift -> E4M3`` for an FP8 FC1,
+    or None.
+
+    Replaces, in a DiT block::
+
+        residual = residual + gate * x                      # gated residual update (x: attention output)
+        y = norm2(residual) * (1 + scale) + shift           # LayerNorm + adaLN modulation
+        h = fc1(y)                                          # FP8 GEMM (quantizes y inside)
+
+    with ``q, residual = result`` and ``h = fc1(q)`` (an :class:`~qwen_resnorm_fp4.FP8Linear`).
+
+    Args:
+        residual, x: bf16 [..., D], contiguous, one shape.
+        gate, scale, shift: as for :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant` ([D], [B, D], [B, 1, D],
+            per token, or [2B, D] with ``modulate_index``).
+        input_scale: FC1's ``input_scale``, a float32 one-element tensor on x's device (amax / 448).
+        bias, eps, norm, modulate_index, allow_cpu: as for :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant`.
+
+    Returns:
+        ``(y, residual_out)``: y float8_e4m3fn like x (q = E4M3(clamp(y_bf16 / input_scale, -448, 448))),
+        residual_out bf16 like x; or ``None`` (see :func:`~qwen_resnorm_fp4.last_decline_reason`).
+    """
+    R = DeclineReason
+    if flag_enabled(DISABLE_VAR):
+        return _decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
+    if not (isinstance(x, Tensor) and isinstance(residual, Tensor)):
+        return _decline(R.UNSUPPORTED_DTYPE, "x and residual must be tensors")
+    dev = x.device
+    if dev.type == "cuda":
+        if not (_library.has_kernel("resnorm_quant_fp8", "cuda") and kernel_serves_cuda_device(dev.index or 0)):
+            return _decline(R.NO_KERNEL_FOR_DEVICE, "no FP8 kernel for {} ({})", dev,
+                            "see python -m qwen_resnorm_fp4 info" if torch.compiler.is_compiling() else _library.status())
+    elif dev.type == "cpu":
+        if not allow_cpu:
+            return _decline(R.CPU_TENSORS, "x is on the CPU: pass allow_cpu=True to run the CPU reference")
+    else:
+        return _decline(R.UNSUPPORTED_DEVICE, "x is on {}", dev.type)
+
+    settings = _norm_settings(norm, eps)
+    if settings is None:
+        return None
+    weight, norm_bias, norm_eps, normalized_shape = settings
+
+    problem = resnorm_problem(residual, x, bias, gate, scale, shift, norm_eps, weight, norm_bias, modulate_index)
+    if problem is not None:
+        return _decline_for(problem)
+    cols = x.shape[-1]
+    if x.numel() == 0:
+        return _decline(R.UNSUPPORTED_SHAPE, "x has 0 rows")
+    if not x.is_contiguous() or not residual.is_contiguous():
+        return _decline(R.NON_CONTIGUOUS, "x contiguous: {}, residual contiguous: {}", x.is_contiguous(),
+                        residual.is_contiguous())
+    if normalized_shape is not None and tuple(normalized_shape) != (cols,):
+        return _decline(R.UNSUPPORTED_NORM, "LayerNorm normalizes over {}, not ({},)", tuple(normalized_shape), cols)
+    problem = global_scale_problem(input_scale, dev, name="input_scale")
+    if problem is not None:
+        return _decline_for(problem)
+
+    y, residual_out = api.resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps),
+                                            weight=weight, norm_bias=norm_bias, modulate_index=modulate_index)
+    _succeed()
+    return y, residual_out
+
+
+__all__ = ["try_fused_resnorm_quant_fp8"]
