@@ -61,7 +61,8 @@ def try_fused_resnorm_quant_fp8(
     norm: Any = None,
     modulate_index: Optional[Tensor] = None,
     allow_cpu: bool = False,
-) -> Optional[Tuple[Tensor, Tensor]]:
+    with_bf16: bool = False,
+) -> Optional[Tuple[Tensor, ...]]:
     """The fused ``residual + gate * (x + bias) -> LayerNorm -> (1 + scale), shift -> E4M3`` for an FP8 FC1,
     or None.
 
@@ -79,10 +80,13 @@ def try_fused_resnorm_quant_fp8(
             per token, or [2B, D] with ``modulate_index``).
         input_scale: FC1's ``input_scale``, a float32 one-element tensor on x's device (amax / 448).
         bias, eps, norm, modulate_index, allow_cpu: as for :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant`.
+        with_bf16: also return the BF16 y the E4M3 bytes are made from; the fused op writes no BF16 y, so
+            this runs ``resnorm`` and ``fp8_quantize`` (two kernels, the same bytes) instead of the one kernel.
 
     Returns:
-        ``(y, residual_out)``: y float8_e4m3fn like x (q = E4M3(clamp(y_bf16 / input_scale, -448, 448))),
-        residual_out bf16 like x; or ``None`` (see :func:`~qwen_resnorm_fp4.last_decline_reason`).
+        ``(y, residual_out)``: y float8_e4m3fn like x (E4M3(clamp(y_bf16 * (1 / input_scale), -448, 448))),
+        residual_out bf16 like x; with ``with_bf16``, ``(y, residual_out, y_bf16)``; or ``None`` (see
+        :func:`~qwen_resnorm_fp4.last_decline_reason`).
     """
     R = DeclineReason
     if flag_enabled(DISABLE_VAR):
@@ -120,8 +124,13 @@ def try_fused_resnorm_quant_fp8(
     if problem is not None:
         return _decline_for(problem)
 
-    y, residual_out = api.resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps),
-                                            weight=weight, norm_bias=norm_bias, modulate_index=modulate_index)
+    kw = dict(weight=weight, norm_bias=norm_bias, modulate_index=modulate_index)
+    if with_bf16:
+        y_bf16, residual_out = api.resnorm(residual, x, bias, gate, scale, shift, float(norm_eps), **kw)
+        y = api.fp8_quantize(y_bf16, input_scale)
+        _succeed()
+        return y, residual_out, y_bf16
+    y, residual_out = api.resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps), **kw)
     _succeed()
     return y, residual_out
 

@@ -1,4 +1,5 @@
-"""A drop-in for SGLang's ``try_fused_scale_residual_norm_scale_shift_nvfp4``.
+"""Drop-ins for SGLang's ``try_fused_scale_residual_norm_scale_shift_nvfp4`` and
+``try_fused_scale_residual_norm_scale_shift_fp8``.
 
 SGLang (0.5.23: ``sglang/kernels/kda_kernels/norm_scale_shift_jit.py``, called from
 ``sglang/multimodal_gen/runtime/models/dits/qwen_image.py``, ``_try_nvfp4_resnorm_quant``) computes, for the
@@ -32,6 +33,22 @@ for an ungated update (SGLang's ``ScaleResidualNormScaleShift`` convention; None
 ``weight``, ``bias``: the norm's affine parameters or None; ``scale``, ``shift``: the adaLN modulation as SGLang
 passes them, [B, 1, D] (or per token [B, S, D]); ``global_scale``: FC1's ``input_scale_inv`` (448 * 6 / input amax), a float32
 one-element tensor; ``norm_type``: "layer" or "rms"; ``eps``: the norm's epsilon.
+
+FP8: SGLang's ``try_fused_scale_residual_norm_scale_shift_fp8(residual, x, gate, weight, bias, scale, shift,
+input_scale, norm_type, eps)`` (same file) computes ``residual_out = residual + gate * x`` (no input bias),
+``normalized = LayerNorm(residual_out) * (1 + scale) + shift`` in BF16 and ``quantized`` = that tensor in
+static per-tensor E4M3 with ModelOpt's ``input_scale`` (amax / 448; what its ``static_quant_fp8`` gives), and
+returns ``(normalized, quantized, residual_out)``. Its kernel serves only width 3072, batch 1, Blackwell (sm
+>= 10), bf16 [D]-shaped gate/scale/shift and a LayerNorm without affine parameters, and declines the rest.
+:func:`try_fused_scale_residual_norm_scale_shift_fp8` takes the same parameters in the same order and returns
+the same triple, through ``qwen_resnorm_fp4.try_fused_resnorm_quant_fp8``: Hopper and Blackwell, every width
+the op supports, any batch, per-batch and per-token modulation, ``modulate_index`` (a keyword of its own,
+zero_cond_t), an affine LayerNorm, fp32 parameters, ``torch.compile`` and CUDA graphs. It declines what the
+op cannot serve, with the reason in ``qwen_resnorm_fp4.last_decline_reason()``. Only the E4M3 tensor feeds
+an FP8 FC1; the fused op writes no BF16 copy of it, so with ``need_normalized=True`` (the default: SGLang's
+return value) ``normalized`` comes from ``resnorm`` and the E4M3 bytes from ``fp8_quantize`` of it (two
+kernels), and ``need_normalized=False`` runs the one fused kernel and returns ``None`` in its place. The
+bytes are the same either way.
 """
 
 from __future__ import annotations
@@ -53,6 +70,27 @@ class _PrequantizedFC1(NamedTuple):
 
     in_features: int
     input_global_scale: Tensor
+
+
+def _sglang_gate_and_norm(gate, scale, weight, bias, norm_type: str, eps: float):
+    """SGLang's gate convention (the int 1 or None: an ungated update) and norm arguments in the fused path's
+    form: (gate, norm)."""
+    if gate is None or (type(gate) is int and gate == 1):  # an ungated update: fma(a, 1, residual)
+        gate = (torch.ones(scale.shape[-1:], dtype=scale.dtype, device=scale.device).expand(scale.shape)
+                if isinstance(scale, Tensor) else 1)  # one [D] row, broadcast: no per-token ones in memory
+    elif isinstance(gate, Tensor) and isinstance(scale, Tensor) and gate.dim() < scale.dim():
+        gate = gate.expand(scale.shape)  # a shared [D] gate next to per-batch [B, 1, D] scale and shift
+    if norm_type == LAYER_NORM_TYPE and weight is None and bias is None:
+        return gate, None  # the common case: a LayerNorm without affine parameters, epsilon eps
+    kind = "layernorm" if norm_type == LAYER_NORM_TYPE else norm_type  # e.g. "rms" declines as a non-LayerNorm
+    return gate, {"type": kind, "weight": weight, "bias": bias, "eps": eps}
+
+
+def _one_element(t):
+    """A one-element scale tensor as [1] (SGLang passes () or [1])."""
+    if isinstance(t, Tensor) and t.dim() != 1 and t.numel() == 1:
+        return t.reshape(1)
+    return t
 
 
 def try_fused_scale_residual_norm_scale_shift_nvfp4(
@@ -78,18 +116,8 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     ``None`` (then ``qwen_resnorm_fp4.last_decline_reason()`` says why). ``allow_cpu``: run the pure-PyTorch
     reference on CPU tensors. ``fast_math``: the quantizer's mode (None: the environment). ``nvfp4_4over6``: the
     block-scale recipe (omitted: the FLASHINFER_NVFP4_4OVER6* environment; None: standard; a config)."""
-    if gate is None or (type(gate) is int and gate == 1):  # an ungated update: fma(a, 1, residual)
-        gate = (torch.ones(scale.shape[-1:], dtype=scale.dtype, device=scale.device).expand(scale.shape)
-                if isinstance(scale, Tensor) else 1)  # one [D] row, broadcast: no per-token ones in memory
-    elif isinstance(gate, Tensor) and isinstance(scale, Tensor) and gate.dim() < scale.dim():
-        gate = gate.expand(scale.shape)  # a shared [D] gate next to per-batch [B, 1, D] scale and shift
-    if norm_type == LAYER_NORM_TYPE and weight is None and bias is None:
-        norm = None  # the common case: a LayerNorm without affine parameters, epsilon eps
-    else:  # any other norm_type (e.g. "rms") declines as a non-LayerNorm
-        kind = "layernorm" if norm_type == LAYER_NORM_TYPE else norm_type
-        norm = {"type": kind, "weight": weight, "bias": bias, "eps": eps}
-    if isinstance(global_scale, Tensor) and global_scale.dim() != 1 and global_scale.numel() == 1:
-        global_scale = global_scale.reshape(1)
+    gate, norm = _sglang_gate_and_norm(gate, scale, weight, bias, norm_type, eps)
+    global_scale = _one_element(global_scale)
     width = x.shape[-1] if isinstance(x, Tensor) and x.dim() > 0 else 0
     result = _q.try_fused_resnorm_quant(residual, x, gate, scale, shift, _PrequantizedFC1(width, global_scale),
                                         bias=input_bias, eps=eps, norm=norm, allow_cpu=allow_cpu,
@@ -100,4 +128,45 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     return packed_scales, residual_out
 
 
-__all__ = ["try_fused_scale_residual_norm_scale_shift_nvfp4", "LAYER_NORM_TYPE"]
+def try_fused_scale_residual_norm_scale_shift_fp8(
+    residual: Tensor,
+    x: Tensor,
+    gate,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    scale: Tensor,
+    shift: Tensor,
+    input_scale: Tensor,
+    norm_type: str,
+    eps: float,
+    *,
+    modulate_index: Optional[Tensor] = None,
+    need_normalized: bool = True,
+    allow_cpu: bool = False,
+) -> Optional[Tuple[Optional[Tensor], Tensor, Tensor]]:
+    """SGLang's function of this name, served by this library (see the module docstring).
+
+    Parameters as SGLang's: ``residual``, ``x`` bf16 [B, S, D]; ``gate`` like scale, [D], or the int 1 /
+    None (ungated); ``weight``, ``bias``: the norm's affine parameters or None; ``scale``, ``shift``:
+    [B, 1, D], [B, D], [D] or per token [B, S, D] (or [2B, D] with ``modulate_index``); ``input_scale``: FC1's
+    ModelOpt ``input_scale`` (amax / 448), a float32 one-element tensor; ``norm_type``: "layer" (anything else
+    declines); ``eps``. Keywords of this library: ``modulate_index`` ([B, S], zero_cond_t), ``need_normalized``
+    (False: one kernel, ``None`` for ``normalized``), ``allow_cpu`` (run the CPU reference on CPU tensors).
+
+    Returns ``(normalized bf16 like x, quantized float8_e4m3fn like x, residual_out bf16 like x)`` or ``None``
+    (then ``qwen_resnorm_fp4.last_decline_reason()`` says why)."""
+    gate, norm = _sglang_gate_and_norm(gate, scale, weight, bias, norm_type, eps)
+    result = _q.try_fused_resnorm_quant_fp8(residual, x, gate, scale, shift, _one_element(input_scale), eps=eps,
+                                            norm=norm, modulate_index=modulate_index, allow_cpu=allow_cpu,
+                                            with_bf16=need_normalized)
+    if result is None:
+        return None
+    if need_normalized:
+        quantized, residual_out, normalized = result
+        return normalized, quantized, residual_out
+    quantized, residual_out = result
+    return None, quantized, residual_out
+
+
+__all__ = ["try_fused_scale_residual_norm_scale_shift_nvfp4", "try_fused_scale_residual_norm_scale_shift_fp8",
+           "LAYER_NORM_TYPE"]
