@@ -381,8 +381,8 @@ def resolve_input_amax(model: torch.nn.Module, spec: ModelSpec, input_amax: Any,
     elif isinstance(input_amax, Mapping):
         unknown = sorted(set(input_amax) - set(names))
         if unknown:
-            raise ValueError(f"input_amax has keys that are not layers this conversion quantizes (with "
-                             f"linears='fc1': the FC1 layers) of this model: {unknown[:3]} (expected names like {names[0]!r}; see "
+            raise ValueError(f"input_amax has keys that are not FC1 layers (with other linears: converted Linear "
+                             f"layers) of this model: {unknown[:3]} (expected names like {names[0]!r}; see "
                              "linear_names(model, linears))")
         missing = [n for n in names if n not in input_amax]
         if missing:
