@@ -198,7 +198,8 @@ def extension_modules():
 
     emulation = emulating_blackwell()
     archs = emulation_archs() if emulation else cuda_archs()
-    sources = ["csrc/registration.cpp", "csrc/ops.cpp", "csrc/launch_portable.cu", "csrc/nvfp4_dequantize.cu"]
+    sources = ["csrc/registration.cpp", "csrc/ops.cpp", "csrc/launch_portable.cu", "csrc/nvfp4_dequantize.cu",
+               "csrc/ops_fp8.cpp", "csrc/launch_fp8.cu", "csrc/launch_norm_modulate.cu"]
     include_dirs = [str(ROOT / "csrc")]
     # torch adds Py_LIMITED_API itself for py_limited_api; USE_CUDA declares the CUDA parts of the shim.
     defines = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}", "-DUSE_CUDA"]
@@ -248,7 +249,7 @@ ext_modules, cmdclass = extension_modules()
 
 setup(
     packages=find_packages(include=["qwen_resnorm_fp4", "qwen_resnorm_fp4.*"]),
-    package_data={"qwen_resnorm_fp4": ["_licenses/*"], "qwen_resnorm_fp4.peers": ["*.cu"]},  # peers: benchmark-time builds
+    package_data={"qwen_resnorm_fp4": ["_licenses/*", "data/*.bin"], "qwen_resnorm_fp4.peers": ["*.cu"]},  # peers: benchmark-time builds
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     # The emulation wheel carries the build tag EMULATION_BUILD_TAG in its file name, so it is never taken for a release.

@@ -3,6 +3,7 @@
 #include <torch/csrc/stable/library.h>
 
 #include "ops.h"
+#include "ops_fp8.h"
 
 STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CUDA, m) {
   m.impl("resnorm_quant", TORCH_BOX(&qwen_fp4::resnorm_quant_cuda));
@@ -14,4 +15,16 @@ STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CUDA, m) {
   m.impl("_rcp_approx", TORCH_BOX(&qwen_fp4::rcp_approx_cuda));
   m.impl("_e2m1_codes", TORCH_BOX(&qwen_fp4::e2m1_codes_cuda));
   m.impl("nvfp4_dequantize_bf16", TORCH_BOX(&qwen_fp4::nvfp4_dequantize_bf16_cuda));
+}
+
+// The FP8 ops and the no-residual ops (ops_fp8.cpp).
+STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CUDA, m) {
+  m.impl("resnorm_quant_fp8", TORCH_BOX(&qwen_fp4::resnorm_quant_fp8_cuda));
+  m.impl("resnorm_quant_fp8_out", TORCH_BOX(&qwen_fp4::resnorm_quant_fp8_out_cuda));
+  m.impl("fp8_quantize", TORCH_BOX(&qwen_fp4::fp8_quantize_cuda));
+  m.impl("fp8_quantize_out", TORCH_BOX(&qwen_fp4::fp8_quantize_out_cuda));
+  m.impl("norm_modulate_quant", TORCH_BOX(&qwen_fp4::norm_modulate_quant_cuda));
+  m.impl("norm_modulate_quant_fp8", TORCH_BOX(&qwen_fp4::norm_modulate_quant_fp8_cuda));
+  m.impl("norm_modulate_quant_fp8_out", TORCH_BOX(&qwen_fp4::norm_modulate_quant_fp8_out_cuda));
+  m.impl("_div_full_rcp", TORCH_BOX(&qwen_fp4::div_full_rcp_cuda));
 }

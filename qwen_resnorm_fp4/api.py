@@ -25,6 +25,7 @@ from .validation import require, resnorm_out_problem, resnorm_problem, resnorm_q
 from .validation import resnorm_quant_problem
 from .recipe import UNSET, resolve_nvfp4_4over6
 from .validation import MAX_COLS, WIDTH_RULE, is_supported_width  # noqa: F401 - also importable from here
+from .validation import ROW_COLS_MULTIPLE
 
 Tensor = torch.Tensor
 
@@ -155,9 +156,11 @@ def resnorm(
 ) -> Tuple[Tensor, Tensor]:
     """The BF16 half of :func:`resnorm_quant`, same numerics: returns (y, residual_out), both bf16 like x.
 
-    y = bf16(fma(LayerNorm(r), 1 + scale, shift)). Arguments as in :func:`resnorm_quant`.
+    y = bf16(fma(LayerNorm(r), 1 + scale, shift)). Arguments as in :func:`resnorm_quant`, except that D may be
+    any positive multiple of 16 up to 16384 (as for the FP8 ops).
     """
-    require(resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index))
+    require(resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index,
+                            cols_multiple=ROW_COLS_MULTIPLE))
     return _RESNORM(*_resnorm_operands(residual, x, bias, gate, scale, shift, (float(eps),), weight, norm_bias,
                                        modulate_index))
 
@@ -296,3 +299,191 @@ def nvfp4_quantize_out(y: Tensor, global_scale: Tensor, fast_math: Optional[bool
     require(quantize_out_problem(y, global_scale, packed, scales, code, memory=_memory_rules()))
     _NVFP4_QUANTIZE_OUT(_operand()(y), global_scale, fm, packed, scales, code)
     return packed, scales
+
+
+# ---------------------------------------------------------------------------------------------------
+# FP8 (E4M3) output and the no-residual ops (docs/numerics.md, "FP8 (E4M3) output")
+# ---------------------------------------------------------------------------------------------------
+
+from .validation import fp8_quantize_out_problem, fp8_quantize_problem, input_scale_value_problem  # noqa: E402
+from .validation import norm_modulate_problem, norm_modulate_quant_fp8_out_problem  # noqa: E402
+from .validation import norm_modulate_quant_fp8_problem, resnorm_quant_fp8_out_problem  # noqa: E402
+from .validation import input_scale_problem, resnorm_quant_fp8_problem  # noqa: E402
+
+_RESNORM_QUANT_FP8 = torch.ops.qwen_fp4.resnorm_quant_fp8.default
+_RESNORM_QUANT_FP8_OUT = torch.ops.qwen_fp4.resnorm_quant_fp8_out.default
+_FP8_QUANTIZE = torch.ops.qwen_fp4.fp8_quantize.default
+_FP8_QUANTIZE_OUT = torch.ops.qwen_fp4.fp8_quantize_out.default
+_NORM_MODULATE_QUANT = torch.ops.qwen_fp4.norm_modulate_quant.default
+_NORM_MODULATE_QUANT_FP8 = torch.ops.qwen_fp4.norm_modulate_quant_fp8.default
+_NORM_MODULATE_QUANT_FP8_OUT = torch.ops.qwen_fp4.norm_modulate_quant_fp8_out.default
+
+
+def check_fp8_input_scale(input_scale: Tensor) -> None:
+    """Raise TypeError / ValueError naming input_scale unless it is a one-element float32 tensor holding a
+    positive, normal, finite value: the value rule the FP8 ops' CPU implementation applies on every call. It
+    reads the value, so on CUDA it synchronizes: call it once where the scale is made or loaded, not per
+    forward. On CUDA the kernels apply the rule on the device instead: a refused scale makes every output
+    byte 0x7F (E4M3 NaN)."""
+    device = input_scale.device if isinstance(input_scale, Tensor) else None
+    require(input_scale_problem(input_scale, device) or input_scale_value_problem(input_scale))
+
+
+def resnorm_quant_fp8(
+    residual: Tensor,
+    x: Tensor,
+    bias: Optional[Tensor],
+    gate: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    input_scale: Tensor,
+    eps: float = 1e-6,
+    *,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Gated residual update + LayerNorm + adaLN modulation + static FP8 (E4M3) quantization, in one kernel.
+
+    Args:
+        residual ... shift, eps, weight, norm_bias, modulate_index: as in :func:`resnorm_quant`, except that D
+            may be any positive multiple of 16 up to 16384.
+        input_scale: ModelOpt's static FP8 input scale (amax / 448), a float32 one-element tensor on x's
+            device. Its value is not read on the host (no sync): on CUDA a scale that is not a positive,
+            normal, finite fp32 makes every byte of y 0x7F (E4M3 NaN); on CPU it raises ValueError. See
+            :func:`check_fp8_input_scale`.
+
+    Returns:
+        y: float8_e4m3fn like x, e4m3_rn_satfinite(fminf(fmaxf(y_bf16 * inv, -448), 448)) of resnorm's y,
+            inv = div.full.f32(1, input_scale) (SGLang's rule; docs/numerics.md);
+        residual_out: bf16 like x, the updated residual stream (resnorm's, bit for bit).
+
+    Bytes are identical to ``fp8_quantize(resnorm(...)[0], input_scale)``.
+    """
+    require(resnorm_quant_fp8_problem(residual, x, bias, gate, scale, shift, input_scale, eps, weight, norm_bias,
+                                      modulate_index))
+    return _RESNORM_QUANT_FP8(*_resnorm_operands(residual, x, bias, gate, scale, shift, (input_scale, float(eps)),
+                                                 weight, norm_bias, modulate_index))
+
+
+def empty_resnorm_quant_fp8_outputs(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """Uninitialised (y float8_e4m3fn, residual_out bf16), of x's shape on x's device, for
+    :func:`resnorm_quant_fp8_out` (or pass the residual itself as residual_out)."""
+    return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
+            torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
+
+
+def resnorm_quant_fp8_out(
+    residual: Tensor,
+    x: Tensor,
+    bias: Optional[Tensor],
+    gate: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    input_scale: Tensor,
+    eps: float = 1e-6,
+    *,
+    y: Tensor,
+    residual_out: Tensor,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+    y_bf16: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """:func:`resnorm_quant_fp8` writing into the given outputs: y float8_e4m3fn and residual_out bf16 of x's
+    shape, contiguous, 16-byte aligned, on x's device; residual_out may be ``residual`` itself (the in-place
+    update, as in :func:`resnorm_quant_out`). ``y_bf16`` (optional, bf16 like x) also receives resnorm's bf16
+    y in the same launch (SGLang's normalized output). Returns (y, residual_out), the given tensors."""
+    require(resnorm_quant_fp8_out_problem(residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out,
+                                          weight, norm_bias, modulate_index, y_bf16, memory=_memory_rules()))
+    _RESNORM_QUANT_FP8_OUT(*_resnorm_operands(residual, x, bias, gate, scale, shift,
+                                              (input_scale, float(eps), y, residual_out), weight, norm_bias,
+                                              modulate_index), y_bf16)
+    return y, residual_out
+
+
+def fp8_quantize(y: Tensor, input_scale: Tensor) -> Tensor:
+    """Static FP8 (E4M3) quantization of bf16 ``y`` of any shape, element by element, with the rule of
+    :func:`resnorm_quant_fp8` (input_scale likewise). Returns float8_e4m3fn of y's shape."""
+    require(fp8_quantize_problem(y, input_scale))
+    return _FP8_QUANTIZE(_operand()(y), input_scale)
+
+
+def fp8_quantize_out(y: Tensor, input_scale: Tensor, *, out: Tensor) -> Tensor:
+    """:func:`fp8_quantize` into ``out`` (float8_e4m3fn of y's shape, contiguous, 16-byte aligned, sharing no
+    memory with y or input_scale). Returns out."""
+    require(fp8_quantize_out_problem(y, input_scale, out, memory=_memory_rules()))
+    _FP8_QUANTIZE_OUT(_operand()(y), input_scale, out)
+    return out
+
+
+def _norm_modulate_operands(x, scale, shift, middle: tuple, weight, norm_bias, modulate_index) -> tuple:
+    """The no-residual ops' arguments prepared as :func:`_resnorm_operands` prepares resnorm's."""
+    op = _operand()
+    return (op(x), _modulation_operand(scale, op), _modulation_operand(shift, op), *middle,
+            None if weight is None else op(weight), None if norm_bias is None else op(norm_bias),
+            None if modulate_index is None else op(modulate_index))
+
+
+def norm_modulate_quant(
+    x: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    global_scale: Tensor,
+    eps: float = 1e-6,
+    fast_math: Optional[bool] = None,
+    *,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+    nvfp4_4over6: object = UNSET,
+) -> Tuple[Tensor, Tensor]:
+    """LayerNorm + adaLN modulation + NVFP4 of ``x`` itself, with no residual update (a block's first norm):
+    steps 3-8 of :func:`resnorm_quant` on r = x (x's -0 read as +0), in one kernel. Arguments as in
+    :func:`resnorm_quant` (D a multiple of 64); returns (packed, scales) as it does."""
+    fm = resolve_fast_math(fast_math)
+    code = resolve_nvfp4_4over6(nvfp4_4over6)
+    require(norm_modulate_problem(x, scale, shift, eps, weight, norm_bias, modulate_index, global_scale))
+    return _NORM_MODULATE_QUANT(*_norm_modulate_operands(x, scale, shift, (global_scale, float(eps), fm), weight,
+                                                         norm_bias, modulate_index), code)
+
+
+def norm_modulate_quant_fp8(
+    x: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    input_scale: Tensor,
+    eps: float = 1e-6,
+    *,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+) -> Tensor:
+    """LayerNorm + adaLN modulation + FP8 (E4M3) of ``x`` itself, no residual update, in one kernel: the
+    bytes of ``fp8_quantize(y, input_scale)`` for y the bf16 LayerNorm + modulation of x (steps 3-7 on r = x,
+    -0 read as +0). Arguments as in :func:`resnorm_quant_fp8`; returns float8_e4m3fn like x."""
+    require(norm_modulate_quant_fp8_problem(x, scale, shift, input_scale, eps, weight, norm_bias, modulate_index))
+    return _NORM_MODULATE_QUANT_FP8(*_norm_modulate_operands(x, scale, shift, (input_scale, float(eps)), weight,
+                                                             norm_bias, modulate_index))
+
+
+def norm_modulate_quant_fp8_out(
+    x: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    input_scale: Tensor,
+    eps: float = 1e-6,
+    *,
+    y: Tensor,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+    y_bf16: Optional[Tensor] = None,
+) -> Tensor:
+    """:func:`norm_modulate_quant_fp8` into ``y`` (float8_e4m3fn like x, contiguous, 16-byte aligned);
+    ``y_bf16`` (optional, bf16 like x) also receives the bf16 y. Returns y."""
+    require(norm_modulate_quant_fp8_out_problem(x, scale, shift, input_scale, eps, y, weight, norm_bias,
+                                                modulate_index, y_bf16, memory=_memory_rules()))
+    _NORM_MODULATE_QUANT_FP8_OUT(*_norm_modulate_operands(x, scale, shift, (input_scale, float(eps), y), weight,
+                                                          norm_bias, modulate_index), y_bf16)
+    return y

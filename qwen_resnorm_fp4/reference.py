@@ -17,7 +17,9 @@ Exactness notes
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+import sys
+from pathlib import Path
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -288,3 +290,214 @@ def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows:
     sf = e4m3_to_float(scales.reshape(-1).view(torch.uint8)[sf_offsets(rows, d, packed.device)])  # [rows, D/16]
     vals = e2m1_value(codes).reshape(rows, d // BLOCK, BLOCK) * sf.unsqueeze(-1)
     return (vals / global_scale.reshape(()).float()).reshape(rows, d)
+
+
+# ---------------------------------------------------------------------------------------------------
+# FP8 (E4M3) output (docs/numerics.md, "FP8 (E4M3) output") and the no-residual ops
+# ---------------------------------------------------------------------------------------------------
+
+#: The E4M3 byte of every element when input_scale is refused (not a positive normal finite fp32): NaN.
+FP8_REFUSED_SCALE_BYTE = 0x7F
+_FLT_MIN = torch.finfo(torch.float32).tiny
+_FLT_MAX = torch.finfo(torch.float32).max
+
+#: Where the div.full correction table is looked for (written by tools/probe_div_full.py on a GPU).
+DIV_FULL_TABLE_PATH = Path(__file__).parent / "data" / "div_full_rcp.bin"
+_DIV_FULL_MAGIC = b"QFP4DIVF"
+_DIV_FULL_VERSION = 1
+
+
+class DivFullTable(NamedTuple):
+    """How the GPU's ``div.full.f32(1, s)`` differs from the model 1/s (see :func:`fp8_inverse_scale`).
+
+    ``plus`` / ``minus``: sorted int64 mantissas m (23 bits) where the reciprocal of 1.m is one ulp above /
+    below RN(1 / 1.m); ``exception_scales`` (sorted) and ``exception_inverses``: fp32 bit patterns of scales
+    whose inverse the model does not give, and that inverse."""
+
+    plus: Tensor
+    minus: Tensor
+    exception_scales: Tensor
+    exception_inverses: Tensor
+
+
+def encode_div_full_table(table: DivFullTable) -> bytes:
+    """The table file's bytes, little-endian: the magic b"QFP4DIVF", then uint32 version (1), n_plus, n_minus,
+    n_exceptions, then the uint32 arrays plus, minus, exception_scales, exception_inverses."""
+    arrays = [t.to(torch.int64) for t in table]
+    for name, t in zip(DivFullTable._fields[:3], arrays[:3]):
+        if t.numel() > 1 and not bool((t[1:] > t[:-1]).all()):
+            raise ValueError(f"{name} must be sorted without repeats")
+    if arrays[2].numel() != arrays[3].numel():
+        raise ValueError("exception_scales and exception_inverses must have one length")
+    header = torch.tensor([_DIV_FULL_VERSION, arrays[0].numel(), arrays[1].numel(), arrays[2].numel()],
+                          dtype=torch.int64)
+    words = torch.cat([header] + arrays).to(torch.int32)  # every value < 2^31: positive fp32 bits, mantissas
+    _require_little_endian()
+    return _DIV_FULL_MAGIC + words.numpy().tobytes()  # (numpy: the probe's and tests' dependency only)
+
+
+def _require_little_endian() -> None:
+    if sys.byteorder != "little":
+        raise RuntimeError("the div.full table file is little-endian; this machine is not")
+
+
+def decode_div_full_table(data: bytes) -> DivFullTable:
+    """The inverse of :func:`encode_div_full_table`; ValueError on anything else."""
+    _require_little_endian()
+    if len(data) < 24 or data[:8] != _DIV_FULL_MAGIC or (len(data) - 8) % 4:
+        raise ValueError("not a div.full table (magic b'QFP4DIVF', then uint32 words)")
+    words = torch.frombuffer(bytearray(data[8:]), dtype=torch.int32).to(torch.int64)
+    version, n_plus, n_minus, n_exc = (int(v) for v in words[:4])
+    if version != _DIV_FULL_VERSION or words.numel() != 4 + n_plus + n_minus + 2 * n_exc:
+        raise ValueError(f"div.full table: version {version} or its lengths do not match the file")
+    parts = torch.split(words[4:], [n_plus, n_minus, n_exc, n_exc])
+    return DivFullTable(*(p.clone() for p in parts))
+
+
+_div_full_cache: Dict[Path, Optional[DivFullTable]] = {}
+
+
+def load_div_full_table(path: Optional[Path] = None) -> Optional[DivFullTable]:
+    """The correction table at ``path`` (default DIV_FULL_TABLE_PATH), or None when the file is absent;
+    read once per path. A file that is present but malformed raises ValueError."""
+    path = Path(path) if path is not None else DIV_FULL_TABLE_PATH
+    if path not in _div_full_cache:
+        _div_full_cache[path] = decode_div_full_table(path.read_bytes()) if path.is_file() else None
+    return _div_full_cache[path]
+
+
+def require_div_full_table(path: Optional[Path] = None) -> DivFullTable:
+    """The correction table, or RuntimeError saying how to make it: for tests that need the CPU reference
+    to equal the GPU at every input_scale (without it the reference uses RN(1/s) throughout)."""
+    table = load_div_full_table(path)
+    if table is None:
+        raise RuntimeError(f"the div.full correction table {path or DIV_FULL_TABLE_PATH} is missing: run "
+                           "`python tools/probe_div_full.py` on a GPU (it measures div.full.f32 over every fp32 "
+                           "scale and writes the table)")
+    return table
+
+
+def _sorted_contains(sorted_values: Tensor, v: Tensor) -> Tensor:
+    if sorted_values.numel() == 0:
+        return torch.zeros_like(v, dtype=torch.bool)
+    sv = sorted_values.to(v.device)
+    idx = torch.searchsorted(sv, v).clamp(max=sv.numel() - 1)
+    return sv[idx] == v
+
+
+def fp8_scale_valid(input_scale: Tensor) -> Tensor:
+    """Whether each scale is one the FP8 ops accept: a positive, normal, finite fp32 (bool tensor)."""
+    s = input_scale.float()
+    return (s >= _FLT_MIN) & (s <= _FLT_MAX)
+
+
+def fp8_inverse_scale(input_scale: Tensor, table: object = "default") -> Tensor:
+    """inv = div.full.f32(1, s), the GPU's (and SGLang's) inverse of each fp32 scale, on any device.
+
+    The model: for a positive normal s = 1.m x 2^e, inv = RN(R(m) x 2^-e), where R(m) is RN(1 / 1.m) moved one
+    ulp up for m in ``table.plus`` and one down for m in ``table.minus`` (R(m) in (0.5, 1]; the scaling by
+    2^-e is exact except where inv is subnormal, then rounded once), and scales listed in
+    ``table.exception_scales`` take their listed inverse. ``table``: "default" (the package's table,
+    :func:`load_div_full_table`; absent: no corrections), None (no corrections), or a DivFullTable.
+    Scales the ops refuse (fp8_scale_valid false) give NaN. Returns fp32 of input_scale's shape."""
+    if isinstance(table, str):
+        table = load_div_full_table()
+    s = input_scale.float()
+    bits = s.view(torch.int32).to(torch.int64)
+    exponent = (bits >> 23) & 0xFF
+    mantissa = bits & 0x7FFFFF
+    unit = (mantissa | (127 << 23)).to(torch.int32).view(torch.float32)  # 1.m in [1, 2)
+    r_bits = (torch.ones_like(unit) / unit).view(torch.int32).to(torch.int64)  # RN(1 / 1.m)
+    if table is not None:
+        r_bits = r_bits + _sorted_contains(table.plus, mantissa).to(torch.int64) \
+            - _sorted_contains(table.minus, mantissa).to(torch.int64)
+    r = r_bits.to(torch.int32).view(torch.float32)
+    inv = (r.double() * torch.pow(2.0, (127 - exponent).double())).float()  # exact in fp64, one rounding
+    if table is not None and table.exception_scales.numel():
+        ex = table.exception_scales.to(bits.device)
+        idx = torch.searchsorted(ex, bits).clamp(max=ex.numel() - 1)
+        listed = table.exception_inverses.to(bits.device)[idx].to(torch.int32).view(torch.float32)
+        inv = torch.where(ex[idx] == bits, listed, inv)
+    return torch.where(fp8_scale_valid(s), inv, torch.full_like(inv, float("nan")))
+
+
+def fp8_quantize(y: Tensor, input_scale: Tensor, inverse: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
+    """FP8 step 9 on bf16 ``y`` of any shape: q = e4m3_rn_satfinite(fminf(fmaxf(y * inv, -448), 448)),
+    element-wise, with inv = ``inverse``(input_scale) (default :func:`fp8_inverse_scale`) and one fp32
+    multiply. fmax/fmin drop NaN: a NaN product gives -448 (0xFE), +-inf +-448. A refused input_scale
+    (:func:`fp8_scale_valid` false) makes every byte 0x7F. Returns float8_e4m3fn of y's shape."""
+    s = input_scale.reshape(1).float()
+    inv = (inverse or fp8_inverse_scale)(s).reshape(())
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=y.device)  # noqa: E731
+    v = torch.fmin(torch.fmax(y.float() * inv, f32(-E4M3_MAX)), f32(E4M3_MAX))
+    q = e4m3_satfinite(v)
+    q = torch.where(fp8_scale_valid(s).reshape(()), q, torch.full_like(q, FP8_REFUSED_SCALE_BYTE))
+    return q.view(torch.float8_e4m3fn)
+
+
+def resnorm_quant_fp8(
+    residual: Tensor,
+    x: Tensor,
+    bias: Optional[Tensor],
+    gate: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    input_scale: Tensor,
+    eps: float,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+    inverse: Optional[Callable[[Tensor], Tensor]] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Steps 1-7 and FP8: (y float8_e4m3fn like x, residual_out) == (fp8_quantize(resnorm(...)[0]), ...)."""
+    y, residual_out = resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
+    return fp8_quantize(y, input_scale, inverse), residual_out
+
+
+def norm_modulate(
+    x: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    eps: float,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+) -> Tensor:
+    """Steps 3-7 on r = bf16(fma(0, 0, x)) (x itself, except that -0 reads as +0), no residual update:
+    resnorm's y for residual x, x = 0 and gate = 0, which is how the kernels compute it. Returns bf16 like x."""
+    zeros = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    gate = torch.zeros(scale.shape, dtype=scale.dtype, device=scale.device)
+    return resnorm(x, zeros, None, gate, scale, shift, eps, weight, norm_bias, modulate_index)[0]
+
+
+def norm_modulate_quant(
+    x: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    global_scale: Tensor,
+    eps: float,
+    fast_math: bool,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+    rcp: Optional[Callable[[Tensor], Tensor]] = None,
+    nvfp4_4over6_code: int = 0,
+) -> Tuple[Tensor, Tensor]:
+    """:func:`norm_modulate` and NVFP4 (step 8): (packed, scales) as :func:`nvfp4_quantize` returns them."""
+    y = norm_modulate(x, scale, shift, eps, weight, norm_bias, modulate_index)
+    return nvfp4_quantize(y, global_scale, fast_math, rcp, nvfp4_4over6_code)
+
+
+def norm_modulate_quant_fp8(
+    x: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    input_scale: Tensor,
+    eps: float,
+    weight: Optional[Tensor] = None,
+    norm_bias: Optional[Tensor] = None,
+    modulate_index: Optional[Tensor] = None,
+    inverse: Optional[Callable[[Tensor], Tensor]] = None,
+) -> Tensor:
+    """:func:`norm_modulate` and FP8: float8_e4m3fn like x."""
+    return fp8_quantize(norm_modulate(x, scale, shift, eps, weight, norm_bias, modulate_index), input_scale, inverse)

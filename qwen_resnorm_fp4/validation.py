@@ -29,6 +29,9 @@ Tensor = torch.Tensor
 MAX_COLS = 16384
 #: D is a positive multiple of this: four 16-element scale blocks (csrc/op_limits.h kColsMultiple).
 COLS_MULTIPLE = 64
+#: D of resnorm and the FP8 ops is a positive multiple of this (csrc/op_limits.h kRowColsMultiple): whole
+#: 16-byte vectors, no NVFP4 scale tiles.
+ROW_COLS_MULTIPLE = 16
 #: Rows (x.numel() / D) the kernels take at most: their row index is a 32-bit int (csrc/op_limits.h kMaxRows).
 MAX_ROWS = (1 << 31) - 128
 
@@ -151,16 +154,17 @@ def tensor_problem(name: str, t: object, dtypes: Sequence[torch.dtype], device: 
     return None
 
 
-def width_problem(name: str, cols: int) -> Optional[Problem]:
-    """D = ``cols`` (``name``.shape[-1]) satisfies :func:`is_supported_width`; the message says which half of
-    the rule it breaks."""
-    if 0 < cols <= MAX_COLS and cols % COLS_MULTIPLE == 0:
+def width_problem(name: str, cols: int, multiple: int = COLS_MULTIPLE) -> Optional[Problem]:
+    """D = ``cols`` (``name``.shape[-1]) is a positive multiple of ``multiple`` (COLS_MULTIPLE:
+    :func:`is_supported_width`; ROW_COLS_MULTIPLE for resnorm and the FP8 ops), at most MAX_COLS; the
+    message says which half of the rule it breaks."""
+    if 0 < cols <= MAX_COLS and cols % multiple == 0:
         return None
-    if cols > MAX_COLS and cols % COLS_MULTIPLE == 0:
+    if cols > MAX_COLS and cols % multiple == 0:
         return Problem(R.UNSUPPORTED_WIDTH, ValueError, "{}.shape[-1] (D) must be at most {}, got {}",
                        (name, MAX_COLS, cols))
     return Problem(R.UNSUPPORTED_WIDTH, ValueError, "{}.shape[-1] (D) must be a positive multiple of {}, got {}",
-                   (name, COLS_MULTIPLE, cols))
+                   (name, multiple, cols))
 
 
 def rows_problem(name: str, rows: int) -> Optional[Problem]:
@@ -233,8 +237,9 @@ _NO_GLOBAL_SCALE = object()
 
 
 def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None, modulate_index=None,
-                    global_scale=_NO_GLOBAL_SCALE) -> Optional[Problem]:
-    """The rules of the resnorm op, in the order the wrappers report them: x and residual, D and the row
+                    global_scale=_NO_GLOBAL_SCALE, cols_multiple: int = COLS_MULTIPLE) -> Optional[Problem]:
+    """The rules of the resnorm op, in the order the wrappers report them: x and residual, D (a multiple of
+    ``cols_multiple``: ROW_COLS_MULTIPLE for resnorm itself, COLS_MULTIPLE for the NVFP4 ops) and the row
     count, the [D] parameters, gate/scale/shift, modulate_index, eps; and, when given, global_scale (the
     resnorm_quant op). Each check reads an attribute once; messages are made only for a broken rule."""
     if not isinstance(x, Tensor) or x.dtype is not torch.bfloat16:
@@ -249,8 +254,8 @@ def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, nor
         return Problem(R.UNSUPPORTED_SHAPE, ValueError, "residual shape {} must equal x shape {}",
                        (tuple(residual.shape), tuple(shape)))
     cols = shape[-1]
-    if not (0 < cols <= MAX_COLS and cols % COLS_MULTIPLE == 0):
-        return width_problem("x", cols)
+    if not (0 < cols <= MAX_COLS and cols % cols_multiple == 0):
+        return width_problem("x", cols, cols_multiple)
     rows = x.numel() // cols
     if rows > MAX_ROWS:
         return rows_problem("x", rows)
@@ -550,7 +555,8 @@ def resnorm_out_problem(residual, x, bias, gate, scale, shift, eps, y, residual_
                         modulate_index=None, memory: Optional[bool] = None) -> Optional[Problem]:
     """The rules of resnorm_out: those of resnorm for the inputs; y and residual_out bf16 of x's shape,
     contiguous on x's device; the memory rules as in :func:`resnorm_quant_out_problem`."""
-    p = resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index) or \
+    p = resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index,
+                        cols_multiple=ROW_COLS_MULTIPLE) or \
         output_problem("y", y, ACTIVATION_DTYPES, tuple(x.shape), x.device, "x") or \
         output_problem("residual_out", residual_out, ACTIVATION_DTYPES, tuple(x.shape), x.device, "x")
     if p is not None:
@@ -575,3 +581,133 @@ def quantize_out_problem(y, global_scale, packed, scales, nvfp4_4over6_code=0,
     if not _memory_checked(memory, outputs):
         return None
     return memory_problem(outputs, (("y", y), ("global_scale", global_scale)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The FP8 (E4M3) ops (resnorm_quant_fp8, fp8_quantize, norm_modulate_quant_fp8, their out-variants) and the
+# no-residual NVFP4 op (norm_modulate_quant): the rules above, with input_scale in place of global_scale
+# ---------------------------------------------------------------------------------------------------
+
+#: dtype of the FP8 ops' quantized output.
+FP8_DTYPE = torch.float8_e4m3fn
+#: Smallest input_scale the FP8 ops accept: the smallest normal fp32 (2^-126); the largest is FLT_MAX.
+FP8_INPUT_SCALE_MIN = torch.finfo(torch.float32).tiny
+
+
+def input_scale_problem(input_scale: object, device: torch.device, like: str = "x") -> Optional[Problem]:
+    """The static rule of the FP8 ops' input_scale: a float32 one-element tensor on ``device`` (its value is
+    :func:`input_scale_value_problem`'s)."""
+    return global_scale_problem(input_scale, device, like, name="input_scale")
+
+
+def input_scale_value_problem(input_scale: Tensor) -> Optional[Problem]:
+    """The value rule of input_scale (ModelOpt's amax / 448): a positive, normal, finite fp32. Reads the
+    value, so on CUDA it synchronizes: the CPU implementations apply it on every call, the CUDA kernels
+    apply it on the device instead (a refused scale makes every output byte 0x7F, E4M3 NaN)."""
+    value = float(input_scale.reshape(()))
+    if not (FP8_INPUT_SCALE_MIN <= value < _INF):  # NaN fails both comparisons
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "input_scale must be a positive, normal, finite float32 "
+                       "(ModelOpt's amax / 448), got {}", (value,))
+    return None
+
+
+def resnorm_quant_fp8_problem(residual, x, bias, gate, scale, shift, input_scale, eps, weight=None, norm_bias=None,
+                              modulate_index=None) -> Optional[Problem]:
+    """The rules of resnorm_quant_fp8: those of resnorm (D a multiple of ROW_COLS_MULTIPLE) and input_scale."""
+    return resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index,
+                           cols_multiple=ROW_COLS_MULTIPLE) or input_scale_problem(input_scale, x.device)
+
+
+def fp8_quantize_problem(y, input_scale) -> Optional[Problem]:
+    """The rules of fp8_quantize: y a bf16 tensor of any shape, input_scale on its device."""
+    if not isinstance(y, Tensor) or y.dtype is not torch.bfloat16:
+        return tensor_problem("y", y, ACTIVATION_DTYPES, None)
+    return input_scale_problem(input_scale, y.device, like="y")
+
+
+def _named_scale(problem: Optional[Problem]) -> Optional[Problem]:
+    """A resnorm rule's problem for the no-residual ops, which check their scale in resnorm's gate slot:
+    the message names scale (and scale/shift) where it named gate."""
+    if problem is None:
+        return None
+    template = problem.template.replace("gate, scale and shift", "scale and shift").replace(
+        "gate/scale/shift", "scale/shift").replace("gate.shape", "scale.shape").replace("but gate is", "but scale is")
+    args = tuple("scale" if a == "gate" else a for a in problem.args)
+    return problem._replace(template=template, args=args)
+
+
+def norm_modulate_problem(x, scale, shift, eps, weight=None, norm_bias=None, modulate_index=None,
+                          global_scale=_NO_GLOBAL_SCALE, cols_multiple: int = COLS_MULTIPLE) -> Optional[Problem]:
+    """The rules of the no-residual ops (no residual, no gate, no bias): resnorm's, with D a multiple of
+    ``cols_multiple`` and, when given, global_scale (norm_modulate_quant)."""
+    return _named_scale(resnorm_problem(x, x, None, scale, scale, shift, eps, weight, norm_bias, modulate_index,
+                                        global_scale, cols_multiple))
+
+
+def norm_modulate_quant_fp8_problem(x, scale, shift, input_scale, eps, weight=None, norm_bias=None,
+                                    modulate_index=None) -> Optional[Problem]:
+    """The rules of norm_modulate_quant_fp8: :func:`norm_modulate_problem` (D a multiple of ROW_COLS_MULTIPLE)
+    and input_scale."""
+    return norm_modulate_problem(x, scale, shift, eps, weight, norm_bias, modulate_index,
+                                 cols_multiple=ROW_COLS_MULTIPLE) or input_scale_problem(input_scale, x.device)
+
+
+def _fp8_outputs_problem(x: Tensor, y, y_bf16) -> Optional[Problem]:
+    shape, dev = tuple(x.shape), x.device
+    return output_problem("y", y, (FP8_DTYPE,), shape, dev, "x") or \
+        (None if y_bf16 is None else output_problem("y_bf16", y_bf16, ACTIVATION_DTYPES, shape, dev, "x"))
+
+
+def resnorm_quant_fp8_out_problem(residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out,
+                                  weight=None, norm_bias=None, modulate_index=None, y_bf16=None,
+                                  memory: Optional[bool] = None) -> Optional[Problem]:
+    """The rules of resnorm_quant_fp8_out: those of resnorm_quant_fp8 for the inputs; y float8_e4m3fn,
+    residual_out and (optional) y_bf16 bf16, each of x's shape, contiguous, on x's device; the memory rules of
+    :func:`resnorm_quant_out_problem` (residual_out may be residual)."""
+    p = resnorm_quant_fp8_problem(residual, x, bias, gate, scale, shift, input_scale, eps, weight, norm_bias,
+                                  modulate_index) or _fp8_outputs_problem(x, y, y_bf16) or \
+        output_problem("residual_out", residual_out, ACTIVATION_DTYPES, tuple(x.shape), x.device, "x")
+    if p is not None:
+        return p
+    outputs = (("y", y), ("residual_out", residual_out)) + ((("y_bf16", y_bf16),) if y_bf16 is not None else ())
+    if not _memory_checked(memory, outputs):
+        return None
+    inputs = (("residual", residual), ("x", x), ("bias", bias), ("gate", gate), ("scale", scale), ("shift", shift),
+              ("input_scale", input_scale), ("weight", weight), ("norm_bias", norm_bias),
+              ("modulate_index", modulate_index))
+    return memory_problem(outputs, inputs, in_place=("residual_out", "residual"))
+
+
+def fp8_quantize_out_problem(y, input_scale, out, memory: Optional[bool] = None) -> Optional[Problem]:
+    """The rules of fp8_quantize_out: those of fp8_quantize; out float8_e4m3fn of y's shape, contiguous, on
+    y's device, sharing no memory with y or input_scale."""
+    p = fp8_quantize_problem(y, input_scale) or output_problem("out", out, (FP8_DTYPE,), tuple(y.shape), y.device,
+                                                               "y")
+    if p is not None:
+        return p
+    if not _memory_checked(memory, (("out", out),)):
+        return None
+    return memory_problem((("out", out),), (("y", y), ("input_scale", input_scale)))
+
+
+def norm_modulate_quant_fp8_out_problem(x, scale, shift, input_scale, eps, y, weight=None, norm_bias=None,
+                                        modulate_index=None, y_bf16=None,
+                                        memory: Optional[bool] = None) -> Optional[Problem]:
+    """The rules of norm_modulate_quant_fp8_out: those of norm_modulate_quant_fp8; y and y_bf16 as in
+    :func:`resnorm_quant_fp8_out_problem`, sharing no memory with the inputs or each other."""
+    p = norm_modulate_quant_fp8_problem(x, scale, shift, input_scale, eps, weight, norm_bias, modulate_index) or \
+        _fp8_outputs_problem(x, y, y_bf16)
+    if p is not None:
+        return p
+    outputs = (("y", y),) + ((("y_bf16", y_bf16),) if y_bf16 is not None else ())
+    if not _memory_checked(memory, outputs):
+        return None
+    inputs = (("x", x), ("scale", scale), ("shift", shift), ("input_scale", input_scale), ("weight", weight),
+              ("norm_bias", norm_bias), ("modulate_index", modulate_index))
+    return memory_problem(outputs, inputs)
+
+
+__all__ += ["ROW_COLS_MULTIPLE", "FP8_DTYPE", "FP8_INPUT_SCALE_MIN", "input_scale_problem",
+            "input_scale_value_problem", "resnorm_quant_fp8_problem", "fp8_quantize_problem", "norm_modulate_problem",
+            "norm_modulate_quant_fp8_problem", "resnorm_quant_fp8_out_problem", "fp8_quantize_out_problem",
+            "norm_modulate_quant_fp8_out_problem"]

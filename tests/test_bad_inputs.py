@@ -282,15 +282,21 @@ CASES = [
     Case("empty_gate_scale_shift_2d", RESNORM_OPS,
          lambda k, d: dict(gate=k["gate"][:0], scale=k["scale"][:0], shift=k["shift"][:0]),
          ValueError, r"into gate\.shape\[0\] = 0 batches"),
-    Case("D_not_multiple_of_64", RESNORM_OPS,
+    Case("D_not_multiple_of_64", (RQ,),
          lambda k, d: dict(x=k["x"][..., :96].contiguous(), residual=k["residual"][..., :96].contiguous(),
                            bias=None, weight=None, norm_bias=None, gate=k["gate"][:, :96].contiguous(),
                            scale=k["scale"][:, :96].contiguous(), shift=k["shift"][:, :96].contiguous()),
          ValueError, r"\bx\.shape\[-1\] \(D\) must be a positive multiple of 64, got 96"),
+    # resnorm takes any multiple of 16 (as the FP8 ops do)
+    Case("D_not_multiple_of_16", RESNORM_OPS,
+         lambda k, d: dict(x=k["x"][..., :40].contiguous(), residual=k["residual"][..., :40].contiguous(),
+                           bias=None, weight=None, norm_bias=None, gate=k["gate"][:, :40].contiguous(),
+                           scale=k["scale"][:, :40].contiguous(), shift=k["shift"][:, :40].contiguous()),
+         ValueError, r"\bx\.shape\[-1\] \(D\) must be a positive multiple of (64|16), got 40"),
     Case("D_zero", RESNORM_OPS,
          lambda k, d: dict(x=k["x"][..., :0], residual=k["residual"][..., :0], bias=None, weight=None,
                            norm_bias=None, gate=k["gate"][:, :0], scale=k["scale"][:, :0], shift=k["shift"][:, :0]),
-         ValueError, r"\bx\.shape\[-1\] \(D\) must be a positive multiple of 64, got 0"),
+         ValueError, r"\bx\.shape\[-1\] \(D\) must be a positive multiple of (64|16), got 0"),
     Case("D_above_16384", RESNORM_OPS,
          lambda k, d: dict(x=torch.zeros(2, 16448, dtype=torch.bfloat16, device=d),
                            residual=torch.zeros(2, 16448, dtype=torch.bfloat16, device=d), bias=None, weight=None,
@@ -520,7 +526,7 @@ def test_wrappers_check_first_then_call_the_op_once(monkeypatch, op, dev):
     with pytest.raises(TypeError, match=rf"^{name} must be bfloat16"):
         call(op, "wrapper", bad)
     assert calls == [1]
-    monkeypatch.setattr(api, rules_name, lambda *args: None)  # rules that find nothing: the op refuses itself
+    monkeypatch.setattr(api, rules_name, lambda *args, **kwargs: None)  # rules that find nothing: the op refuses itself
     with pytest.raises(RuntimeError if dev == "cuda" else TypeError, match=rf"{name} must be bfloat16"):
         call(op, "wrapper", bad)
     assert calls == [1, 1]
