@@ -23,7 +23,7 @@ from . import _library, api
 from .device import kernel_serves_cuda_device
 from .env import DISABLE_VAR, flag_enabled
 from .fused_path import _decline, _decline_for, _norm_field, _succeed
-from .validation import DeclineReason, global_scale_problem, resnorm_problem
+from .validation import DeclineReason, resnorm_quant_fp8_problem
 
 Tensor = torch.Tensor
 
@@ -80,8 +80,8 @@ def try_fused_resnorm_quant_fp8(
             per token, or [2B, D] with ``modulate_index``).
         input_scale: FC1's ``input_scale``, a float32 one-element tensor on x's device (amax / 448).
         bias, eps, norm, modulate_index, allow_cpu: as for :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant`.
-        with_bf16: also return the BF16 y the E4M3 bytes are made from; the fused op writes no BF16 y, so
-            this runs ``resnorm`` and ``fp8_quantize`` (two kernels, the same bytes) instead of the one kernel.
+        with_bf16: also return the BF16 y the E4M3 bytes are made from (written by the same launch:
+            ``resnorm_quant_fp8_out``'s ``y_bf16``).
 
     Returns:
         ``(y, residual_out)``: y float8_e4m3fn like x (E4M3(clamp(y_bf16 * (1 / input_scale), -448, 448))),
@@ -109,7 +109,8 @@ def try_fused_resnorm_quant_fp8(
         return None
     weight, norm_bias, norm_eps, normalized_shape = settings
 
-    problem = resnorm_problem(residual, x, bias, gate, scale, shift, norm_eps, weight, norm_bias, modulate_index)
+    problem = resnorm_quant_fp8_problem(residual, x, bias, gate, scale, shift, input_scale, norm_eps, weight,
+                                        norm_bias, modulate_index)
     if problem is not None:
         return _decline_for(problem)
     cols = x.shape[-1]
@@ -120,17 +121,19 @@ def try_fused_resnorm_quant_fp8(
                         residual.is_contiguous())
     if normalized_shape is not None and tuple(normalized_shape) != (cols,):
         return _decline(R.UNSUPPORTED_NORM, "LayerNorm normalizes over {}, not ({},)", tuple(normalized_shape), cols)
-    problem = global_scale_problem(input_scale, dev, name="input_scale")
-    if problem is not None:
-        return _decline_for(problem)
 
-    kw = dict(weight=weight, norm_bias=norm_bias, modulate_index=modulate_index)
+    # The op on arguments that passed its rules (api's operand preparation, no second check).
     if with_bf16:
-        y_bf16, residual_out = api.resnorm(residual, x, bias, gate, scale, shift, float(norm_eps), **kw)
-        y = api.fp8_quantize(y_bf16, input_scale)
+        y, residual_out = api.empty_resnorm_quant_fp8_outputs(x)
+        y_bf16 = torch.empty_like(x)
+        api._RESNORM_QUANT_FP8_OUT(*api._resnorm_operands(residual, x, bias, gate, scale, shift,
+                                                          (input_scale, float(norm_eps), y, residual_out), weight,
+                                                          norm_bias, modulate_index), y_bf16)
         _succeed()
         return y, residual_out, y_bf16
-    y, residual_out = api.resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps), **kw)
+    y, residual_out = api._RESNORM_QUANT_FP8(*api._resnorm_operands(residual, x, bias, gate, scale, shift,
+                                                                    (input_scale, float(norm_eps)), weight,
+                                                                    norm_bias, modulate_index))
     _succeed()
     return y, residual_out
 

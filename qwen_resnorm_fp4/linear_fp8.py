@@ -183,6 +183,7 @@ class FP8Linear(torch.nn.Module):
         n, k = w.shape
         dev = w.device
         in_scale = _one_positive("input_amax", input_amax, dev) / E4M3_MAX
+        api.check_fp8_input_scale(in_scale)  # the ops' value rule: a normal fp32
         layer = cls(k, n, linear.bias is not None, device=dev, per_channel=per_channel,
                     use_fast_accum=use_fast_accum)
         wf = w.to(torch.float32)
@@ -217,6 +218,7 @@ class FP8Linear(torch.nn.Module):
         dev = weight.device
         w_scale = _check_weight_scale(weight_scale, n).to(dev)
         in_scale = _one_positive("input_scale", input_scale, dev)
+        api.check_fp8_input_scale(in_scale)  # the ops' value rule: a normal fp32
         if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (n,)):
             raise ValueError(f"bias must be a tensor of shape ({n},), got "
                              f"{tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__}")

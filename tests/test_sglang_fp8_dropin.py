@@ -113,9 +113,11 @@ def test_gate_one_per_token_and_modulate_index_cpu():
     assert_same(dropin(**indexed, modulate_index=index, allow_cpu=True), unfused(indexed, modulate_index=index))
 
 
-def test_width_sglang_declines_and_a_zero_dim_scale_cpu():
-    """SGLang's kernel serves D = 3072 only; a 0-dim input_scale (what its callers pass) is taken as [1]."""
-    inp = sglang_inputs(2, 3, 1536, seed=7)
+@pytest.mark.parametrize("D", [80, 1536])
+def test_widths_sglang_declines_and_a_zero_dim_scale_cpu(D):
+    """SGLang's kernel serves D = 3072 only; the FP8 op every multiple of 16. A 0-dim input_scale (what
+    SGLang's callers pass) is taken as [1]."""
+    inp = sglang_inputs(2, 3, D, seed=7)
     assert inp["input_scale"].dim() == 0
     assert_same(dropin(*inp.values(), allow_cpu=True), unfused(inp))
 

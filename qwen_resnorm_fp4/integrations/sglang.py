@@ -44,11 +44,10 @@ returns ``(normalized, quantized, residual_out)``. Its kernel serves only width 
 the same triple, through ``qwen_resnorm_fp4.try_fused_resnorm_quant_fp8``: Hopper and Blackwell, every width
 the op supports, any batch, per-batch and per-token modulation, ``modulate_index`` (a keyword of its own,
 zero_cond_t), an affine LayerNorm, fp32 parameters, ``torch.compile`` and CUDA graphs. It declines what the
-op cannot serve, with the reason in ``qwen_resnorm_fp4.last_decline_reason()``. Only the E4M3 tensor feeds
-an FP8 FC1; the fused op writes no BF16 copy of it, so with ``need_normalized=True`` (the default: SGLang's
-return value) ``normalized`` comes from ``resnorm`` and the E4M3 bytes from ``fp8_quantize`` of it (two
-kernels), and ``need_normalized=False`` runs the one fused kernel and returns ``None`` in its place. The
-bytes are the same either way.
+op cannot serve, with the reason in ``qwen_resnorm_fp4.last_decline_reason()``. One kernel writes all three
+(``resnorm_quant_fp8_out`` with its ``y_bf16`` output); only the E4M3 tensor feeds an FP8 FC1, so
+``need_normalized=False`` skips writing the BF16 copy (2 bytes an element) and returns ``None`` in its place.
+The bytes are the same either way.
 """
 
 from __future__ import annotations
@@ -151,7 +150,8 @@ def try_fused_scale_residual_norm_scale_shift_fp8(
     [B, 1, D], [B, D], [D] or per token [B, S, D] (or [2B, D] with ``modulate_index``); ``input_scale``: FC1's
     ModelOpt ``input_scale`` (amax / 448), a float32 one-element tensor; ``norm_type``: "layer" (anything else
     declines); ``eps``. Keywords of this library: ``modulate_index`` ([B, S], zero_cond_t), ``need_normalized``
-    (False: one kernel, ``None`` for ``normalized``), ``allow_cpu`` (run the CPU reference on CPU tensors).
+    (False: the BF16 copy is not written, ``None`` for ``normalized``), ``allow_cpu`` (run the CPU reference
+    on CPU tensors).
 
     Returns ``(normalized bf16 like x, quantized float8_e4m3fn like x, residual_out bf16 like x)`` or ``None``
     (then ``qwen_resnorm_fp4.last_decline_reason()`` says why)."""
