@@ -252,3 +252,14 @@ def test_compile_fullgraph_traces_without_breaks():
 def test_exported_from_the_package():
     assert q.FP8Linear is FP8Linear and "FP8Linear" in q.__all__
     assert E4M3_MAX == 448.0
+
+
+def test_any_multiple_of_16():
+    """K and N multiples of 16, not of 64 (torch._scaled_mm's rule, not the NVFP4 one)."""
+    lin = torch.nn.Linear(80, 48).to(BF16)
+    layer = FP8Linear.from_linear(lin, 448.0)  # input_scale 1: the E4M3 of x itself
+    x = (torch.randn(3, 80) * 4).to(BF16)
+    a_q = layer.quantize_input(x)
+    assert np.array_equal(a_q.view(torch.uint8).numpy(), e4m3_byte_oracle(x.float()).reshape(3, 80))
+    assert_one_rounding_of(layer(x), gemm_oracle(a_q, layer.weight, layer.weight_scale, layer.input_scale,
+                                                 layer.bias))
