@@ -96,8 +96,8 @@ def try_fused_resnorm_quant_fp8(
     dev = x.device
     if dev.type == "cuda":
         if not (_library.has_kernel("resnorm_quant_fp8", "cuda") and kernel_serves_cuda_device(dev.index or 0)):
-            return _decline(R.NO_KERNEL_FOR_DEVICE, "no FP8 kernel for {} ({})", dev,
-                            "see python -m qwen_resnorm_fp4 info" if torch.compiler.is_compiling() else _library.status())
+            where = "see python -m qwen_resnorm_fp4 info" if torch.compiler.is_compiling() else _library.status()
+            return _decline(R.NO_KERNEL_FOR_DEVICE, "no FP8 kernel for {} ({})", dev, where)
     elif dev.type == "cpu":
         if not allow_cpu:
             return _decline(R.CPU_TENSORS, "x is on the CPU: pass allow_cpu=True to run the CPU reference")

@@ -416,7 +416,8 @@ def resolve_input_amax(model: torch.nn.Module, spec: ModelSpec, input_amax: Any,
 
 
 def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
-             norm: torch.nn.LayerNorm, fc1: Union[NVFP4Linear, FP8Linear], index: Optional[Tensor]) -> Tuple[Any, Tensor]:
+             norm: torch.nn.LayerNorm, fc1: Union[NVFP4Linear, FP8Linear],
+             index: Optional[Tensor]) -> Tuple[Any, Tensor]:
     """The baseline: ``resnorm`` (residual update, LayerNorm, modulation -> BF16 y), then FC1's own quantizer
     (what the layer does to a BF16 input): NVFP4 with its input global scale and fast-math mode, or E4M3 with
     its input_scale."""
