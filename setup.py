@@ -199,7 +199,8 @@ def extension_modules():
 
     emulation = emulating_blackwell()
     archs = emulation_archs() if emulation else cuda_archs()
-    sources = ["csrc/registration.cpp", "csrc/ops.cpp", "csrc/launch_portable.cu", "csrc/nvfp4_dequantize.cu"]
+    sources = ["csrc/registration.cpp", "csrc/ops.cpp", "csrc/launch_portable.cu", "csrc/nvfp4_dequantize.cu",
+               "csrc/ops_fp8.cpp", "csrc/launch_fp8.cu", "csrc/launch_norm_modulate.cu"]
     include_dirs = [str(ROOT / "csrc")]
     # torch adds Py_LIMITED_API itself for py_limited_api; USE_CUDA declares the CUDA parts of the shim.
     defines = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}", "-DUSE_CUDA"]

@@ -48,6 +48,10 @@ struct ResnormArgs {
   int32_t sms;              // SMs of the device
   int32_t first_wave_ctas;  // row CTAs resident at once: sms x CTAs per SM
   int32_t stagger_ns;       // first-wave CTA in slot k = blockIdx / sms waits k * stagger_ns
+  // The FP8 ops (launch_fp8.h): the E4M3 output [rows, cols] and the one-element fp32 input_scale; y above,
+  // when not null, receives the bf16 y as well.
+  uint8_t* fp8_out;
+  const float* input_scale;
 };
 
 // Where a launcher launches (host side only, never a kernel argument): the op's device, current under its

@@ -11,6 +11,9 @@ namespace qwen_fp4 {
 constexpr int64_t kMaxCols = 16384;
 // D is a whole number of 64-column scale tiles (four 16-element NVFP4 blocks; 16-byte vectors).
 constexpr int64_t kColsMultiple = 64;
+// D of resnorm and the FP8 ops: whole 16-byte vectors of bf16 and whole 16-byte rows of E4M3 (the FP8 GEMM's
+// K multiple), no NVFP4 scale tiles.
+constexpr int64_t kRowColsMultiple = 16;
 // Most rows (x.numel() / D): the grid (a CTA per row and at most 16 padding CTAs) stays below gridDim.x's
 // limit of 2^31 - 1, and round_up(rows, 128) below 2^31.
 constexpr int64_t kMaxRows = (int64_t(1) << 31) - 128;

@@ -3,6 +3,7 @@
 #include <torch/csrc/stable/library.h>
 
 #include "ops.h"
+#include "ops_fp8.h"
 
 STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CUDA, m) {
   m.impl("resnorm_quant", TORCH_BOX(&qwen_fp4::resnorm_quant_cuda));
@@ -12,6 +13,17 @@ STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CUDA, m) {
   m.impl("resnorm_out", TORCH_BOX(&qwen_fp4::resnorm_out_cuda));
   m.impl("nvfp4_quantize_out", TORCH_BOX(&qwen_fp4::nvfp4_quantize_out_cuda));
   m.impl("nvfp4_dequantize_bf16", TORCH_BOX(&qwen_fp4::nvfp4_dequantize_bf16_cuda));
+}
+
+// The FP8 ops and the no-residual ops (ops_fp8.cpp).
+STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CUDA, m) {
+  m.impl("resnorm_quant_fp8", TORCH_BOX(&qwen_fp4::resnorm_quant_fp8_cuda));
+  m.impl("resnorm_quant_fp8_out", TORCH_BOX(&qwen_fp4::resnorm_quant_fp8_out_cuda));
+  m.impl("fp8_quantize", TORCH_BOX(&qwen_fp4::fp8_quantize_cuda));
+  m.impl("fp8_quantize_out", TORCH_BOX(&qwen_fp4::fp8_quantize_out_cuda));
+  m.impl("norm_modulate_quant", TORCH_BOX(&qwen_fp4::norm_modulate_quant_cuda));
+  m.impl("norm_modulate_quant_fp8", TORCH_BOX(&qwen_fp4::norm_modulate_quant_fp8_cuda));
+  m.impl("norm_modulate_quant_fp8_out", TORCH_BOX(&qwen_fp4::norm_modulate_quant_fp8_out_cuda));
 }
 
 // No tensor arguments: the dispatcher takes it to this key's kernel.

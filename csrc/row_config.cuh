@@ -13,8 +13,9 @@ namespace qwen_fp4 {
 // How a row maps onto a CTA: each thread holds kVectorsPerThread 16-byte vectors, vector slot i of thread t
 // holding the row's vector i * threads + t, so the row is read from memory once and both LayerNorm passes
 // run on registers. kFixedCols != 0 specialises one width exactly (threads = kFixedCols / 8 /
-// kVectorsPerThread, no bounds checks); 0 handles any multiple of 64 at run time. kMinCtasPerSm is
-// __launch_bounds__' minimum of resident CTAs: above 1 it caps the registers so that more rows fit per SM.
+// kVectorsPerThread, no bounds checks); 0 handles any multiple of 8 at run time (the ops take D % 16 == 0).
+// kMinCtasPerSm is __launch_bounds__' minimum of resident CTAs: above 1 it caps the registers so that more
+// rows fit per SM.
 template <int VectorsPerThread, int FixedCols, int MinCtasPerSm>
 struct BlockShape {
   static constexpr int kVectorsPerThread = VectorsPerThread;

@@ -1,11 +1,13 @@
 // Kernels of the test-only ops (qwen_resnorm_fp4/testing.py, never registered by the release package):
-// the portable path's approximate reciprocal and E2M1 encode, element by element.
+// the portable path's approximate reciprocal and E2M1 encode, and the FP8 ops' inverse scale (div.full.f32
+// of 1 by x), element by element.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
+#include "fp8_e4m3.cuh"
 #include "nvfp4_portable.cuh"
 
 namespace qwen_fp4_testing {
@@ -37,6 +39,12 @@ __global__ void rcp_approx_kernel(const float* in, float* out, int64_t n) {
   }
 }
 
+__global__ void div_full_rcp_kernel(const float* in, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = qwen_fp4::div_full_rcp(in[i]);
+  }
+}
+
 }  // namespace
 
 void launch_e2m1_codes(const float* in, uint8_t* out, int64_t n, bool toolkit, void* stream) {
@@ -49,6 +57,12 @@ void launch_rcp_approx(const float* in, float* out, int64_t n, void* stream) {
   if (n == 0) return;
   rcp_approx_kernel<<<blocks_for(n, 4096), 256, 0, static_cast<cudaStream_t>(stream)>>>(in, out, n);
   check_launch("rcp_approx");
+}
+
+void launch_div_full_rcp(const float* in, float* out, int64_t n, void* stream) {
+  if (n == 0) return;
+  div_full_rcp_kernel<<<blocks_for(n, 4096), 256, 0, static_cast<cudaStream_t>(stream)>>>(in, out, n);
+  check_launch("div_full_rcp");
 }
 
 }  // namespace qwen_fp4_testing

@@ -14,6 +14,7 @@ namespace qwen_fp4_testing {
 
 void launch_e2m1_codes(const float* in, uint8_t* out, int64_t n, bool toolkit, void* stream);
 void launch_rcp_approx(const float* in, float* out, int64_t n, void* stream);
+void launch_div_full_rcp(const float* in, float* out, int64_t n, void* stream);
 
 namespace {
 
@@ -58,6 +59,15 @@ Tensor rcp_approx(const Tensor& x) {
   return out;
 }
 
+Tensor div_full_rcp(const Tensor& x) {
+  check_input("div_full_rcp", x);
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  Tensor out = empty_like_cuda(x, aoti_torch_dtype_float32());
+  launch_div_full_rcp(static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), x.numel(),
+                      current_stream(x));
+  return out;
+}
+
 Tensor e2m1_codes(const Tensor& x, bool toolkit) {
   check_input("e2m1_codes", x);
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
@@ -74,4 +84,5 @@ Tensor e2m1_codes(const Tensor& x, bool toolkit) {
 STABLE_TORCH_LIBRARY_IMPL(qwen_fp4_testing, CUDA, m) {
   m.impl("rcp_approx", TORCH_BOX(&qwen_fp4_testing::rcp_approx));
   m.impl("e2m1_codes", TORCH_BOX(&qwen_fp4_testing::e2m1_codes));
+  m.impl("div_full_rcp", TORCH_BOX(&qwen_fp4_testing::div_full_rcp));
 }

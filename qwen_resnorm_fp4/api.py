@@ -26,6 +26,10 @@ from .recipe import UNSET, resolve_nvfp4_4over6
 from .validation import dequantize_bf16_problem, dequantize_problem, quantize_out_problem, quantize_problem
 from .validation import require, resnorm_out_problem, resnorm_problem, resnorm_quant_out_problem
 from .validation import resnorm_quant_problem
+from .validation import fp8_quantize_out_problem, fp8_quantize_problem, input_scale_problem
+from .validation import input_scale_value_problem, norm_modulate_quant_fp8_out_problem
+from .validation import norm_modulate_quant_fp8_problem, norm_modulate_quant_problem
+from .validation import resnorm_quant_fp8_out_problem, resnorm_quant_fp8_problem
 
 Tensor = torch.Tensor
 
@@ -39,6 +43,13 @@ _RESNORM_QUANT_OUT = OpArguments(_qwen_fp4.resnorm_quant_out.default)
 _RESNORM_OUT = OpArguments(_qwen_fp4.resnorm_out.default)
 _NVFP4_QUANTIZE_OUT = OpArguments(_qwen_fp4.nvfp4_quantize_out.default)
 _NVFP4_DEQUANTIZE_BF16 = OpArguments(_qwen_fp4.nvfp4_dequantize_bf16.default)
+_RESNORM_QUANT_FP8 = OpArguments(_qwen_fp4.resnorm_quant_fp8.default)
+_RESNORM_QUANT_FP8_OUT = OpArguments(_qwen_fp4.resnorm_quant_fp8_out.default)
+_FP8_QUANTIZE = OpArguments(_qwen_fp4.fp8_quantize.default)
+_FP8_QUANTIZE_OUT = OpArguments(_qwen_fp4.fp8_quantize_out.default)
+_NORM_MODULATE_QUANT = OpArguments(_qwen_fp4.norm_modulate_quant.default)
+_NORM_MODULATE_QUANT_FP8 = OpArguments(_qwen_fp4.norm_modulate_quant_fp8.default)
+_NORM_MODULATE_QUANT_FP8_OUT = OpArguments(_qwen_fp4.norm_modulate_quant_fp8_out.default)
 
 
 def _call(op: OpArguments, rules, args: tuple, **rule_options):
@@ -58,6 +69,24 @@ def call_resnorm_quant(residual, x, bias, gate, scale, shift, global_scale, eps:
     return _RESNORM_QUANT.op(*_RESNORM_QUANT.prepared((residual, x, bias, gate, scale, shift, global_scale, eps,
                                                        fast_math, weight, norm_bias, modulate_index,
                                                        nvfp4_4over6_code)))
+
+
+def call_resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, eps: float, weight=None,
+                           norm_bias=None, modulate_index=None) -> Tuple[Tensor, Tensor]:
+    """``torch.ops.qwen_fp4.resnorm_quant_fp8`` on arguments that already satisfy its rules (the FP8 fused
+    path applied them as declines): operands prepared, the op called once."""
+    return _RESNORM_QUANT_FP8.op(*_RESNORM_QUANT_FP8.prepared((residual, x, bias, gate, scale, shift, input_scale,
+                                                               eps, weight, norm_bias, modulate_index)))
+
+
+def call_resnorm_quant_fp8_out(residual, x, bias, gate, scale, shift, input_scale, eps: float, y, residual_out,
+                               weight=None, norm_bias=None, modulate_index=None, y_bf16=None) -> None:
+    """``torch.ops.qwen_fp4.resnorm_quant_fp8_out`` on arguments that already satisfy its input rules, into
+    outputs the caller just allocated (:func:`empty_resnorm_quant_fp8_outputs`): operands prepared, the op
+    called once."""
+    _RESNORM_QUANT_FP8_OUT.op(*_RESNORM_QUANT_FP8_OUT.prepared((residual, x, bias, gate, scale, shift, input_scale,
+                                                                eps, y, residual_out, weight, norm_bias,
+                                                                modulate_index, y_bf16)))
 
 
 def resnorm_quant(
@@ -113,7 +142,8 @@ def resnorm(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, s
             modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """The BF16 half of :func:`resnorm_quant`, same numerics: returns (y, residual_out), both bf16 like x.
 
-    y = bf16(fma(LayerNorm(r), 1 + scale, shift)). Arguments as in :func:`resnorm_quant`.
+    y = bf16(fma(LayerNorm(r), 1 + scale, shift)). Arguments as in :func:`resnorm_quant`, except that D may be
+    any positive multiple of 16 up to 16384 (as for the FP8 ops).
     """
     return _call(_RESNORM, resnorm_problem, (residual, x, bias, gate, scale, shift, eps, weight, norm_bias,
                                              modulate_index))
@@ -229,3 +259,110 @@ def nvfp4_quantize_out(y: Tensor, global_scale: Tensor, fast_math: Optional[bool
           (y, global_scale, resolve_fast_math(fast_math), packed, scales, resolve_nvfp4_4over6(nvfp4_4over6)),
           memory=_memory_rules())
     return packed, scales
+
+
+# ---------------------------------------------------------------------------------------------------
+# FP8 (E4M3) output and the no-residual ops (docs/numerics.md, "FP8 (E4M3) output")
+# ---------------------------------------------------------------------------------------------------
+
+
+def check_fp8_input_scale(input_scale: Tensor) -> None:
+    """Raise TypeError / ValueError naming input_scale unless it is a one-element float32 tensor holding a
+    positive, normal, finite value: the value rule the FP8 ops' Python implementation applies on every call.
+    It reads the value, so on CUDA it synchronizes: call it once where the scale is made or loaded, not per
+    forward. On CUDA the kernels apply the rule on the device instead: a refused scale makes every output
+    byte 0x7F (E4M3 NaN)."""
+    device = input_scale.device if isinstance(input_scale, Tensor) else None
+    require(input_scale_problem(input_scale, device) or input_scale_value_problem(input_scale))
+
+
+def resnorm_quant_fp8(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor,
+                      shift: Tensor, input_scale: Tensor, eps: float = 1e-6, *, weight: Optional[Tensor] = None,
+                      norm_bias: Optional[Tensor] = None,
+                      modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Gated residual update + LayerNorm + adaLN modulation + static FP8 (E4M3) quantization, in one kernel.
+
+    Args:
+        residual ... shift, eps, weight, norm_bias, modulate_index: as in :func:`resnorm_quant`, except that D
+            may be any positive multiple of 16 up to 16384.
+        input_scale: ModelOpt's static FP8 input scale (amax / 448), a float32 one-element tensor on x's
+            device. Its value is not read on the host for CUDA tensors (no sync): there a scale that is not a
+            positive, normal, finite fp32 makes every byte of y 0x7F (E4M3 NaN); on CPU it raises ValueError.
+            See :func:`check_fp8_input_scale`.
+
+    Returns:
+        y: float8_e4m3fn like x, e4m3_rn_satfinite(fminf(fmaxf(y_bf16 * inv, -448), 448)) of resnorm's y,
+            inv = div.full.f32(1, input_scale) (SGLang's rule; docs/numerics.md);
+        residual_out: bf16 like x, the updated residual stream (resnorm's, bit for bit).
+
+    Bytes are identical to ``fp8_quantize(resnorm(...)[0], input_scale)``.
+    """
+    return _call(_RESNORM_QUANT_FP8, resnorm_quant_fp8_problem,
+                 (residual, x, bias, gate, scale, shift, input_scale, eps, weight, norm_bias, modulate_index))
+
+
+def empty_resnorm_quant_fp8_outputs(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """Uninitialised (y float8_e4m3fn, residual_out bf16), of x's shape on x's device, for
+    :func:`resnorm_quant_fp8_out` (or pass the residual itself as residual_out)."""
+    return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
+            torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
+
+
+def resnorm_quant_fp8_out(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor,
+                          shift: Tensor, input_scale: Tensor, eps: float = 1e-6, *, y: Tensor,
+                          residual_out: Tensor, weight: Optional[Tensor] = None,
+                          norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                          y_bf16: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """:func:`resnorm_quant_fp8` writing into the given outputs: y float8_e4m3fn and residual_out bf16 of x's
+    shape, contiguous, 16-byte aligned, on x's device; residual_out may be ``residual`` itself (the in-place
+    update, as in :func:`resnorm_quant_out`). ``y_bf16`` (optional, bf16 like x) also receives resnorm's bf16
+    y in the same launch (SGLang's normalized output). Returns (y, residual_out), the given tensors."""
+    _call(_RESNORM_QUANT_FP8_OUT, resnorm_quant_fp8_out_problem,
+          (residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out, weight, norm_bias,
+           modulate_index, y_bf16), memory=_memory_rules())
+    return y, residual_out
+
+
+def fp8_quantize(y: Tensor, input_scale: Tensor) -> Tensor:
+    """Static FP8 (E4M3) quantization of bf16 ``y`` of any shape, element by element, with the rule of
+    :func:`resnorm_quant_fp8` (input_scale likewise). Returns float8_e4m3fn of y's shape."""
+    return _call(_FP8_QUANTIZE, fp8_quantize_problem, (y, input_scale))
+
+
+def fp8_quantize_out(y: Tensor, input_scale: Tensor, *, out: Tensor) -> Tensor:
+    """:func:`fp8_quantize` into ``out`` (float8_e4m3fn of y's shape, contiguous, 16-byte aligned, sharing no
+    memory with y or input_scale). Returns out."""
+    _call(_FP8_QUANTIZE_OUT, fp8_quantize_out_problem, (y, input_scale, out), memory=_memory_rules())
+    return out
+
+
+def norm_modulate_quant(x: Tensor, scale: Tensor, shift: Tensor, global_scale: Tensor, eps: float = 1e-6,
+                        fast_math: Optional[bool] = None, *, weight: Optional[Tensor] = None,
+                        norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                        nvfp4_4over6: object = UNSET) -> Tuple[Tensor, Tensor]:
+    """LayerNorm + adaLN modulation + NVFP4 of ``x`` itself, with no residual update (a block's first norm):
+    steps 3-8 of :func:`resnorm_quant` on r = x (x's -0 read as +0), in one kernel. Arguments as in
+    :func:`resnorm_quant` (D a multiple of 64); returns (packed, scales) as it does."""
+    return _call(_NORM_MODULATE_QUANT, norm_modulate_quant_problem,
+                 (x, scale, shift, global_scale, eps, resolve_fast_math(fast_math), weight, norm_bias,
+                  modulate_index, resolve_nvfp4_4over6(nvfp4_4over6)))
+
+
+def norm_modulate_quant_fp8(x: Tensor, scale: Tensor, shift: Tensor, input_scale: Tensor, eps: float = 1e-6, *,
+                            weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+                            modulate_index: Optional[Tensor] = None) -> Tensor:
+    """LayerNorm + adaLN modulation + FP8 (E4M3) of ``x`` itself, no residual update, in one kernel: the
+    bytes of ``fp8_quantize(y, input_scale)`` for y the bf16 LayerNorm + modulation of x (steps 3-7 on r = x,
+    -0 read as +0). Arguments as in :func:`resnorm_quant_fp8`; returns float8_e4m3fn like x."""
+    return _call(_NORM_MODULATE_QUANT_FP8, norm_modulate_quant_fp8_problem,
+                 (x, scale, shift, input_scale, eps, weight, norm_bias, modulate_index))
+
+
+def norm_modulate_quant_fp8_out(x: Tensor, scale: Tensor, shift: Tensor, input_scale: Tensor, eps: float = 1e-6, *,
+                                y: Tensor, weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+                                modulate_index: Optional[Tensor] = None, y_bf16: Optional[Tensor] = None) -> Tensor:
+    """:func:`norm_modulate_quant_fp8` into ``y`` (float8_e4m3fn like x, contiguous, 16-byte aligned);
+    ``y_bf16`` (optional, bf16 like x) also receives the bf16 y. Returns y."""
+    _call(_NORM_MODULATE_QUANT_FP8_OUT, norm_modulate_quant_fp8_out_problem,
+          (x, scale, shift, input_scale, eps, y, weight, norm_bias, modulate_index, y_bf16), memory=_memory_rules())
+    return y

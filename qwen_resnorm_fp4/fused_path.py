@@ -22,78 +22,18 @@ for every call of the compiled function, but nothing is logged from compiled cod
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
 from typing import Any, Optional, Tuple
 
 import torch
 
-from . import _library
+from ._fused_common import decline, decline_for, device_declined, norm_and_inputs_served, succeed
+from ._fused_common import last_decline_detail, last_decline_reason, reset_decline_log
 from .api import call_resnorm_quant
-from .device import kernel_serves_cuda_device
 from .env import DISABLE_VAR, flag_enabled, resolve_fast_math
 from .recipe import UNSET, resolve_nvfp4_4over6
-from .validation import DeclineReason, Problem, global_scale_problem, resnorm_problem
+from .validation import COLS_MULTIPLE, DeclineReason, global_scale_problem, resnorm_inputs_problem
 
 Tensor = torch.Tensor
-
-logger = logging.getLogger("qwen_resnorm_fp4")
-
-_last_reason: Optional[DeclineReason] = None
-_last_detail: Optional[str] = None
-_logged: set = set()
-
-
-def last_decline_reason() -> Optional[DeclineReason]:
-    """The reason of the last :func:`try_fused_resnorm_quant` decline; ``None`` after a success (or before
-    any call)."""
-    return _last_reason
-
-
-def last_decline_detail() -> Optional[str]:
-    """The specific text of the last decline (e.g. which argument had which dtype); ``None`` after a success."""
-    return _last_detail
-
-
-def reset_decline_log() -> None:
-    """Forget the last reason and which reasons were logged (so that each is logged once again)."""
-    global _last_reason, _last_detail
-    _last_reason = None
-    _last_detail = None
-    _logged.clear()
-
-
-def _decline(reason: DeclineReason, template: str, *args: Any) -> None:
-    """Record (and, in eager mode, log once) a decline. Returns None for ``return _decline(...)``."""
-    global _last_reason, _last_detail
-    _last_reason = reason
-    if torch.compiler.is_compiling():
-        # Formatting runtime values is not traceable; keep the static text, and leave logging to eager mode.
-        _last_detail = template.replace("{!r}", "?").replace("{}", "?")
-        return None
-    detail = template.format(*args) if args else template
-    _last_detail = detail
-    if reason not in _logged:
-        _logged.add(reason)
-        logger.debug("fused resnorm+quant declined: %s: %s (%s)", reason.value, detail, reason.description)
-    return None
-
-
-def _decline_for(problem: Problem, reason: Optional[DeclineReason] = None) -> None:
-    """Decline for a broken rule, with its own reason unless ``reason`` is given."""
-    return _decline(reason or problem.reason, problem.template, *problem.args)
-
-
-def _succeed() -> None:
-    global _last_reason, _last_detail
-    _last_reason = None
-    _last_detail = None
-
-
-def _norm_field(norm: Any, name: str, default: Any) -> Any:
-    if isinstance(norm, Mapping):
-        return norm.get(name, default)
-    return getattr(norm, name, default)
 
 
 def try_fused_resnorm_quant(
@@ -159,84 +99,50 @@ def try_fused_resnorm_quant(
     R = DeclineReason
     # 1. Switches (the fast-math ones are read at the end, and only when neither fast_math nor fc1 pins it).
     if flag_enabled(DISABLE_VAR):
-        return _decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
+        return decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
     if nvfp4_4over6 is UNSET:
         nvfp4_4over6 = getattr(fc1, "nvfp4_4over6", UNSET)
     if nvfp4_4over6 is UNSET:
         try:
             recipe_code = resolve_nvfp4_4over6()
         except ValueError as e:  # the environment's, not the caller's
-            return _decline(R.UNSUPPORTED_RECIPE, "{}", e)
+            return decline(R.UNSUPPORTED_RECIPE, "{}", e)
     else:
         recipe_code = resolve_nvfp4_4over6(nvfp4_4over6)
 
     # 2. Where the tensors live: a device with a kernel.
     if not (isinstance(x, Tensor) and isinstance(residual, Tensor)):
-        return _decline(R.UNSUPPORTED_DTYPE, "x and residual must be tensors")
+        return decline(R.UNSUPPORTED_DTYPE, "x and residual must be tensors")
+    if device_declined(x, allow_cpu):
+        return None
     dev = x.device
-    kind = dev.type
-    if kind == "cuda":
-        if not kernel_serves_cuda_device(dev.index or 0):
-            return _decline(R.NO_KERNEL_FOR_DEVICE, "no kernel for {} ({})", dev,
-                            "see python -m qwen_resnorm_fp4 info" if torch.compiler.is_compiling() else _library.status())
-    elif kind == "cpu":
-        if not allow_cpu:
-            return _decline(R.CPU_TENSORS, "x is on the CPU: pass allow_cpu=True to run the CPU reference")
-    else:
-        return _decline(R.UNSUPPORTED_DEVICE, "x is on {}", kind)
 
-    # 3. The norm: a LayerNorm's parameters and eps.
-    weight = norm_bias = normalized_shape = None
-    if norm is None:
-        norm_eps = eps
-    elif isinstance(norm, torch.nn.LayerNorm):
-        weight, norm_bias, norm_eps, normalized_shape = norm.weight, norm.bias, norm.eps, norm.normalized_shape
-    elif isinstance(norm, torch.nn.Module):
-        return _decline(R.UNSUPPORTED_NORM, "norm is a {}, not a LayerNorm", type(norm).__name__)
-    else:
-        norm_kind = _norm_field(norm, "type", "layernorm")
-        if not isinstance(norm_kind, str) or norm_kind.lower().replace("_", "").replace("-", "") != "layernorm":
-            return _decline(R.UNSUPPORTED_NORM, "norm type {!r}, not 'layernorm'", norm_kind)
-        norm_eps = _norm_field(norm, "eps", None)
-        if norm_eps is None:
-            norm_eps = eps
-        weight = _norm_field(norm, "weight", None)
-        norm_bias = _norm_field(norm, "bias", None)
-        if not _norm_field(norm, "elementwise_affine", weight is not None or norm_bias is not None):
-            weight = norm_bias = None
-
-    # 4. The ops' rules.
-    problem = resnorm_problem(residual, x, bias, gate, scale, shift, norm_eps, weight, norm_bias, modulate_index)
-    if problem is not None:
-        return _decline_for(problem)
-
-    # 5. The fused path's own rules for the activations and the norm.
+    # 3-5. The norm (a LayerNorm's parameters and eps), the ops' rules (resnorm_quant's: D a multiple of
+    # COLS_MULTIPLE), the fused path's own rules for the activations.
+    served = norm_and_inputs_served(x, residual, norm, eps, lambda e, w, nb: resnorm_inputs_problem(
+        residual, x, bias, gate, scale, shift, e, w, nb, modulate_index, COLS_MULTIPLE))
+    if served is None:
+        return None
+    weight, norm_bias, norm_eps = served
     cols = x.shape[-1]
-    if x.numel() == 0:
-        return _decline(R.UNSUPPORTED_SHAPE, "x has 0 rows")
-    if not x.is_contiguous() or not residual.is_contiguous():
-        return _decline(R.NON_CONTIGUOUS, "x contiguous: {}, residual contiguous: {}", x.is_contiguous(),
-                        residual.is_contiguous())
-    if normalized_shape is not None and tuple(normalized_shape) != (cols,):
-        return _decline(R.UNSUPPORTED_NORM, "LayerNorm normalizes over {}, not ({},)", tuple(normalized_shape), cols)
 
     # 6. FC1: an NVFP4 layer of width D.
     g = getattr(fc1, "input_global_scale", None)
     in_features = getattr(fc1, "in_features", None)
     if g is None or in_features is None:
-        return _decline(R.FC1_NOT_NVFP4, "fc1 is a {} without in_features and input_global_scale", type(fc1).__name__)
+        return decline(R.FC1_NOT_NVFP4, "fc1 is a {} without in_features and input_global_scale", type(fc1).__name__)
     problem = global_scale_problem(g, dev, name="fc1.input_global_scale")
     if problem is not None:
-        return _decline_for(problem, None if problem.reason is R.DEVICE_MISMATCH else R.FC1_NOT_NVFP4)
+        return decline_for(problem, None if problem.reason is R.DEVICE_MISMATCH else R.FC1_NOT_NVFP4)
     if isinstance(in_features, bool) or not isinstance(in_features, int):
-        return _decline(R.FC1_NOT_NVFP4, "fc1.in_features is a {}, not an int", type(in_features).__name__)
+        return decline(R.FC1_NOT_NVFP4, "fc1.in_features is a {}, not an int", type(in_features).__name__)
     if in_features != cols:
-        return _decline(R.FC1_WIDTH_MISMATCH, "fc1.in_features = {} but D = {}", in_features, cols)
+        return decline(R.FC1_WIDTH_MISMATCH, "fc1.in_features = {} but D = {}", in_features, cols)
 
     fm = resolve_fast_math(getattr(fc1, "fast_math", None) if fast_math is None else fast_math)
     packed, scales, residual_out = call_resnorm_quant(
         residual, x, bias, gate, scale, shift, g, float(norm_eps), fm, weight, norm_bias, modulate_index, recipe_code)
-    _succeed()
+    succeed()
     return (packed, scales), residual_out, gate_out
 
 

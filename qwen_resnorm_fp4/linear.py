@@ -22,6 +22,7 @@ from .api import nvfp4_quantize
 from .env import resolve_fast_math
 from .recipe import UNSET, global_scale_numerator, nvfp4_4over6_code, resolve_config
 from .gemm import BACKENDS, GemmCache, apply_nvfp4_gemm_prequantized, host_alpha
+from ._linear_common import positive_scalar
 from .layout import round_up, sf_offsets
 from .validation import WIDTH_RULE, is_supported_width
 
@@ -30,21 +31,6 @@ Tensor = torch.Tensor
 #: 448 (E4M3 max) * 6 (E2M1 max): global scale = FP4_AMAX_SCALE / amax, as FlashInfer / TensorRT-LLM define it
 #: (the 4over6 recipes with e4m3_max 256: 256 * 6, recipe.global_scale_numerator).
 FP4_AMAX_SCALE = 448.0 * 6.0
-
-
-def _positive_scalar(name: str, value: Union[float, Tensor], device: torch.device) -> Tensor:
-    """fp32 [1] on ``device`` from a one-element tensor or a number; ValueError unless finite and positive
-    (a host synchronisation: for conversions only)."""
-    t = torch.as_tensor(value).detach()
-    if t.numel() != 1:
-        raise ValueError(f"{name} must have one element, got shape {tuple(t.shape)}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point number or tensor, got {t.dtype}")
-    t = t.to(device=device, dtype=torch.float32).reshape(1)
-    v = float(t.item())
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{name} must be finite and positive, got {v}")
-    return t
 
 
 def swizzle_scales_128x4(scales: Tensor, rows: int, cols: int) -> Tensor:
@@ -242,8 +228,8 @@ class NVFP4Linear(torch.nn.Module):
             raise ValueError(f"bias must be a tensor of shape ({n},), got "
                              f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
         dev = weight.device
-        ws2 = _positive_scalar("weight_scale_2", weight_scale_2, dev)
-        in_scale = _positive_scalar("input_scale", input_scale, dev)
+        ws2 = positive_scalar("weight_scale_2", weight_scale_2, dev)
+        in_scale = positive_scalar("input_scale", input_scale, dev)
         layer = cls(k, n, bias is not None, device=dev,
                     bias_dtype=bias.dtype if bias is not None else torch.bfloat16, fast_math=fast_math,
                     gemm_backend=gemm_backend, cache_dequantized_weight=cache_dequantized_weight,

@@ -3,8 +3,8 @@
 Tensor inputs go contiguous and 16-byte aligned, so that the kernels can use vector loads (a copy only when
 needed; while torch.compile traces, alignment is unknowable: contiguity only). gate, scale and shift go as
 they are where the CUDA op reads them in place (stride 1 in the last dimension, 16-byte aligned rows:
-:func:`~qwen_resnorm_fp4.validation.modulation_layout_problem`). global_scale (read with one scalar load) and
-the outputs an out-variant is given go as they are; eps goes as a float.
+:func:`~qwen_resnorm_fp4.validation.modulation_layout_problem`). global_scale and input_scale (each read with
+one scalar load) and the outputs an out-variant is given go as they are; eps goes as a float.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 #: The arguments read in place where their layout allows it.
 MODULATION_ARGUMENTS = ("gate", "scale", "shift")
 #: The arguments that always go as they are (besides an out-variant's outputs).
-AS_GIVEN_ARGUMENTS = ("global_scale",)
+AS_GIVEN_ARGUMENTS = ("global_scale", "input_scale")
 
 
 def aligned(t: Tensor) -> Tensor:

@@ -20,6 +20,9 @@ from . import _library, reference
 from .layout import round_up
 from .validation import dequantize_bf16_problem, quantize_out_problem, quantize_problem, require
 from .validation import resnorm_out_problem, resnorm_problem, resnorm_quant_out_problem, resnorm_quant_problem
+from .validation import fp8_quantize_out_problem, fp8_quantize_problem, input_scale_value_problem
+from .validation import norm_modulate_quant_fp8_out_problem, norm_modulate_quant_fp8_problem
+from .validation import norm_modulate_quant_problem, resnorm_quant_fp8_out_problem, resnorm_quant_fp8_problem
 
 Tensor = torch.Tensor
 
@@ -60,6 +63,38 @@ SCHEMAS = {
     ),
     # NVFP4 -> bf16 [rows, K] of e2m1 * e4m3 block scale (no global scale): exact, the tensor-core GEMM's operand.
     "nvfp4_dequantize_bf16": "nvfp4_dequantize_bf16(Tensor packed, Tensor scales) -> Tensor",
+    # ---- FP8 (E4M3) output and the no-residual ops (docs/numerics.md, "FP8 (E4M3) output") ----
+    # input_scale: ModelOpt's static FP8 input scale (amax / 448), one fp32 element on x's device. y is
+    # float8_e4m3fn like x. The out-variants' optional y_bf16 receives the bf16 y as well (SGLang's
+    # normalized output).
+    "resnorm_quant_fp8": (
+        "resnorm_quant_fp8(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, "
+        "Tensor input_scale, float eps, Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None) "
+        "-> (Tensor y, Tensor residual_out)"
+    ),
+    "resnorm_quant_fp8_out": (
+        "resnorm_quant_fp8_out(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, "
+        "Tensor input_scale, float eps, Tensor(a!) y, Tensor(b!) residual_out, Tensor? weight=None, "
+        "Tensor? norm_bias=None, Tensor? modulate_index=None, Tensor(c!)? y_bf16=None) -> ()"
+    ),
+    # Element-wise, any shape: the FP8 input of a Linear that no norm produces (attention output, GELU output).
+    "fp8_quantize": "fp8_quantize(Tensor y, Tensor input_scale) -> Tensor",
+    "fp8_quantize_out": "fp8_quantize_out(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()",
+    # No residual update (a block's first norm): LayerNorm + modulation of x, then NVFP4 / FP8.
+    "norm_modulate_quant": (
+        "norm_modulate_quant(Tensor x, Tensor scale, Tensor shift, Tensor global_scale, float eps, bool fast_math, "
+        "Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None, int nvfp4_4over6_code=0) "
+        "-> (Tensor packed, Tensor scales)"
+    ),
+    "norm_modulate_quant_fp8": (
+        "norm_modulate_quant_fp8(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, "
+        "Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None) -> Tensor"
+    ),
+    "norm_modulate_quant_fp8_out": (
+        "norm_modulate_quant_fp8_out(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, "
+        "Tensor(a!) y, Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None, "
+        "Tensor(b!)? y_bf16=None) -> ()"
+    ),
     # The compiled kernels' launch switches (kernel path: 0 auto, 1 portable, 2 blackwell; PDL), set by
     # qwen_resnorm_fp4.launch only: implemented by the compiled library alone.
     "_set_launch_options": "_set_launch_options(int kernel_path, bool pdl) -> ()",
@@ -87,6 +122,10 @@ def _like_x(x: Tensor) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _fp8_like(t: Tensor) -> Tensor:
+    return torch.empty(t.shape, dtype=torch.float8_e4m3fn, device=t.device)
+
+
 @torch.library.register_fake(f"{NAMESPACE}::resnorm_quant")
 def _resnorm_quant_fake(residual, x, *rest):
     require(resnorm_quant_problem(residual, x, *rest))
@@ -105,19 +144,49 @@ def _nvfp4_quantize_fake(y, *rest):
     return _quant_shapes(y)
 
 
-@torch.library.register_fake(f"{NAMESPACE}::resnorm_quant_out")
-def _resnorm_quant_out_fake(*args):
-    require(resnorm_quant_out_problem(*args, memory=False))
+@torch.library.register_fake(f"{NAMESPACE}::resnorm_quant_fp8")
+def _resnorm_quant_fp8_fake(residual, x, *rest):
+    require(resnorm_quant_fp8_problem(residual, x, *rest))
+    return _fp8_like(x), _like_x(x)
 
 
-@torch.library.register_fake(f"{NAMESPACE}::resnorm_out")
-def _resnorm_out_fake(*args):
-    require(resnorm_out_problem(*args, memory=False))
+@torch.library.register_fake(f"{NAMESPACE}::fp8_quantize")
+def _fp8_quantize_fake(y, input_scale):
+    require(fp8_quantize_problem(y, input_scale))
+    return _fp8_like(y)
 
 
-@torch.library.register_fake(f"{NAMESPACE}::nvfp4_quantize_out")
-def _nvfp4_quantize_out_fake(*args):
-    require(quantize_out_problem(*args, memory=False))
+@torch.library.register_fake(f"{NAMESPACE}::norm_modulate_quant")
+def _norm_modulate_quant_fake(x, *rest):
+    require(norm_modulate_quant_problem(x, *rest))
+    return _quant_shapes(x)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::norm_modulate_quant_fp8")
+def _norm_modulate_quant_fp8_fake(x, *rest):
+    require(norm_modulate_quant_fp8_problem(x, *rest))
+    return _fp8_like(x)
+
+
+# The out-variants' fakes: their rules without the memory ones (fake tensors have no data), nothing written.
+OUT_VARIANT_RULES = {
+    "resnorm_quant_out": resnorm_quant_out_problem,
+    "resnorm_out": resnorm_out_problem,
+    "nvfp4_quantize_out": quantize_out_problem,
+    "resnorm_quant_fp8_out": resnorm_quant_fp8_out_problem,
+    "fp8_quantize_out": fp8_quantize_out_problem,
+    "norm_modulate_quant_fp8_out": norm_modulate_quant_fp8_out_problem,
+}
+
+
+def _out_variant_fake(rules):
+    def fake(*args):
+        require(rules(*args, memory=False))
+    return fake
+
+
+for _name, _rules in OUT_VARIANT_RULES.items():
+    torch.library.register_fake(f"{NAMESPACE}::{_name}")(_out_variant_fake(_rules))
 
 
 @torch.library.register_fake(f"{NAMESPACE}::nvfp4_dequantize_bf16")
@@ -184,6 +253,60 @@ def _nvfp4_dequantize_bf16(packed, scales):
     return reference.nvfp4_dequantize_bf16(packed, scales)
 
 
+# The FP8 ops' Python implementations also apply input_scale's value rule (it reads the value: the CUDA
+# kernels apply it on the device instead, every output byte 0x7F).
+
+
+def _resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, *rest):
+    require(resnorm_quant_fp8_problem(residual, x, bias, gate, scale, shift, input_scale, *rest)
+            or input_scale_value_problem(input_scale))
+    return reference.resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, *rest)
+
+
+def _resnorm_quant_fp8_out(residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out, weight=None,
+                           norm_bias=None, modulate_index=None, y_bf16=None):
+    require(resnorm_quant_fp8_out_problem(residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out,
+                                          weight, norm_bias, modulate_index, y_bf16, memory=True)
+            or input_scale_value_problem(input_scale))
+    y_ref, r = reference.resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
+    y.copy_(reference.fp8_quantize(y_ref, input_scale))
+    residual_out.copy_(r)
+    if y_bf16 is not None:
+        y_bf16.copy_(y_ref)
+
+
+def _fp8_quantize(y, input_scale):
+    require(fp8_quantize_problem(y, input_scale) or input_scale_value_problem(input_scale))
+    return reference.fp8_quantize(y, input_scale)
+
+
+def _fp8_quantize_out(y, input_scale, out):
+    require(fp8_quantize_out_problem(y, input_scale, out, memory=True) or input_scale_value_problem(input_scale))
+    out.copy_(reference.fp8_quantize(y, input_scale))
+
+
+def _norm_modulate_quant(*args):
+    require(norm_modulate_quant_problem(*args))
+    return reference.norm_modulate_quant(*args)
+
+
+def _norm_modulate_quant_fp8(x, scale, shift, input_scale, *rest):
+    require(norm_modulate_quant_fp8_problem(x, scale, shift, input_scale, *rest)
+            or input_scale_value_problem(input_scale))
+    return reference.norm_modulate_quant_fp8(x, scale, shift, input_scale, *rest)
+
+
+def _norm_modulate_quant_fp8_out(x, scale, shift, input_scale, eps, y, weight=None, norm_bias=None,
+                                 modulate_index=None, y_bf16=None):
+    require(norm_modulate_quant_fp8_out_problem(x, scale, shift, input_scale, eps, y, weight, norm_bias,
+                                                modulate_index, y_bf16, memory=True)
+            or input_scale_value_problem(input_scale))
+    y_ref = reference.norm_modulate(x, scale, shift, eps, weight, norm_bias, modulate_index)
+    y.copy_(reference.fp8_quantize(y_ref, input_scale))
+    if y_bf16 is not None:
+        y_bf16.copy_(y_ref)
+
+
 PYTHON_IMPLEMENTATIONS = {
     "resnorm_quant": _resnorm_quant,
     "resnorm": _resnorm,
@@ -192,6 +315,13 @@ PYTHON_IMPLEMENTATIONS = {
     "resnorm_out": _resnorm_out,
     "nvfp4_quantize_out": _nvfp4_quantize_out,
     "nvfp4_dequantize_bf16": _nvfp4_dequantize_bf16,
+    "resnorm_quant_fp8": _resnorm_quant_fp8,
+    "resnorm_quant_fp8_out": _resnorm_quant_fp8_out,
+    "fp8_quantize": _fp8_quantize,
+    "fp8_quantize_out": _fp8_quantize_out,
+    "norm_modulate_quant": _norm_modulate_quant,
+    "norm_modulate_quant_fp8": _norm_modulate_quant_fp8,
+    "norm_modulate_quant_fp8_out": _norm_modulate_quant_fp8_out,
 }
 
 _library.load()

@@ -23,6 +23,7 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from .layout import round_up, sf_offsets
+from .rcp_approx import rcp_approx_f32
 from .recipe import NVFP4_4OVER6_ERR_FAST_MATH, NVFP4_4OVER6_ERR_MODE_SHIFT, NVFP4_4OVER6_ON
 
 Tensor = torch.Tensor
@@ -277,3 +278,80 @@ def nvfp4_dequantize_bf16(packed: Tensor, scales: Tensor) -> Tensor:
     vals = dequantize_nvfp4(packed, scales, one, rows)
     bits = vals.to(torch.bfloat16).view(torch.int16)
     return bits.masked_fill(torch.isnan(vals), CANONICAL_NAN_BF16).view(torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------------
+# FP8 (E4M3) output (docs/numerics.md, "FP8 (E4M3) output") and the no-residual ops
+# ---------------------------------------------------------------------------------------------------
+
+#: The E4M3 byte of every element when input_scale is refused (not a positive normal finite fp32): NaN.
+FP8_REFUSED_SCALE_BYTE = 0x7F
+_FLT_MIN = torch.finfo(torch.float32).tiny
+_FLT_MAX = torch.finfo(torch.float32).max
+
+
+def fp8_scale_valid(input_scale: Tensor) -> Tensor:
+    """Whether each scale is one the FP8 ops accept: a positive, normal, finite fp32 (bool tensor)."""
+    s = input_scale.float()
+    return (s >= _FLT_MIN) & (s <= _FLT_MAX)
+
+
+def fp8_inverse_scale(input_scale: Tensor) -> Tensor:
+    """inv = div.full.f32(1, s), the GPU's (and SGLang's) inverse of each fp32 scale, on its device: the
+    measured model of :func:`qwen_resnorm_fp4.rcp_approx.rcp_approx_f32` (div.full.f32(1, s) equals
+    rcp.approx.f32(s) for every positive finite s). Scales the ops refuse (:func:`fp8_scale_valid` false)
+    give NaN. Returns fp32 of input_scale's shape."""
+    s = input_scale.float()
+    valid = fp8_scale_valid(s)
+    inv = rcp_approx_f32(torch.where(valid, s, torch.ones_like(s)))
+    return torch.where(valid, inv, torch.full_like(inv, float("nan")))
+
+
+def fp8_quantize(y: Tensor, input_scale: Tensor, *, inverse: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
+    """FP8 step 9 on bf16 ``y`` of any shape: q = e4m3_rn_satfinite(fminf(fmaxf(y * inv, -448), 448)),
+    element-wise, with inv = ``inverse``(input_scale) (default :func:`fp8_inverse_scale`) and one fp32
+    multiply. fmax/fmin drop NaN: a NaN product gives -448 (0xFE), +-inf +-448. A refused input_scale
+    (:func:`fp8_scale_valid` false) makes every byte 0x7F. Returns float8_e4m3fn of y's shape."""
+    s = input_scale.reshape(1).float()
+    inv = (inverse or fp8_inverse_scale)(s).reshape(())
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=y.device)  # noqa: E731
+    v = torch.fmin(torch.fmax(y.float() * inv, f32(-E4M3_MAX)), f32(E4M3_MAX))
+    q = e4m3_satfinite(v)
+    q = torch.where(fp8_scale_valid(s).reshape(()), q, torch.full_like(q, FP8_REFUSED_SCALE_BYTE))
+    return q.view(torch.float8_e4m3fn)
+
+
+def resnorm_quant_fp8(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor,
+                      shift: Tensor, input_scale: Tensor, eps: float, weight: Optional[Tensor] = None,
+                      norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None, *,
+                      inverse: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
+    """Steps 1-7 and FP8: (y float8_e4m3fn like x, residual_out) == (fp8_quantize(resnorm(...)[0]), ...)."""
+    y, residual_out = resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
+    return fp8_quantize(y, input_scale, inverse=inverse), residual_out
+
+
+def norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, eps: float, weight: Optional[Tensor] = None,
+                  norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None) -> Tensor:
+    """Steps 3-7 on r = bf16(fma(0, 0, x)) (x itself, except that -0 reads as +0), no residual update:
+    resnorm's y for residual x, x = 0 and gate = 0, which is how the kernels compute it. Returns bf16 like x."""
+    zeros = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    gate = torch.zeros(scale.shape, dtype=scale.dtype, device=scale.device)
+    return resnorm(x, zeros, None, gate, scale, shift, eps, weight, norm_bias, modulate_index)[0]
+
+
+def norm_modulate_quant(x: Tensor, scale: Tensor, shift: Tensor, global_scale: Tensor, eps: float, fast_math: bool,
+                        weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+                        modulate_index: Optional[Tensor] = None, nvfp4_4over6_code: int = 0, *,
+                        rcp: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
+    """:func:`norm_modulate` and NVFP4 (step 8): (packed, scales) as :func:`nvfp4_quantize` returns them."""
+    y = norm_modulate(x, scale, shift, eps, weight, norm_bias, modulate_index)
+    return nvfp4_quantize(y, global_scale, fast_math, nvfp4_4over6_code, rcp=rcp)
+
+
+def norm_modulate_quant_fp8(x: Tensor, scale: Tensor, shift: Tensor, input_scale: Tensor, eps: float,
+                            weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+                            modulate_index: Optional[Tensor] = None, *,
+                            inverse: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
+    """:func:`norm_modulate` and FP8: float8_e4m3fn like x."""
+    return fp8_quantize(norm_modulate(x, scale, shift, eps, weight, norm_bias, modulate_index), input_scale,
+                        inverse=inverse)

@@ -32,6 +32,9 @@ Tensor = torch.Tensor
 MAX_COLS = 16384
 #: D is a positive multiple of this: four 16-element scale blocks (csrc/op_limits.h kColsMultiple).
 COLS_MULTIPLE = 64
+#: D of resnorm and the FP8 ops is a positive multiple of this (csrc/op_limits.h kRowColsMultiple): whole
+#: 16-byte vectors of bf16 and whole 16-byte rows of E4M3, no NVFP4 scale tiles.
+ROW_COLS_MULTIPLE = 16
 #: Rows (x.numel() / D) the kernels take at most: their row index is a 32-bit int (csrc/op_limits.h kMaxRows).
 MAX_ROWS = (1 << 31) - 128
 #: K (2 x the packed row length) the bf16 dequantization takes at most: its 128x4 scale offsets are 32-bit
@@ -44,11 +47,18 @@ INDEX_DTYPES = (torch.int32, torch.int64, torch.bool)
 GLOBAL_SCALE_DTYPES = (torch.float32,)
 
 WIDTH_RULE = f"a positive multiple of {COLS_MULTIPLE}, at most {MAX_COLS}"
+#: The width rule of resnorm and the FP8 ops.
+ROW_WIDTH_RULE = f"a positive multiple of {ROW_COLS_MULTIPLE}, at most {MAX_COLS}"
 
 
 def is_supported_width(cols: int) -> bool:
     """The width rule of the kernels: D a positive multiple of COLS_MULTIPLE, at most MAX_COLS."""
     return 0 < cols <= MAX_COLS and cols % COLS_MULTIPLE == 0
+
+
+def is_supported_row_width(cols: int) -> bool:
+    """The width rule of resnorm and the FP8 ops: D a positive multiple of ROW_COLS_MULTIPLE, at most MAX_COLS."""
+    return 0 < cols <= MAX_COLS and cols % ROW_COLS_MULTIPLE == 0
 
 
 class DeclineReason(str, enum.Enum):
@@ -157,16 +167,17 @@ def tensor_problem(name: str, t: object, dtypes: Sequence[torch.dtype], device: 
     return None
 
 
-def width_problem(name: str, cols: int) -> Optional[Problem]:
-    """D = ``cols`` (``name``.shape[-1]) satisfies :func:`is_supported_width`; the message says which half of
-    the rule it breaks."""
-    if 0 < cols <= MAX_COLS and cols % COLS_MULTIPLE == 0:
+def width_problem(name: str, cols: int, multiple: int = COLS_MULTIPLE) -> Optional[Problem]:
+    """D = ``cols`` (``name``.shape[-1]) is a positive multiple of ``multiple`` (COLS_MULTIPLE for the NVFP4
+    ops: :func:`is_supported_width`; ROW_COLS_MULTIPLE for resnorm and the FP8 ops), at most MAX_COLS; the
+    message says which half of the rule it breaks."""
+    if 0 < cols <= MAX_COLS and cols % multiple == 0:
         return None
-    if cols > MAX_COLS and cols % COLS_MULTIPLE == 0:
+    if cols > MAX_COLS and cols % multiple == 0:
         return Problem(R.UNSUPPORTED_WIDTH, ValueError, "{}.shape[-1] (D) must be at most {}, got {}",
                        (name, MAX_COLS, cols))
     return Problem(R.UNSUPPORTED_WIDTH, ValueError, "{}.shape[-1] (D) must be a positive multiple of {}, got {}",
-                   (name, COLS_MULTIPLE, cols))
+                   (name, multiple, cols))
 
 
 def rows_problem(name: str, rows: int) -> Optional[Problem]:
@@ -235,11 +246,11 @@ def _vector_shape_problem(name: str, shape: torch.Size, cols: int) -> Problem:
                    (name, cols, tuple(shape)))
 
 
-def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None,
-                    modulate_index=None) -> Optional[Problem]:
-    """The rules of the resnorm op, in the order they are reported: x and residual, D and the row count, the
-    [D] parameters, gate/scale/shift, modulate_index, eps. Each check reads an attribute once; messages are
-    made only for a broken rule."""
+def resnorm_inputs_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index,
+                           cols_multiple: int) -> Optional[Problem]:
+    """The rules of the row ops' shared inputs, in the order they are reported: x and residual, D (a positive
+    multiple of ``cols_multiple``, at most MAX_COLS) and the row count, the [D] parameters, gate/scale/shift,
+    modulate_index, eps. Each check reads an attribute once; messages are made only for a broken rule."""
     if not isinstance(x, Tensor) or x.dtype is not torch.bfloat16:
         return tensor_problem("x", x, ACTIVATION_DTYPES, None)
     dev = x.device
@@ -252,8 +263,8 @@ def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, nor
         return Problem(R.UNSUPPORTED_SHAPE, ValueError, "residual shape {} must equal x shape {}",
                        (tuple(residual.shape), tuple(shape)))
     cols = shape[-1]
-    if not (0 < cols <= MAX_COLS and cols % COLS_MULTIPLE == 0):
-        return width_problem("x", cols)
+    if not (0 < cols <= MAX_COLS and cols % cols_multiple == 0):
+        return width_problem("x", cols, cols_multiple)
     rows = x.numel() // cols
     if rows > MAX_ROWS:
         return rows_problem("x", rows)
@@ -311,11 +322,19 @@ def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, nor
     return eps_problem(eps)
 
 
+def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None,
+                    modulate_index=None) -> Optional[Problem]:
+    """The rules of the resnorm op: :func:`resnorm_inputs_problem` with D a multiple of ROW_COLS_MULTIPLE."""
+    return resnorm_inputs_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index,
+                                  ROW_COLS_MULTIPLE)
+
+
 def resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math=None, weight=None,
                           norm_bias=None, modulate_index=None, nvfp4_4over6_code=0) -> Optional[Problem]:
-    """The rules of the resnorm_quant op: :func:`resnorm_problem`, then global_scale and the recipe code
-    (``fast_math`` has none beyond the schema's bool)."""
-    return resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index) or \
+    """The rules of the resnorm_quant op: :func:`resnorm_inputs_problem` with D a multiple of COLS_MULTIPLE,
+    then global_scale and the recipe code (``fast_math`` has none beyond the schema's bool)."""
+    return resnorm_inputs_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index,
+                                  COLS_MULTIPLE) or \
         global_scale_problem(global_scale, x.device) or nvfp4_4over6_code_problem(nvfp4_4over6_code)
 
 
@@ -406,9 +425,10 @@ def dequantize_bf16_problem(packed, scales) -> Optional[Problem]:
     return None
 
 
-__all__ = ["MAX_COLS", "COLS_MULTIPLE", "MAX_ROWS", "WIDTH_RULE", "is_supported_width", "DeclineReason", "Problem",
+__all__ = ["MAX_COLS", "COLS_MULTIPLE", "ROW_COLS_MULTIPLE", "MAX_ROWS", "WIDTH_RULE", "ROW_WIDTH_RULE",
+           "is_supported_width", "is_supported_row_width", "DeclineReason", "Problem",
            "require", "tensor_problem", "width_problem", "rows_problem", "global_scale_problem", "eps_problem",
-           "modulation_layout_problem", "modulation_in_place", "resnorm_problem",
+           "modulation_layout_problem", "modulation_in_place", "resnorm_inputs_problem", "resnorm_problem",
            "resnorm_quant_problem", "quantize_problem", "dequantize_problem",
            "MAX_DEQUANTIZE_COLS", "dequantize_bf16_problem", "OUTPUT_ALIGNMENT", "OUT_SCALE_DTYPES", "has_data",
            "output_problem", "byte_span", "memory_problem", "nvfp4_4over6_code_problem",
@@ -507,6 +527,13 @@ def _quantized_output_problem(packed, scales, like: Tensor, like_name: str) -> O
         output_problem("scales", scales, OUT_SCALE_DTYPES, (round_up(rows, 128), cols // 16), dev, like_name)
 
 
+def _resnorm_inputs(residual, x, bias, gate, scale, shift, weight, norm_bias, modulate_index, *scalars):
+    """The named inputs of a row op for :func:`memory_problem`, its one-element scale tensors (``scalars``:
+    (name, tensor) pairs) after shift."""
+    return (("residual", residual), ("x", x), ("bias", bias), ("gate", gate), ("scale", scale), ("shift", shift),
+            *scalars, ("weight", weight), ("norm_bias", norm_bias), ("modulate_index", modulate_index))
+
+
 def _memory_checked(memory: Optional[bool], outputs) -> bool:
     """Whether the memory rules apply: ``memory`` when given, else when every output has data."""
     return all(has_data(t) for _, t in outputs) if memory is None else memory
@@ -528,9 +555,8 @@ def resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scal
     outputs = (("packed", packed), ("scales", scales), ("residual_out", residual_out))
     if not _memory_checked(memory, outputs):
         return None
-    inputs = (("residual", residual), ("x", x), ("bias", bias), ("gate", gate), ("scale", scale), ("shift", shift),
-              ("global_scale", global_scale), ("weight", weight), ("norm_bias", norm_bias),
-              ("modulate_index", modulate_index))
+    inputs = _resnorm_inputs(residual, x, bias, gate, scale, shift, weight, norm_bias, modulate_index,
+                             ("global_scale", global_scale))
     return memory_problem(outputs, inputs, in_place=("residual_out", "residual"))
 
 
@@ -546,8 +572,7 @@ def resnorm_out_problem(residual, x, bias, gate, scale, shift, eps, y, residual_
     outputs = (("y", y), ("residual_out", residual_out))
     if not _memory_checked(memory, outputs):
         return None
-    inputs = (("residual", residual), ("x", x), ("bias", bias), ("gate", gate), ("scale", scale), ("shift", shift),
-              ("weight", weight), ("norm_bias", norm_bias), ("modulate_index", modulate_index))
+    inputs = _resnorm_inputs(residual, x, bias, gate, scale, shift, weight, norm_bias, modulate_index)
     return memory_problem(outputs, inputs, in_place=("residual_out", "residual"))
 
 
@@ -563,3 +588,142 @@ def quantize_out_problem(y, global_scale, fast_math, packed, scales, nvfp4_4over
     if not _memory_checked(memory, outputs):
         return None
     return memory_problem(outputs, (("y", y), ("global_scale", global_scale)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The FP8 (E4M3) ops (resnorm_quant_fp8, fp8_quantize, norm_modulate_quant_fp8, their out-variants) and the
+# no-residual NVFP4 op (norm_modulate_quant): the rules above, with input_scale in place of global_scale
+# ---------------------------------------------------------------------------------------------------
+
+#: dtype of the FP8 ops' quantized output.
+FP8_DTYPE = torch.float8_e4m3fn
+#: Smallest input_scale the FP8 ops accept: the smallest normal fp32 (2^-126); the largest is FLT_MAX.
+FP8_INPUT_SCALE_MIN = torch.finfo(torch.float32).tiny
+
+
+def input_scale_problem(input_scale: object, device: torch.device, like: str = "x") -> Optional[Problem]:
+    """The static rule of the FP8 ops' input_scale: a float32 one-element tensor on ``device`` (its value is
+    :func:`input_scale_value_problem`'s)."""
+    return global_scale_problem(input_scale, device, like, name="input_scale")
+
+
+def input_scale_value_problem(input_scale: Tensor) -> Optional[Problem]:
+    """The value rule of input_scale (ModelOpt's amax / 448): a positive, normal, finite fp32. Reads the
+    value, so on CUDA it synchronizes: the CPU implementations apply it on every call, the CUDA kernels
+    apply it on the device instead (a refused scale makes every output byte 0x7F, E4M3 NaN)."""
+    value = float(input_scale.reshape(()))
+    if not (FP8_INPUT_SCALE_MIN <= value < _INF):  # NaN fails both comparisons
+        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "input_scale must be a positive, normal, finite float32 "
+                       "(ModelOpt's amax / 448), got {}", (value,))
+    return None
+
+
+def resnorm_quant_fp8_problem(residual, x, bias, gate, scale, shift, input_scale, eps, weight=None, norm_bias=None,
+                              modulate_index=None) -> Optional[Problem]:
+    """The rules of resnorm_quant_fp8: those of resnorm (D a multiple of ROW_COLS_MULTIPLE) and input_scale."""
+    return resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index) or \
+        input_scale_problem(input_scale, x.device)
+
+
+def fp8_quantize_problem(y, input_scale) -> Optional[Problem]:
+    """The rules of fp8_quantize: y a bf16 tensor of any shape, input_scale on its device."""
+    if not isinstance(y, Tensor) or y.dtype is not torch.bfloat16:
+        return tensor_problem("y", y, ACTIVATION_DTYPES, None)
+    return input_scale_problem(input_scale, y.device, like="y")
+
+
+def _named_scale(problem: Optional[Problem]) -> Optional[Problem]:
+    """A resnorm rule's problem for the no-residual ops, which check their scale in resnorm's gate slot:
+    the message names scale (and scale/shift) where it named gate."""
+    if problem is None:
+        return None
+    template = problem.template.replace("gate, scale and shift", "scale and shift").replace(
+        "gate/scale/shift", "scale/shift").replace("gate.shape", "scale.shape").replace("but gate is", "but scale is")
+    args = tuple("scale" if a == "gate" else a for a in problem.args)
+    return problem._replace(template=template, args=args)
+
+
+def norm_modulate_inputs_problem(x, scale, shift, eps, weight, norm_bias, modulate_index,
+                                 cols_multiple: int) -> Optional[Problem]:
+    """The rules of the no-residual ops' inputs (no residual, no gate, no bias): those of
+    :func:`resnorm_inputs_problem` with x as the residual and scale in the gate's place, D a multiple of
+    ``cols_multiple``."""
+    return _named_scale(resnorm_inputs_problem(x, x, None, scale, scale, shift, eps, weight, norm_bias,
+                                               modulate_index, cols_multiple))
+
+
+def norm_modulate_quant_problem(x, scale, shift, global_scale, eps, fast_math=None, weight=None, norm_bias=None,
+                                modulate_index=None, nvfp4_4over6_code=0) -> Optional[Problem]:
+    """The rules of norm_modulate_quant: :func:`norm_modulate_inputs_problem` with D a multiple of
+    COLS_MULTIPLE, then global_scale and the recipe code."""
+    return norm_modulate_inputs_problem(x, scale, shift, eps, weight, norm_bias, modulate_index, COLS_MULTIPLE) or \
+        global_scale_problem(global_scale, x.device) or nvfp4_4over6_code_problem(nvfp4_4over6_code)
+
+
+def norm_modulate_quant_fp8_problem(x, scale, shift, input_scale, eps, weight=None, norm_bias=None,
+                                    modulate_index=None) -> Optional[Problem]:
+    """The rules of norm_modulate_quant_fp8: :func:`norm_modulate_inputs_problem` with D a multiple of
+    ROW_COLS_MULTIPLE, then input_scale."""
+    return norm_modulate_inputs_problem(x, scale, shift, eps, weight, norm_bias, modulate_index,
+                                        ROW_COLS_MULTIPLE) or input_scale_problem(input_scale, x.device)
+
+
+def _fp8_outputs_problem(x: Tensor, y, y_bf16) -> Optional[Problem]:
+    shape, dev = tuple(x.shape), x.device
+    return output_problem("y", y, (FP8_DTYPE,), shape, dev, "x") or \
+        (None if y_bf16 is None else output_problem("y_bf16", y_bf16, ACTIVATION_DTYPES, shape, dev, "x"))
+
+
+def resnorm_quant_fp8_out_problem(residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out,
+                                  weight=None, norm_bias=None, modulate_index=None, y_bf16=None,
+                                  memory: Optional[bool] = None) -> Optional[Problem]:
+    """The rules of resnorm_quant_fp8_out: those of resnorm_quant_fp8 for the inputs; y float8_e4m3fn,
+    residual_out and (optional) y_bf16 bf16, each of x's shape, contiguous, on x's device; the memory rules of
+    :func:`resnorm_quant_out_problem` (residual_out may be residual)."""
+    p = resnorm_quant_fp8_problem(residual, x, bias, gate, scale, shift, input_scale, eps, weight, norm_bias,
+                                  modulate_index) or _fp8_outputs_problem(x, y, y_bf16) or \
+        output_problem("residual_out", residual_out, ACTIVATION_DTYPES, tuple(x.shape), x.device, "x")
+    if p is not None:
+        return p
+    outputs = (("y", y), ("residual_out", residual_out)) + ((("y_bf16", y_bf16),) if y_bf16 is not None else ())
+    if not _memory_checked(memory, outputs):
+        return None
+    inputs = _resnorm_inputs(residual, x, bias, gate, scale, shift, weight, norm_bias, modulate_index,
+                             ("input_scale", input_scale))
+    return memory_problem(outputs, inputs, in_place=("residual_out", "residual"))
+
+
+def fp8_quantize_out_problem(y, input_scale, out, memory: Optional[bool] = None) -> Optional[Problem]:
+    """The rules of fp8_quantize_out: those of fp8_quantize; out float8_e4m3fn of y's shape, contiguous, on
+    y's device, sharing no memory with y or input_scale."""
+    p = fp8_quantize_problem(y, input_scale) or output_problem("out", out, (FP8_DTYPE,), tuple(y.shape), y.device,
+                                                               "y")
+    if p is not None:
+        return p
+    if not _memory_checked(memory, (("out", out),)):
+        return None
+    return memory_problem((("out", out),), (("y", y), ("input_scale", input_scale)))
+
+
+def norm_modulate_quant_fp8_out_problem(x, scale, shift, input_scale, eps, y, weight=None, norm_bias=None,
+                                        modulate_index=None, y_bf16=None,
+                                        memory: Optional[bool] = None) -> Optional[Problem]:
+    """The rules of norm_modulate_quant_fp8_out: those of norm_modulate_quant_fp8; y and y_bf16 as in
+    :func:`resnorm_quant_fp8_out_problem`, sharing no memory with the inputs or each other."""
+    p = norm_modulate_quant_fp8_problem(x, scale, shift, input_scale, eps, weight, norm_bias, modulate_index) or \
+        _fp8_outputs_problem(x, y, y_bf16)
+    if p is not None:
+        return p
+    outputs = (("y", y),) + ((("y_bf16", y_bf16),) if y_bf16 is not None else ())
+    if not _memory_checked(memory, outputs):
+        return None
+    inputs = (("x", x), ("scale", scale), ("shift", shift), ("input_scale", input_scale), ("weight", weight),
+              ("norm_bias", norm_bias), ("modulate_index", modulate_index))
+    return memory_problem(outputs, inputs)
+
+
+__all__ += ["ROW_COLS_MULTIPLE", "FP8_DTYPE", "FP8_INPUT_SCALE_MIN", "input_scale_problem",
+            "input_scale_value_problem", "resnorm_quant_fp8_problem", "fp8_quantize_problem",
+            "norm_modulate_inputs_problem", "norm_modulate_quant_problem",
+            "norm_modulate_quant_fp8_problem", "resnorm_quant_fp8_out_problem", "fp8_quantize_out_problem",
+            "norm_modulate_quant_fp8_out_problem"]

@@ -11,8 +11,7 @@ shape), 3072 and 5120 (the fixed shapes), and shards whose row count is not a mu
   "cross" geometry included (2600 rows take the many-rows shapes, its 1300-row shard the few-rows ones).
 - The fused path (``try_fused_resnorm_quant``) serves every shard (no decline) with the raw op's bytes.
 - A stride-0 per-token view gives the bytes of its contiguous copy (the op reads it in place).
-- FP8 ``resnorm_quant_fp8`` (the FP8 output op): the same comparisons of its E4M3 bytes and residual_out, when
-  the compiled library has the op; otherwise those cases skip with the reason.
+- FP8 ``resnorm_quant_fp8`` (the FP8 output op): the same comparisons of its E4M3 bytes and residual_out.
 """
 
 from __future__ import annotations
@@ -47,11 +46,8 @@ EPS = 1e-6
 #: E4M3's largest finite value: the FP8 input scale is amax / 448 (the ModelOpt convention).
 E4M3_MAX = 448.0
 
-# FP8 (resnorm_quant_fp8): included when the compiled library registers the op.
-FP8_OP = getattr(torch.ops.qwen_fp4, "resnorm_quant_fp8") if hasattr(torch.ops.qwen_fp4, "resnorm_quant_fp8") \
-    else None
-FORMATS = ["nvfp4", pytest.param("fp8", marks=pytest.mark.skipif(
-    FP8_OP is None, reason="torch.ops.qwen_fp4.resnorm_quant_fp8 is not in this build (the FP8 output op)"))]
+FP8_OP = torch.ops.qwen_fp4.resnorm_quant_fp8
+FORMATS = ["nvfp4", "fp8"]
 
 
 def _contiguous_index(inp):

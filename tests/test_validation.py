@@ -61,6 +61,7 @@ def test_python_limits_equal_csrc_limits_h():
     limits = cxx_limits(LIMITS_H.read_text())
     assert limits.get("kMaxCols") == v.MAX_COLS
     assert limits.get("kColsMultiple") == v.COLS_MULTIPLE
+    assert limits.get("kRowColsMultiple") == v.ROW_COLS_MULTIPLE
     assert limits.get("kMaxRows") == v.MAX_ROWS
     assert limits.get("kMaxDequantizeCols") == v.MAX_DEQUANTIZE_COLS
 
@@ -78,6 +79,8 @@ def test_width_rule():
     assert v.is_supported_width(v.MAX_COLS) and not v.is_supported_width(v.MAX_COLS + v.COLS_MULTIPLE)
     assert "at most 16384" in v.width_problem("x", 16448).message()
     assert "positive multiple of 64" in v.width_problem("x", 96).message()
+    assert [c for c in range(0, 70) if v.is_supported_row_width(c)] == [16, 32, 48, 64]
+    assert "positive multiple of 16" in v.width_problem("x", 40, v.ROW_COLS_MULTIPLE).message()
     assert v.width_problem("x", 3072) is None
 
 
@@ -114,7 +117,7 @@ RULES = [
     (dict(residual=torch.zeros(2, 4, 128, device="meta", dtype=torch.bfloat16)), R.DEVICE_MISMATCH, ValueError,
      SCHEMA),
     (dict(residual=torch.zeros(2, 3, 128, dtype=torch.bfloat16)), R.UNSUPPORTED_SHAPE, ValueError),
-    (dict(x=torch.zeros(2, 4, 96, dtype=torch.bfloat16), residual=torch.zeros(2, 4, 96, dtype=torch.bfloat16)),
+    (dict(x=torch.zeros(2, 4, 40, dtype=torch.bfloat16), residual=torch.zeros(2, 4, 40, dtype=torch.bfloat16)),
      R.UNSUPPORTED_WIDTH, ValueError),
     (dict(bias=torch.zeros(64)), R.UNSUPPORTED_SHAPE, ValueError),
     (dict(weight=torch.zeros(64)), R.UNSUPPORTED_NORM, ValueError),

@@ -1,5 +1,6 @@
-"""The conversion core shared by every DiT integration: NVFP4 layers in the blocks, the fused (or unfused)
-residual + norm + modulation + quantization segment in front of each FFN, calibration, restore, statistics.
+"""The conversion core shared by every DiT integration: NVFP4 or FP8 layers in the blocks, the fused (or
+unfused) residual + norm + modulation + quantization segment in front of each FFN, calibration, restore,
+statistics.
 
 A model integration (``_qwen_image.py``, ``_qwen_image21.py``, ``_flux.py``, ``_wan.py``) gives a
 :class:`ModelSpec`: which class is the model and which its block, where each stream's norm and FFN are, and
@@ -12,8 +13,10 @@ a copy of the block's ``forward`` in which the segment::
 is one call of :func:`ffn_segment`. Everything else in the forward is the model library's own code.
 
 Both modes compute the library's numerics contract for the segment: ``mode="fused"`` through
-``try_fused_resnorm_quant`` (where it declines, the unfused chain runs and the decline is counted), and
-``mode="unfused"`` through ``resnorm`` + the FFN input layer's quantizer. They write the same bytes.
+``try_fused_resnorm_quant`` (``format="nvfp4"``) or ``try_fused_resnorm_quant_fp8`` (``format="fp8"``; where
+either declines, the unfused chain runs and the decline is counted), and ``mode="unfused"`` through
+``resnorm`` + the FFN input layer's quantizer (``nvfp4_quantize`` / ``fp8_quantize``). They write the same
+bytes.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import re
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .. import NVFP4Linear, last_decline_reason, resnorm, try_fused_resnorm_quant
+from .. import FP8Linear, NVFP4Linear, last_decline_reason, resnorm, try_fused_resnorm_quant
+from .. import try_fused_resnorm_quant_fp8
+from ..linear_fp8 import FP8_ALIGNMENT, is_fp8_linear_shape
 from ..env import resolve_fast_math
 from ..gemm import BACKENDS
 from ..validation import WIDTH_RULE, is_supported_width
@@ -38,8 +44,14 @@ Tensor = torch.Tensor
 logger = logging.getLogger("qwen_resnorm_fp4")
 
 MODES = ("fused", "unfused")
-#: "fc1": the FFN input layers only; "all": every block Linear whose in_features is a multiple of 64.
-LINEARS = ("fc1", "all")
+#: The quantized formats: NVFP4 (NVFP4Linear) or FP8 E4M3 (FP8Linear).
+FORMATS = ("nvfp4", "fp8")
+#: The presets of ``linears`` (it may also be a list of module names): "fc1": the FFN input layers only;
+#: "all": every block Linear the format supports; "modelopt": "all" less the layers ModelOpt's diffusion
+#: recipes keep in BF16 (each ModelSpec's ``modelopt_bf16``: the modulation Linears and the FFN output).
+LINEARS = ("fc1", "all", "modelopt")
+#: The layer types of a conversion (their names stay the same before and after it).
+QUANTIZED_LINEARS = (NVFP4Linear, FP8Linear)
 #: The block attribute that holds the conversion state.
 STATE_ATTR = "_qwen_fp4"
 #: The model attribute that holds the model-level conversion record.
@@ -86,6 +98,9 @@ class ModelSpec:
     block_attrs: Tuple[str, ...] = ()
     #: Other block classes whose Linears ``linears="all"`` converts (their forward stays the library's).
     linear_only_blocks: Tuple[str, ...] = ()
+    #: Block-relative module names (regular expressions, matched in full) that ``linears="modelopt"``
+    #: keeps in BF16.
+    modelopt_bf16: Tuple[str, ...] = ()
 
 
 def _is_diffusers_class(obj: Any, class_name: str) -> bool:
@@ -100,8 +115,8 @@ def blocks(model: torch.nn.Module, spec: ModelSpec) -> List[Tuple[str, torch.nn.
     return [(name, m) for name, m in model.named_modules() if _is_diffusers_class(m, spec.block_class)]
 
 
-def _linear_only_blocks(model: torch.nn.Module, spec: ModelSpec, linears: str) -> List[Tuple[str, torch.nn.Module]]:
-    if linears != "all":
+def _linear_only_blocks(model: torch.nn.Module, spec: ModelSpec, linears: Any) -> List[Tuple[str, torch.nn.Module]]:
+    if linears == "fc1":
         return []
     return [(name, m) for name, m in model.named_modules()
             if any(_is_diffusers_class(m, c) for c in spec.linear_only_blocks)]
@@ -146,9 +161,11 @@ class BlockState:
 class DiTConversion:
     """What a conversion did (``conversion_info(model)``).
 
-    model_type: the diffusers model class; mode: "fused" or "unfused"; linears: "fc1" or "all";
-    fast_math: as passed (None: the environment at each call); allow_cpu;
-    input_amax: converted Linear module name -> the amax its input global scale was made from (448 * 6 / amax);
+    model_type: the diffusers model class; mode: "fused" or "unfused"; format: "nvfp4" or "fp8";
+    linears: "fc1", "all", "modelopt" or the tuple of module names given; fast_math: as passed (None: the
+    environment at each call; NVFP4 only); allow_cpu;
+    input_amax: converted Linear module name -> the amax its input scale was made from (NVFP4: global scale
+    448 * 6 / amax; FP8: input_scale amax / 448);
     diffusers_version; block_names: the converted blocks' module names; kept_original: whether restore works.
     Every field is set by the conversion (no defaults: a record always names its model).
     """
@@ -161,7 +178,8 @@ class DiTConversion:
     block_names: List[str]
     kept_original: bool
     model_type: str
-    linears: str
+    linears: Union[str, Tuple[str, ...]]
+    format: str
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -175,10 +193,10 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def check_linears(linears: str) -> str:
-    if linears not in LINEARS:
-        raise ValueError(f"linears must be one of {LINEARS}, got {linears!r}")
-    return linears
+def check_format(format: str) -> str:
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    return format
 
 
 def check_gemm_backend(gemm_backend: str) -> str:
@@ -190,24 +208,76 @@ def check_gemm_backend(gemm_backend: str) -> str:
     return gemm_backend
 
 
-def _block_linear_names(block: torch.nn.Module, spec: ModelSpec, linears: str, segment: bool = True) -> List[str]:
-    """Block-relative names of the layers to convert: the FFN input layers (``segment``: a block with the
-    segment), plus with ``linears="all"`` every other nn.Linear of the block whose in_features NVFP4Linear
-    supports (a multiple of 64, at most 16384)."""
+def check_linears(linears: Any) -> Union[str, Tuple[str, ...]]:
+    """A preset of :data:`LINEARS`, or a list / tuple of module names (returned as a tuple)."""
+    if isinstance(linears, str):
+        if linears not in LINEARS:
+            raise ValueError(f"linears must be one of {LINEARS} or a list of module names, got {linears!r}")
+        return linears
+    if not isinstance(linears, (list, tuple)) or not linears or not all(isinstance(n, str) for n in linears):
+        raise TypeError(f"linears must be one of {LINEARS} or a non-empty list of module names (str), got "
+                        f"{linears!r}")
+    return tuple(linears)
+
+
+def layer_supported(layer: torch.nn.Module, format: str) -> bool:
+    """Whether the format's layer can replace ``layer``: NVFP4Linear needs in_features a multiple of 64 (at
+    most 16384), FP8Linear in_features and out_features multiples of 16 (torch._scaled_mm)."""
+    if format == "fp8":
+        return is_fp8_linear_shape(layer.in_features, layer.out_features)
+    return is_supported_width(layer.in_features)
+
+
+def _format_rule(format: str) -> str:
+    if format == "fp8":
+        return f"in_features and out_features multiples of {FP8_ALIGNMENT}"
+    return f"in_features {WIDTH_RULE}"
+
+
+def _block_linear_names(block: torch.nn.Module, spec: ModelSpec, linears: str, segment: bool = True,
+                        format: str = "nvfp4") -> List[str]:
+    """Block-relative names of the layers a preset converts: the FFN input layers (``segment``: a block with
+    the segment), plus with ``linears="all"`` every other nn.Linear of the block the format supports
+    (:func:`layer_supported`), and with ``"modelopt"`` those of them that ``spec.modelopt_bf16`` does not
+    keep in BF16."""
     names = [n for s in spec.streams for n in s.input_linears()] if segment else []
-    if linears == "all":
-        # NVFP4Linear too: the same names before and after a conversion
-        names += [n for n, m in block.named_modules() if isinstance(m, (torch.nn.Linear, NVFP4Linear))
-                  and is_supported_width(m.in_features) and n not in names]
+    if linears in ("all", "modelopt"):
+        # the quantized layers too: the same names before and after a conversion
+        names += [n for n, m in block.named_modules() if isinstance(m, (torch.nn.Linear,) + QUANTIZED_LINEARS)
+                  and layer_supported(m, format) and n not in names
+                  and not (linears == "modelopt" and any(re.fullmatch(p, n) for p in spec.modelopt_bf16))]
     return names
 
 
-def linear_names(model: torch.nn.Module, spec: ModelSpec, linears: str = "fc1") -> List[str]:
-    """Module names of the layers a conversion makes NVFP4 (the keys of an ``input_amax`` dict)."""
-    check_linears(linears)
-    return ([f"{b}.{n}" for b, block in blocks(model, spec) for n in _block_linear_names(block, spec, linears)]
-            + [f"{b}.{n}" for b, block in _linear_only_blocks(model, spec, linears)
-               for n in _block_linear_names(block, spec, linears, segment=False)])
+def linear_names(model: torch.nn.Module, spec: ModelSpec, linears: Any = "fc1", format: str = "nvfp4") -> List[str]:
+    """Module names of the layers a conversion quantizes (the keys of an ``input_amax`` dict), in model order.
+
+    ``linears`` a list: each entry is a full module name (as ``linear_names(model, "all")`` lists them) or a
+    block-relative one (``"attn.to_q"``: that layer in every block that has it); every block's FFN input
+    layers must be among them (the segment feeds them)."""
+    linears = check_linears(linears)
+    check_format(format)
+    preset = linears if isinstance(linears, str) else "all"
+    found = blocks(model, spec)
+    names = ([f"{b}.{n}" for b, block in found for n in _block_linear_names(block, spec, preset, format=format)]
+             + [f"{b}.{n}" for b, block in _linear_only_blocks(model, spec, preset)
+                for n in _block_linear_names(block, spec, preset, segment=False, format=format)])
+    if isinstance(linears, str):
+        return names
+    prefixes = {b for b, _ in found} | {b for b, _ in _linear_only_blocks(model, spec, "all")}
+    wanted = set()
+    for entry in linears:
+        hits = [n for n in names if n == entry or (n.endswith("." + entry) and n[:-len(entry) - 1] in prefixes)]
+        if not hits:
+            raise ValueError(f"linears names {entry!r}, which is not a block Linear this format can quantize "
+                             f"({_format_rule(format)}); e.g. {names[0]!r} (see linear_names(model, 'all'))")
+        wanted.update(hits)
+    missing = [f"{b}.{n}" for b, _ in found for s in spec.streams for n in s.input_linears()
+               if f"{b}.{n}" not in wanted]
+    if missing:
+        raise ValueError(f"linears must include every block's FFN input layers (the fused segment feeds them); "
+                         f"it lacks {missing[0]!r}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    return [n for n in names if n in wanted]
 
 
 def _shared_input_groups(model: torch.nn.Module, spec: ModelSpec) -> List[Tuple[str, ...]]:
@@ -216,7 +286,7 @@ def _shared_input_groups(model: torch.nn.Module, spec: ModelSpec) -> List[Tuple[
             if len(s.input_linears()) > 1]
 
 
-def check_block_structure(name: str, block: torch.nn.Module, spec: ModelSpec) -> None:
+def check_block_structure(name: str, block: torch.nn.Module, spec: ModelSpec, format: str = "nvfp4") -> None:
     """The block must look like the supported releases' block of this model."""
     problems = [f"no attribute {a!r}" for a in spec.block_attrs if not hasattr(block, a)]
     for s in spec.streams:
@@ -239,8 +309,9 @@ def check_block_structure(name: str, block: torch.nn.Module, spec: ModelSpec) ->
             layer = block.get_submodule(rel)
             if not isinstance(layer, torch.nn.Linear):
                 problems.append(f"{rel} is a {type(layer).__name__}, not a torch.nn.Linear")
-            elif not is_supported_width(layer.in_features):
-                problems.append(f"{rel} has in_features {layer.in_features}: NVFP4Linear needs {WIDTH_RULE}")
+            elif not layer_supported(layer, format):
+                problems.append(f"{rel} is [{layer.out_features}, {layer.in_features}]: the {format} layer needs "
+                                f"{_format_rule(format)}")
     if problems:
         raise ValueError(f"{name} does not have the structure of the supported {spec.block_class}: "
                          + "; ".join(problems))
@@ -272,14 +343,14 @@ def _run_calibration(model: torch.nn.Module, calibration_inputs: Any) -> None:
 
 
 def calibrate_input_amax(model: torch.nn.Module, spec: ModelSpec, calibration_inputs: Any,
-                         linears: str = "fc1") -> Dict[str, float]:
+                         linears: Any = "fc1", format: str = "nvfp4") -> Dict[str, float]:
     """Run ``calibration_inputs`` through the (unconverted) model under ``torch.no_grad()`` and return, for
-    every layer the conversion makes NVFP4, the max |input| seen: {module name: amax}."""
+    every layer the conversion quantizes, the max |input| seen: {module name: amax}."""
     if not is_model(model, spec):
         raise TypeError(f"model must be a diffusers {spec.model_class}, got {type(model).__name__}")
     if hasattr(model, MODEL_ATTR):
         raise ValueError("the model is converted: calibrate the original model (restore it first)")
-    names = linear_names(model, spec, linears)
+    names = linear_names(model, spec, linears, format)
     modules = dict(model.named_modules())
     amax: Dict[str, Optional[Tensor]] = {n: None for n in names}
     handles = []
@@ -308,20 +379,20 @@ def calibrate_input_amax(model: torch.nn.Module, spec: ModelSpec, calibration_in
 
 
 def resolve_input_amax(model: torch.nn.Module, spec: ModelSpec, input_amax: Any, calibration_inputs: Any,
-                       linears: str) -> Dict[str, float]:
-    names = linear_names(model, spec, linears)
+                       linears: Any, format: str = "nvfp4") -> Dict[str, float]:
+    names = linear_names(model, spec, linears, format)
     if input_amax is not None and calibration_inputs is not None:
         raise ValueError("pass either input_amax or calibration_inputs, not both")
     if input_amax is None:
         if calibration_inputs is None:
-            raise ValueError("the NVFP4 input global scales need either calibration_inputs (inputs to run through "
+            raise ValueError("the input scales need either calibration_inputs (inputs to run through "
                              "the model; each converted layer's input amax is taken) or input_amax (a float for "
                              "every layer, or a dict {module name: amax}, see linear_names(model, linears))")
-        values = calibrate_input_amax(model, spec, calibration_inputs, linears)
+        values = calibrate_input_amax(model, spec, calibration_inputs, linears, format)
     elif isinstance(input_amax, Mapping):
         unknown = sorted(set(input_amax) - set(names))
         if unknown:
-            raise ValueError(f"input_amax has keys that are not FC1 layers (with linears='all': converted Linear "
+            raise ValueError(f"input_amax has keys that are not FC1 layers (with other linears: converted Linear "
                              f"layers) of this model: {unknown[:3]} (expected names like {names[0]!r}; see "
                              "linear_names(model, linears))")
         missing = [n for n in names if n not in input_amax]
@@ -356,11 +427,13 @@ def resolve_input_amax(model: torch.nn.Module, spec: ModelSpec, input_amax: Any,
 
 
 def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
-             norm: torch.nn.LayerNorm, fc1: NVFP4Linear, index: Optional[Tensor]) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
-    """The baseline: ``resnorm`` (residual update, LayerNorm, modulation -> BF16 y), then the quantizer with
-    FC1's input global scale and fast-math mode (what ``NVFP4Linear`` does to a BF16 input)."""
-    y, residual_out = resnorm(residual, x, bias, gate, scale, shift, float(norm.eps),
-                                                   weight=norm.weight, norm_bias=norm.bias, modulate_index=index)
+             norm: torch.nn.LayerNorm, fc1: Union[NVFP4Linear, FP8Linear],
+             index: Optional[Tensor]) -> Tuple[Any, Tensor]:
+    """The baseline: ``resnorm`` (residual update, LayerNorm, modulation -> BF16 y), then FC1's own quantizer
+    (what the layer does to a BF16 input): NVFP4 with its input global scale and fast-math mode, or E4M3 with
+    its input_scale."""
+    y, residual_out = resnorm(residual, x, bias, gate, scale, shift, float(norm.eps), weight=norm.weight,
+                              norm_bias=norm.bias, modulate_index=index)
     return fc1.quantize_input(y), residual_out
 
 
@@ -391,10 +464,15 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
     fc1 = block.get_submodule(spec.input_linears()[0])
     stats = state.stats[stream]
 
+    fp8 = isinstance(fc1, FP8Linear)
     result = None
     if state.mode == "fused":
-        result = try_fused_resnorm_quant(residual, x, gate, scale, shift, fc1, bias=bias, norm=norm,
-                                         modulate_index=index, allow_cpu=state.allow_cpu)
+        if fp8:
+            result = try_fused_resnorm_quant_fp8(residual, x, gate, scale, shift, fc1.input_scale, bias=bias,
+                                                 norm=norm, modulate_index=index, allow_cpu=state.allow_cpu)
+        else:
+            result = try_fused_resnorm_quant(residual, x, gate, scale, shift, fc1, bias=bias, norm=norm,
+                                             modulate_index=index, allow_cpu=state.allow_cpu)
         if result is None:
             reason = str(last_decline_reason())
             stats.fallback += 1
@@ -409,20 +487,23 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
     else:
         stats.unfused += 1
     if result is not None:
-        packed_scales, residual_out, _ = result
+        quantized, residual_out = result[0], result[1]
     else:
-        packed_scales, residual_out = _unfused(residual, x, bias, gate, scale, shift, norm, fc1, index)
+        quantized, residual_out = _unfused(residual, x, bias, gate, scale, shift, norm, fc1, index)
 
-    # Shared by both modes from here on: the FFN on the packed activations, as the model library writes it.
+    # Shared by both modes from here on: the FFN on the quantized activations, as the model library writes it.
     lead = x.shape[:-1]
+    if fp8:  # E4M3 [..., D], x's shape: the layers keep the leading dimensions themselves
+        feed = lambda layer: layer(quantized)  # noqa: E731
+    else:  # (packed [M, D/2], scales): the layers are told the leading dimensions
+        feed = lambda layer: layer(quantized, out_shape=lead)  # noqa: E731
     if spec.ffn_kind == "gelu":
         act = ffn.net[0]
-        hidden = act.gelu(fc1(packed_scales, out_shape=lead))
+        hidden = act.gelu(feed(fc1))
         for module in ffn.net[1:]:
             hidden = module(hidden)
     else:
-        hidden = ffn.out(ffn.activation_fn(ffn.gate_layer(packed_scales, out_shape=lead))
-                         * ffn.proj(packed_scales, out_shape=lead))
+        hidden = ffn.out(ffn.activation_fn(feed(ffn.gate_layer)) * feed(ffn.proj))
     return residual_out, hidden
 
 
@@ -442,18 +523,25 @@ def ones_gate(like: Tensor) -> Tensor:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: str, input_amax: Any,
+def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any, input_amax: Any,
             calibration_inputs: Any, fast_math: Optional[bool], allow_cpu: bool, keep_original: bool,
-            gemm_backend: str, version: str) -> torch.nn.Module:
+            gemm_backend: str, version: str, format: str = "nvfp4", use_fast_accum: bool = True) -> torch.nn.Module:
     """The conversion itself (the public wrappers check the diffusers version first). Nothing is installed
-    unless every layer quantized without error."""
+    unless every layer quantized without error. ``fast_math`` and ``gemm_backend`` are NVFP4 settings,
+    ``use_fast_accum`` an FP8 one (FP8Linear's)."""
     check_mode(mode)
-    check_linears(linears)
-    if not isinstance(allow_cpu, bool) or not isinstance(keep_original, bool):
-        raise TypeError("allow_cpu and keep_original must be bools")
+    linears = check_linears(linears)
+    check_format(format)
+    if not isinstance(allow_cpu, bool) or not isinstance(keep_original, bool) or not isinstance(use_fast_accum, bool):
+        raise TypeError("allow_cpu, keep_original and use_fast_accum must be bools")
     if fast_math is not None:
         resolve_fast_math(fast_math)  # type check
     check_gemm_backend(gemm_backend)  # refused before the calibration pass, not after it
+    if format == "fp8" and fast_math is not None:
+        raise ValueError("fast_math is a setting of the NVFP4 quantizer; format='fp8' has none (pass None)")
+    if format == "fp8" and gemm_backend != "auto":
+        raise ValueError(f"gemm_backend is a setting of NVFP4Linear; format='fp8' runs torch._scaled_mm (pass "
+                         f"'auto'), got {gemm_backend!r}")
     if not is_model(model, spec):
         raise TypeError(f"model must be a diffusers {spec.model_class}, got {type(model).__name__}")
     if hasattr(model, MODEL_ATTR):
@@ -467,12 +555,13 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: str,
     if not found:
         raise ValueError(f"the model has no {spec.block_class}")
     for name, block in found:
-        check_block_structure(name, block, spec)
+        check_block_structure(name, block, spec, format)
         if "forward" in vars(block):
             raise ValueError(f"{name} already has its own forward (a hook: offloading, caching, context parallelism, "
                              "or another conversion); convert before registering hooks on the blocks")
 
-    amax = resolve_input_amax(model, spec, input_amax, calibration_inputs, linears)
+    amax = resolve_input_amax(model, spec, input_amax, calibration_inputs, linears, format)
+    selected = set(amax)
 
     converted = []
     others = _linear_only_blocks(model, spec, linears)
@@ -480,12 +569,21 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: str,
         segment = any(block is b for _, b in found)
         originals: Dict[str, Optional[torch.nn.Linear]] = {}
         new_layers: Dict[str, NVFP4Linear] = {}
-        for rel in _block_linear_names(block, spec, linears, segment):
+        preset = linears if isinstance(linears, str) else "all"
+        for rel in _block_linear_names(block, spec, preset, segment, format):
+            if f"{name}.{rel}" not in selected:
+                continue
             layer = block.get_submodule(rel)
             with torch.no_grad():
-                new_layers[rel] = NVFP4Linear.from_linear(layer, amax[f"{name}.{rel}"], fast_math=fast_math,
-                                                          gemm_backend=gemm_backend)
+                if format == "fp8":
+                    new_layers[rel] = FP8Linear.from_linear(layer, amax[f"{name}.{rel}"],
+                                                            use_fast_accum=use_fast_accum)
+                else:
+                    new_layers[rel] = NVFP4Linear.from_linear(layer, amax[f"{name}.{rel}"], fast_math=fast_math,
+                                                              gemm_backend=gemm_backend)
             originals[rel] = layer if keep_original else None
+        if not segment and not new_layers:  # a list of names that has none of this block's layers
+            continue
         state = BlockState(name, spec, mode, allow_cpu, originals)
         if not segment:
             state.stats = {}
@@ -501,7 +599,7 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: str,
     setattr(model, MODEL_ATTR, DiTConversion(
         mode=mode, fast_math=fast_math, allow_cpu=allow_cpu, input_amax=dict(amax), diffusers_version=version,
         block_names=[n for n, _ in found], kept_original=keep_original, model_type=spec.model_class,
-        linears=linears))
+        linears=linears, format=format))
     return model
 
 
@@ -535,6 +633,8 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
             current = block.get_submodule(rel)
             if isinstance(current, NVFP4Linear):  # follow a model.to(device) made after the conversion
                 original.to(current.weight_packed.device)
+            elif isinstance(current, FP8Linear):
+                original.to(current.weight.device)
             _set_submodule(block, rel, original)
         if state.forward is not None:
             del block.forward
@@ -544,7 +644,7 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def set_mode(model: torch.nn.Module, mode: str) -> None:
-    """Switch a converted model between "fused" and "unfused" (same NVFP4 weights, nothing re-quantized)."""
+    """Switch a converted model between "fused" and "unfused" (same quantized weights, nothing re-quantized)."""
     check_mode(mode)
     for _, _, state in converted_blocks(model):
         state.mode = mode

@@ -78,4 +78,7 @@ SPEC = ModelSpec(
     streams=(StreamSpec("img", "norm2", "ff"), StreamSpec("txt", "norm2_context", "ff_context")),
     block_forward=_converted_block_forward,
     linear_only_blocks=("FluxSingleTransformerBlock",),
+    # SGLang's FLUX.1 FP8 profile keeps the modulation Linears and the FFN in BF16; the FFN input stays
+    # quantized here, since the fused segment feeds it
+    modelopt_bf16=(r"norm1(_context)?\.linear", r"ff(_context)?\.net\.2", r"norm\.linear"),
 )

@@ -106,4 +106,7 @@ SPEC = ModelSpec(
     block_attrs=("img_mod", "txt_mod", "img_norm1", "txt_norm1", "attn", "_modulate", "zero_cond_t"),
     streams=(StreamSpec("img", "img_norm2", "img_mlp"), StreamSpec("txt", "txt_norm2", "txt_mlp")),
     block_forward=_converted_block_forward,
+    # SGLang's Qwen-Image FP8 checkpoint keeps these in BF16 (and, outside the blocks, img_in, txt_in, the
+    # timestep embedder, norm_out and proj_out, which no conversion touches)
+    modelopt_bf16=(r"(img|txt)_mod\.1", r"(img|txt)_mlp\.net\.2"),
 )

@@ -96,4 +96,5 @@ SPEC = ModelSpec(
     block_attrs=("img_norm1", "attn", "_modulate"),
     streams=(StreamSpec("img", "img_norm2", "img_mlp", ffn_kind="swiglu"),),
     block_forward=_converted_block_forward,
+    modelopt_bf16=(r"img_mlp\.out",),  # the FFN output (the modulation comes from outside the blocks)
 )

@@ -76,4 +76,5 @@ SPEC = ModelSpec(
     block_attrs=("norm1", "attn1", "norm2", "attn2", "scale_shift_table"),
     streams=(StreamSpec("img", "norm3", "ffn"),),
     block_forward=_converted_block_forward,
+    modelopt_bf16=(r"ffn\.net\.2",),  # the FFN output (the modulation is a parameter table, no Linear)
 )

@@ -1,4 +1,4 @@
-"""diffusers' DiT transformers with NVFP4 layers and the fused residual/norm/modulation/quantize path.
+"""diffusers' DiT transformers with NVFP4 or FP8 layers and the fused residual/norm/modulation/quantize path.
 
 :func:`convert_transformer` recognises the model; or call the model's own converter:
 
@@ -17,7 +17,9 @@ Each converter, in every block of the model:
 - replaces the FFN input layer(s) (``linears="fc1"``; with ``linears="all"`` every ``nn.Linear`` of the
   blocks whose in_features is a multiple of 64, as a ModelOpt NVFP4 deployment does) by an
   :class:`~qwen_resnorm_fp4.NVFP4Linear`, whose input global scale comes from a calibration pass (the
-  caller's inputs; each converted layer's input amax is taken) or from amax values the caller gives;
+  caller's inputs; each converted layer's input amax is taken) or from amax values the caller gives
+  (``format="fp8"``: an :class:`~qwen_resnorm_fp4.FP8Linear` instead, E4M3 with ModelOpt's per-tensor
+  scales; ``linears="modelopt"`` or a list of names choose the layers);
 - binds a new ``forward`` to the block: a copy of the library's block forward (of the supported versions,
   :data:`SUPPORTED_DIFFUSERS`) in which the segment ``residual + gate * x -> norm -> * (1 + scale) + shift ->
   FFN`` of each stream is one call: ``try_fused_resnorm_quant`` (``mode="fused"``) or ``resnorm`` + the
@@ -47,13 +49,13 @@ import re
 import sys
 import warnings
 from collections.abc import Mapping
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from . import _dit_core as core
 from . import _flux, _qwen_image, _qwen_image21, _wan
-from ._dit_core import LINEARS, MODES, DiTConversion, ModelSpec, StreamStats
+from ._dit_core import FORMATS, LINEARS, MODES, DiTConversion, ModelSpec, StreamStats
 
 Tensor = torch.Tensor
 
@@ -160,45 +162,64 @@ def _spec_of(model: Any, expected: Optional[str] = None) -> ModelSpec:
     raise TypeError(f"model must be a diffusers {wanted}, got {type(model).__name__}")
 
 
-def _convert(model: torch.nn.Module, expected: Optional[str], *, mode: str, linears: str, input_amax: Any,
+def _convert(model: torch.nn.Module, expected: Optional[str], *, mode: str, linears: Any, input_amax: Any,
              calibration_inputs: Any, fast_math: Optional[bool], allow_cpu: bool, keep_original: bool,
-             gemm_backend: str, allow_untested_version: bool) -> torch.nn.Module:
+             gemm_backend: str, allow_untested_version: bool, format: str = "nvfp4",
+             use_fast_accum: bool = True) -> torch.nn.Module:
     core.check_mode(mode)
     core.check_linears(linears)
+    core.check_format(format)
     version = check_diffusers_version(allow_untested_version=allow_untested_version)
     return core.convert(model, _spec_of(model, expected), mode=mode, linears=linears, input_amax=input_amax,
                         calibration_inputs=calibration_inputs, fast_math=fast_math, allow_cpu=allow_cpu,
-                        keep_original=keep_original, gemm_backend=gemm_backend, version=version)
+                        keep_original=keep_original, gemm_backend=gemm_backend, version=version, format=format,
+                        use_fast_accum=use_fast_accum)
 
 
 def convert_transformer(
     model: torch.nn.Module,
     *,
     mode: str = "fused",
-    linears: str = "fc1",
+    format: str = "nvfp4",
+    linears: Union[str, Sequence[str]] = "fc1",
     input_amax: Union[None, float, Tensor, Mapping] = None,
     calibration_inputs: Any = None,
     fast_math: Optional[bool] = None,
     allow_cpu: bool = False,
     keep_original: bool = True,
     gemm_backend: str = "auto",
+    use_fast_accum: bool = True,
     allow_untested_version: bool = False,
 ) -> torch.nn.Module:
     """Convert a diffusers ``QwenImageTransformer2DModel``, ``QwenImage21Transformer2DModel``,
-    ``FluxTransformer2DModel`` or ``WanTransformer3DModel`` in place: NVFP4 layers and the fused (or unfused)
-    residual + norm + modulation + quantization segment in every block. Returns the model.
+    ``FluxTransformer2DModel`` or ``WanTransformer3DModel`` in place: NVFP4 or FP8 layers and the fused (or
+    unfused) residual + norm + modulation + quantization segment in every block. Returns the model.
 
     Args:
         model: the transformer (bfloat16; on the device it will run on: the weights are quantized there).
-        mode: "fused" (``try_fused_resnorm_quant``; where it declines, the unfused chain runs and the decline is
-            counted, see :func:`fused_path_stats`) or "unfused" (``resnorm`` + ``nvfp4_quantize``, the
-            byte-identical baseline).
-        linears: "fc1" (the FFN input layers: FC1; both SwiGLU inputs in Qwen-Image 2.1) or "all" (also every
-            other ``nn.Linear`` of the blocks whose in_features is a multiple of 64: attention projections, FC2,
-            modulation layers; the fused path still serves the FFN input).
-        input_amax: the max |input| each converted layer's input global scale is made from (448 * 6 / amax):
-            one number for all, or a dict {module name: amax} covering every converted layer
-            (:func:`linear_names`). Layers that read one activation (SwiGLU's proj and gate_layer) need one value.
+        mode: "fused" (``try_fused_resnorm_quant`` / ``try_fused_resnorm_quant_fp8``; where it declines, the
+            unfused chain runs and the decline is counted, see :func:`fused_path_stats`) or "unfused"
+            (``resnorm`` + ``nvfp4_quantize`` / ``fp8_quantize``, the byte-identical baseline).
+        format: "nvfp4" (:class:`~qwen_resnorm_fp4.NVFP4Linear`; FP4 tensor cores on Blackwell) or "fp8"
+            (:class:`~qwen_resnorm_fp4.FP8Linear`: E4M3 weights and activations, per-tensor scales as
+            ModelOpt's FP8 recipe, torch._scaled_mm; Hopper and Blackwell). With "fp8" the fused segment writes
+            FC1's E4M3 input directly (``resnorm_quant_fp8``), and every other FP8 layer quantizes its BF16
+            input itself (``fp8_quantize``: attention output into to_out, GELU output into FC2).
+        linears: which block Linears are quantized (the rest stay BF16):
+            "fc1": the FFN input layers (FC1; both SwiGLU inputs in Qwen-Image 2.1);
+            "all": every ``nn.Linear`` of the blocks the format supports (NVFP4: in_features a multiple of 64;
+            FP8: in_features and out_features multiples of 16): attention q/k/v/out, the added (text)
+            projections, FC1, FC2, the modulation layers; FLUX.1's single-stream blocks too;
+            "modelopt": "all" less what ModelOpt's diffusion FP8 deployments keep in BF16: the blocks'
+            modulation Linears and the FFN's output Linear (FC2) (Qwen-Image: img_mod / txt_mod and
+            img_mlp / txt_mlp.net.2, as SGLang's Qwen-Image FP8 checkpoint; outside the blocks nothing is
+            converted anyway: img_in, txt_in, the timestep embedder, norm_out, proj_out stay BF16);
+            or a list of module names (full, as :func:`linear_names` gives them, or block-relative such as
+            ``"attn.to_q"`` for that layer in every block), which must include every FFN input layer.
+        input_amax: the max |input| each converted layer's input scale is made from (NVFP4: global scale
+            448 * 6 / amax; FP8: input_scale = amax / 448): one number for all, or a dict {module name: amax}
+            covering every converted layer (:func:`linear_names`). Layers that read one activation (SwiGLU's
+            proj and gate_layer) need one value.
         calibration_inputs: instead of ``input_amax``: a dict of ``model.forward`` keyword arguments, a list of
             them, or a callable that runs the model (e.g. a pipeline call); the unconverted model runs them
             under ``torch.no_grad()`` and each converted layer's input amax is taken
@@ -211,25 +232,33 @@ def convert_transformer(
             put them back; False frees them (restore then refuses).
         gemm_backend: :class:`~qwen_resnorm_fp4.NVFP4Linear`'s GEMM backend, checked before any work ("auto":
             FlashInfer's FP4 GEMM on Blackwell where FlashInfer imports, the tensor-core path on other CUDA GPUs,
-            the fp32 reference on CPU; see :func:`~qwen_resnorm_fp4.apply_nvfp4_gemm_prequantized`).
+            the fp32 reference on CPU; see :func:`~qwen_resnorm_fp4.apply_nvfp4_gemm_prequantized`). NVFP4 only
+            (format="fp8" takes "auto").
+        use_fast_accum: :class:`~qwen_resnorm_fp4.FP8Linear`'s torch._scaled_mm option (True, as SGLang and
+            vLLM run FP8 GEMMs). FP8 only.
         allow_untested_version: convert even when the installed diffusers is outside :data:`SUPPORTED_DIFFUSERS`
             (a warning instead of the ValueError).
+
+    ``fast_math`` other than None with format="fp8" is a ValueError (the FP8 recipe has no such mode).
     """
     return _convert(model, None, mode=mode, linears=linears, input_amax=input_amax,
                     calibration_inputs=calibration_inputs, fast_math=fast_math, allow_cpu=allow_cpu,
                     keep_original=keep_original, gemm_backend=gemm_backend,
-                    allow_untested_version=allow_untested_version)
+                    allow_untested_version=allow_untested_version, format=format, use_fast_accum=use_fast_accum)
 
 
 def _model_converter(model_class: str, label: str):
-    def converter(model: torch.nn.Module, *, mode: str = "fused", linears: str = "fc1",
+    def converter(model: torch.nn.Module, *, mode: str = "fused", format: str = "nvfp4",
+                  linears: Union[str, Sequence[str]] = "fc1",
                   input_amax: Union[None, float, Tensor, Mapping] = None, calibration_inputs: Any = None,
                   fast_math: Optional[bool] = None, allow_cpu: bool = False, keep_original: bool = True,
-                  gemm_backend: str = "auto", allow_untested_version: bool = False) -> torch.nn.Module:
+                  gemm_backend: str = "auto", use_fast_accum: bool = True,
+                  allow_untested_version: bool = False) -> torch.nn.Module:
         return _convert(model, model_class, mode=mode, linears=linears, input_amax=input_amax,
                         calibration_inputs=calibration_inputs, fast_math=fast_math, allow_cpu=allow_cpu,
                         keep_original=keep_original, gemm_backend=gemm_backend,
-                        allow_untested_version=allow_untested_version)
+                        allow_untested_version=allow_untested_version, format=format,
+                        use_fast_accum=use_fast_accum)
 
     converter.__doc__ = (f":func:`convert_transformer` for a diffusers ``{model_class}`` ({label}) only: the same "
                          "arguments; any other model is a TypeError.")
@@ -253,7 +282,7 @@ def restore_transformer(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def set_mode(model: torch.nn.Module, mode: str) -> None:
-    """Switch a converted model between "fused" and "unfused" (same NVFP4 weights, nothing re-quantized)."""
+    """Switch a converted model between "fused" and "unfused" (same quantized weights, nothing re-quantized)."""
     core.set_mode(model, mode)
 
 
@@ -270,23 +299,25 @@ def fused_path_stats(model: torch.nn.Module, *, per_block: bool = False, reset: 
     return core.fused_path_stats(model, per_block=per_block, reset=reset)
 
 
-def linear_names(model: torch.nn.Module, linears: str = "fc1") -> List[str]:
-    """The module names of the layers a conversion with ``linears`` makes NVFP4, e.g.
+def linear_names(model: torch.nn.Module, linears: Union[str, Sequence[str]] = "fc1",
+                 format: str = "nvfp4") -> List[str]:
+    """The module names of the layers a conversion with ``linears`` and ``format`` quantizes, e.g.
     ``transformer_blocks.0.img_mlp.net.0.proj`` (the keys of an ``input_amax`` dict)."""
-    return core.linear_names(model, _spec_of(model), linears)
+    return core.linear_names(model, _spec_of(model), linears, format)
 
 
-def calibrate_input_amax(model: torch.nn.Module, calibration_inputs: Any, linears: str = "fc1") -> Dict[str, float]:
+def calibrate_input_amax(model: torch.nn.Module, calibration_inputs: Any,
+                         linears: Union[str, Sequence[str]] = "fc1", format: str = "nvfp4") -> Dict[str, float]:
     """Run ``calibration_inputs`` through the (unconverted) model and return, for every layer a conversion with
-    ``linears`` makes NVFP4, the max |input| seen: {module name: amax}.
+    ``linears`` and ``format`` quantizes, the max |input| seen: {module name: amax}.
 
     ``calibration_inputs``: a dict of ``model.forward`` keyword arguments, a list of such dicts, or a callable
     that takes the model and runs it (e.g. a whole pipeline call). Runs under ``torch.no_grad()``."""
-    return core.calibrate_input_amax(model, _spec_of(model), calibration_inputs, linears)
+    return core.calibrate_input_amax(model, _spec_of(model), calibration_inputs, linears, format)
 
 
 __all__ = ["convert_transformer", "convert_qwen_image_transformer", "convert_qwen_image21_transformer",
            "convert_flux_transformer", "convert_wan_transformer", "restore_transformer", "set_mode",
            "conversion_info", "fused_path_stats", "linear_names", "calibrate_input_amax",
            "check_diffusers_version", "diffusers_version", "hide_unimportable_flashinfer", "DiTConversion",
-           "StreamStats", "SPECS", "SUPPORTED_DIFFUSERS", "TESTED_DIFFUSERS_VERSIONS", "MODES", "LINEARS"]
+           "StreamStats", "SPECS", "SUPPORTED_DIFFUSERS", "TESTED_DIFFUSERS_VERSIONS", "MODES", "LINEARS", "FORMATS"]

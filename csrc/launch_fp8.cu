@@ -1,0 +1,63 @@
+// Launchers of the FP8 (E4M3) ops: resnorm_quant_fp8 through the row kernels' launch path (the
+// configuration, plain/general and first-wave stagger variants resnorm takes), norm_modulate_quant_fp8,
+// and the element-wise fp8_quantize.
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "fp8_kernels.cuh"
+#include "launch.h"
+#include "launch_fp8.h"
+#include "launch_rows.cuh"
+
+namespace qwen_fp4 {
+
+// fp8_quantize: E4M3 of a.n contiguous bf16 values, 8 per 16-byte vector (grid-stride over the vectors),
+// the last n % 8 one by one in CTA 0.
+__global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8QuantizeArgs a) {
+  begin_after_predecessor();
+  const float input_scale = __ldg(a.input_scale);
+  const bool valid = fp8_scale_valid(input_scale);
+  const float inv = div_full_rcp(input_scale);
+  const int64_t vecs = a.n / kVecElems;
+  const uint4* y = static_cast<const uint4*>(a.y);
+  uint2* q = reinterpret_cast<uint2*>(a.out);
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vecs; v += int64_t(gridDim.x) * blockDim.x) {
+    store_stream(q + v, e4m3x8_from_bf16x8(load_stream(y + v), inv, valid));
+  }
+  const int64_t tail = a.n - vecs * kVecElems;
+  if (blockIdx.x == 0 && threadIdx.x < tail) {
+    const int64_t i = vecs * kVecElems + threadIdx.x;
+    a.out[i] = e4m3_from_bf16(static_cast<const uint16_t*>(a.y)[i], inv, valid);
+  }
+}
+
+void launch_resnorm_fp8(const ResnormArgs& args, const LaunchTarget& on) {
+  if (args.rows == 0) return;
+  launch_row_kernels<ResnormFp8Kernels>(args, on);
+  check_launch("resnorm_quant_fp8");
+}
+
+void launch_norm_modulate_fp8(const ResnormArgs& args, const LaunchTarget& on) {
+  if (args.rows == 0) return;
+  dispatch_row_config(args.cols, args.rows, [&](auto config) {
+    using Config = std::decay_t<decltype(config)>;
+    launch_kernel(norm_modulate_fp8_kernel<Config>, args.rows, Config::threads_for(args.cols),
+                  static_cast<cudaStream_t>(on.stream), pdl_enabled(), args);
+  });
+  check_launch("norm_modulate_quant_fp8");
+}
+
+void launch_fp8_quantize(const Fp8QuantizeArgs& args, const LaunchTarget& on) {
+  if (args.n == 0) return;
+  constexpr int kThreads = 256;
+  const int64_t vecs = args.n / kVecElems;
+  // Enough CTAs to fill every SM (8 of 256 threads each), fewer for small tensors; at least one (the tail).
+  const int64_t fill = has_device_cache(on.device) ? int64_t(device_sms(on.device)) * 8 : 1024;
+  int64_t grid = ceil_div(vecs, kThreads);
+  grid = grid < 1 ? 1 : (grid > fill ? fill : grid);
+  launch_kernel(fp8_quantize_kernel, grid, kThreads, static_cast<cudaStream_t>(on.stream), pdl_enabled(), args);
+  check_launch("fp8_quantize");
+}
+
+}  // namespace qwen_fp4

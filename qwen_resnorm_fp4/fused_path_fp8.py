@@ -1,0 +1,97 @@
+"""The fused path of a DiT block into an FP8 (E4M3) FC1: :func:`try_fused_resnorm_quant_fp8`.
+
+The FP8 counterpart of :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant`: it takes the block's tensors and
+FC1's static ``input_scale`` (ModelOpt's amax / 448) and either returns ``(y_e4m3, residual_out)`` from one
+call of :func:`~qwen_resnorm_fp4.resnorm_quant_fp8`, or returns ``None`` so that the caller runs its
+unfused code (``resnorm`` + ``fp8_quantize``, the same bytes). It never raises for a condition the fused path
+cannot serve; the reason is recorded where the NVFP4 path records its own
+(:func:`~qwen_resnorm_fp4.last_decline_reason`, :func:`~qwen_resnorm_fp4.last_decline_detail`).
+
+The decision uses only static properties (dtypes, shapes, devices, the environment), so it is traced away by
+``torch.compile(fullgraph=True)`` and does nothing on the device while a CUDA graph is captured. The value
+of ``input_scale`` is not read here (that would synchronise): the layer that owns it checked it when it was
+made (:class:`~qwen_resnorm_fp4.FP8Linear`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import torch
+
+from ._fused_common import decline, device_declined, norm_and_inputs_served, succeed
+from .api import call_resnorm_quant_fp8, call_resnorm_quant_fp8_out, empty_resnorm_quant_fp8_outputs
+from .env import DISABLE_VAR, flag_enabled
+from .validation import DeclineReason, resnorm_quant_fp8_problem
+
+Tensor = torch.Tensor
+
+
+def try_fused_resnorm_quant_fp8(
+    residual: Tensor,
+    x: Tensor,
+    gate: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    input_scale: Tensor,
+    *,
+    bias: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    norm: Any = None,
+    modulate_index: Optional[Tensor] = None,
+    allow_cpu: bool = False,
+    with_bf16: bool = False,
+) -> Optional[Tuple[Tensor, ...]]:
+    """The fused ``residual + gate * (x + bias) -> LayerNorm -> (1 + scale), shift -> E4M3`` for an FP8 FC1,
+    or None.
+
+    Replaces, in a DiT block::
+
+        residual = residual + gate * x                      # gated residual update (x: attention output)
+        y = norm2(residual) * (1 + scale) + shift           # LayerNorm + adaLN modulation
+        h = fc1(y)                                          # FP8 GEMM (quantizes y inside)
+
+    with ``q, residual = result`` and ``h = fc1(q)`` (an :class:`~qwen_resnorm_fp4.FP8Linear`).
+
+    Args:
+        residual, x: bf16 [..., D], contiguous, one shape.
+        gate, scale, shift: as for :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant` ([D], [B, D], [B, 1, D],
+            per token, or [2B, D] with ``modulate_index``).
+        input_scale: FC1's ``input_scale``, a float32 one-element tensor on x's device (amax / 448).
+        bias, eps, norm, modulate_index, allow_cpu: as for :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant`.
+        with_bf16: also return the BF16 y the E4M3 bytes are made from (written by the same launch:
+            ``resnorm_quant_fp8_out``'s ``y_bf16``).
+
+    Returns:
+        ``(y, residual_out)``: y float8_e4m3fn like x (E4M3(clamp(y_bf16 * (1 / input_scale), -448, 448))),
+        residual_out bf16 like x; with ``with_bf16``, ``(y, residual_out, y_bf16)``; or ``None`` (see
+        :func:`~qwen_resnorm_fp4.last_decline_reason`).
+    """
+    R = DeclineReason
+    if flag_enabled(DISABLE_VAR):
+        return decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
+    if not (isinstance(x, Tensor) and isinstance(residual, Tensor)):
+        return decline(R.UNSUPPORTED_DTYPE, "x and residual must be tensors")
+    if device_declined(x, allow_cpu):
+        return None
+    served = norm_and_inputs_served(x, residual, norm, eps, lambda e, w, nb: resnorm_quant_fp8_problem(
+        residual, x, bias, gate, scale, shift, input_scale, e, w, nb, modulate_index))
+    if served is None:
+        return None
+    weight, norm_bias, norm_eps = served
+
+    # The op on arguments that passed its rules (operands prepared, no second check).
+    if with_bf16:
+        y, residual_out = empty_resnorm_quant_fp8_outputs(x)
+        y_bf16 = torch.empty_like(x)
+        call_resnorm_quant_fp8_out(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps), y,
+                                   residual_out, weight, norm_bias, modulate_index, y_bf16)
+        succeed()
+        return y, residual_out, y_bf16
+    y, residual_out = call_resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps),
+                                             weight, norm_bias, modulate_index)
+    succeed()
+    return y, residual_out
+
+
+__all__ = ["try_fused_resnorm_quant_fp8"]
