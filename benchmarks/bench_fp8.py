@@ -388,17 +388,6 @@ def check_targets(rows: Sequence[Dict[str, object]]) -> List[Tuple[str, str, str
 # ----------------------------------------------------------------------------------------------------
 
 
-def _choices(allowed: Sequence[str], what: str) -> Callable[[str], List[str]]:
-    def parse(text: str) -> List[str]:
-        values = [v for v in text.replace(" ", "").split(",") if v]
-        bad = [v for v in values if v not in allowed]
-        if not values or bad:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {what} of {', '.join(allowed)}, got {text!r}")
-        return list(dict.fromkeys(values))
-
-    return parse
-
-
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The benchmark's options."""
     p = argparse.ArgumentParser(
@@ -409,9 +398,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="comma-separated D values (default 3072,5120; gelu_fp8 is always at 12288)")
     p.add_argument("--rows", type=harness.positive_int_list, default=None,
                    help="comma-separated row counts (default 1,17,256,1024,4096,6889,8192,16384)")
-    p.add_argument("--ops", type=_choices(OPS, "ops"), default=list(OPS),
+    p.add_argument("--ops", type=harness.choice_list(OPS, "ops"), default=list(OPS),
                    help=f"comma-separated subset of {','.join(OPS)} (default all)")
-    p.add_argument("--modulation", type=_choices(MODULATIONS, "modulations"), default=["batch"],
+    p.add_argument("--modulation", type=harness.choice_list(MODULATIONS, "modulations"), default=["batch"],
                    help="gate/scale/shift per batch ([1, D]) and/or per token ([1, rows, D]): batch, token or "
                         "batch,token (default batch)")
     p.add_argument("--replays", type=harness.positive_int, default=50, help="graph replays per case (median; 50)")

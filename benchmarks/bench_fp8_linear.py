@@ -94,7 +94,6 @@ def bench_shape(name: str, m: int, k: int, n: int, reps: int, warmup: int, per_c
     row["rel_err_vs_reference"] = rel_err(out_fp8_in, ref)
     row["close_to_reference"] = row["rel_err_vs_reference"] <= REL_ERR_BOUND
     row["rel_err_vs_bf16"] = rel_err(out_fp8_in, bf16_out)
-    del ref, layer, lin, x, q
     return row
 
 

@@ -170,17 +170,6 @@ def check_targets(rows: Sequence[Dict[str, Any]], layers: int) -> List[Tuple[str
     ]
 
 
-def _choices(allowed: Sequence[str], what: str) -> Callable[[str], List[str]]:
-    def parse(text: str) -> List[str]:
-        values = [v for v in text.replace(" ", "").split(",") if v]
-        bad = [v for v in values if v not in allowed]
-        if not values or bad:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {what} of {', '.join(allowed)}, got {text!r}")
-        return list(dict.fromkeys(values))
-
-    return parse
-
-
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="diffusers Qwen-Image transformer: BF16 against the NVFP4 and "
                                 "FP8 conversions, fused and unfused (GPU only). Writes bench_model.{csv,md}.")
@@ -190,9 +179,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="comma-separated image token counts (default 6889,10209)")
     p.add_argument("--zero-cond-t", choices=tuple(ZERO_COND_T), default="both",
                    help="without (off), with (on) or both (default) zero_cond_t")
-    p.add_argument("--formats", type=_choices(FORMATS, "formats"), default=None,
+    p.add_argument("--formats", type=harness.choice_list(FORMATS, "formats"), default=None,
                    help="comma-separated subset of nvfp4,fp8 (default both)")
-    p.add_argument("--linears", type=_choices(LINEARS, "linears presets"), default=None,
+    p.add_argument("--linears", type=harness.choice_list(LINEARS, "linears presets"), default=None,
                    help="comma-separated subset of all,fc1 (default both)")
     p.add_argument("--batches", type=harness.positive_int_list, default=[1], help="comma-separated batch sizes "
                    "(default 1)")
@@ -286,9 +275,6 @@ def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequen
                  for c, inp in inputs.items()}
     for r in rows:
         r["bf16_after_ms"], r["restored_equals_bf16"] = after[(r["tokens"], r["batch"])]
-    del model, inputs, bf16_out
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
     return rows
 
 
@@ -320,6 +306,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for zct in zero_cond:
         rows += measure_model(zct, tokens_list, args.batches, formats, linears_list, args.layers, args.text_len,
                               reps, warmup, flush, log=lambda line: print(line, flush=True))
+        torch.cuda.empty_cache()  # the model of this zero_cond_t is gone: free its memory for the next
     add_fp8_over_nvfp4(rows)
     lines = table_lines(rows)
     print("\n".join(lines))
