@@ -1,21 +1,36 @@
 #!/usr/bin/env python
 """A converted diffusers Qwen-Image transformer against BF16 (docs/performance.md, "A converted Qwen-Image
-transformer"). GPU only; needs diffusers.
+transformer" and "FP8"). GPU only; needs diffusers.
 
-    python benchmarks/bench_model.py --out DIR          # 4 blocks, 1328x1328 and 1024x1024, batch 1 and 2
+    python benchmarks/bench_model.py --out DIR --check-targets   # NVFP4 and FP8, "all" and "fc1"
+    python benchmarks/bench_model.py --quick --check-targets     # FP8, linears="all" only, 3 timed forwards
 
-A real-width ``QwenImageTransformer2DModel`` (random weights, ``--layers`` blocks, width 3072) at 1328x1328
-(6889 image tokens) and 1024x1024 (4096), batch 1 and 2: forward time of the BF16 model and of the converted
-model fused and unfused (:func:`qwen_resnorm_fp4.integrations.diffusers.set_mode`), for ``linears="fc1"`` and
-``linears="all"``. Timing: :func:`timing.flushed_per_call_us`. The fused and unfused outputs must be
-byte-identical in every case (exit status 1 otherwise). Writes ``bench_model.{csv,md}``.
+A real-width ``QwenImageTransformer2DModel`` (24 heads of 128: width 3072, random weights, ``--layers`` blocks)
+at 6889 and 10209 image tokens, without and with ``zero_cond_t`` (diffusers 0.42's edit mode: the image
+tokens are a target and a condition image, and every block modulates the condition's tokens with the zero
+timestep's parameters through ``modulate_index``), in one run per case:
+
+- the BF16 model's forward, then, converted in place (:func:`qwen_resnorm_fp4.integrations.diffusers.
+  convert_transformer`, calibrated on every case's inputs of the model) for each ``format`` ("nvfp4", "fp8")
+  and ``linears`` ("all", "fc1"): the forward with ``mode="fused"`` and with ``mode="unfused"``
+  (:func:`~qwen_resnorm_fp4.integrations.diffusers.set_mode`, the same quantized weights); after
+  :func:`~qwen_resnorm_fp4.integrations.diffusers.restore_transformer`, the BF16 forward again (its drift);
+- forward time: :func:`timing.flushed_per_call_us` (CUDA events, cold L2), the median of ``--reps``; the ratio
+  to the BF16 forward, and FP8's fused time over NVFP4's;
+- the relative error of the output against the BF16 model's (Frobenius).
+
+Checks, each failing the run (exit status 1) when False or not made: fused == unfused output bit for bit;
+the fused forward ran every segment fused (``fused_path_stats``: ``2 * layers`` fused, no fallback); the
+restored model's output equals the BF16 output bit for bit. ``--check-targets`` judges the FP8 issue's goal
+(:func:`check_targets`). Writes ``bench_model.{csv,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -24,108 +39,289 @@ import results
 import timing
 
 PROG = "bench_model"
-#: (name, latent tokens per side after the 2x2 patchify): 1328 / 8 / 2 = 83, 1024 / 8 / 2 = 64.
-RESOLUTIONS = (("1328x1328", 83), ("1024x1024", 64))
-LINEARS = ("fc1", "all")
+DEFAULT_TOKENS = (6889, 10209)
+FORMATS = ("nvfp4", "fp8")
+LINEARS = ("all", "fc1")
+ZERO_COND_T = {"off": (False,), "on": (True,), "both": (False, True)}
+#: Segments per block of Qwen-Image: the image and the text stream.
+STREAMS = 2
+#: The FP8 issue's goal: format="fp8", linears="all", mode="fused", >= 4 blocks, these image tokens, without
+#: and with zero_cond_t.
+GOAL_FORMAT, GOAL_LINEARS, GOAL_LAYERS = "fp8", "all", 4
+GOAL_TOKENS = (6889, 10209)
+GOAL_RATIO, GOAL_REL_ERR = 0.80, 0.01
+REQUIRED_CHECKS = ("fused_equals_unfused", "no_fallback", "restored_equals_bf16")
+CSV_FIELDS = ["tokens", "zero_cond_t", "image_shapes", "batch", "format", "linears", "bf16_ms", "bf16_after_ms",
+              "fused_ms", "unfused_ms", "fused_over_bf16", "unfused_over_bf16", "fp8_over_nvfp4", "rel_err_vs_bf16",
+              "fused_segments", "fallbacks", "decline_reasons", "fused_equals_unfused", "no_fallback",
+              "restored_equals_bf16"]
 
 
-def model_inputs(batch: int, side: int, text_len: int, seed: int) -> Dict[str, Any]:
+def image_shapes(tokens: int, zero_cond_t: bool) -> List[Tuple[int, int, int]]:
+    """One sample's ``img_shapes`` for ``tokens`` latent tokens (after the 2x2 patchify): (1, h, w) with h the
+    largest divisor of ``tokens`` not above its square root (6889 = 83 x 83, 10209 = 83 x 123, 4096 = 64 x 64);
+    with ``zero_cond_t`` the same tokens as a target (1, h, w - w // 2) and a condition image (1, h, w // 2)."""
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens}")
+    h = max(d for d in range(1, math.isqrt(tokens) + 1) if tokens % d == 0)
+    w = tokens // h
+    if not zero_cond_t:
+        return [(1, h, w)]
+    if w < 2:
+        raise ValueError(f"tokens={tokens} cannot be split into a target and a condition image (zero_cond_t)")
+    return [(1, h, w - w // 2), (1, h, w // 2)]
+
+
+def model_inputs(batch: int, shapes: List[Tuple[int, int, int]], text_len: int, seed: int) -> Dict[str, Any]:
     """``model.forward`` keyword arguments of one case (random latents and text, a shorter second prompt)."""
     g = torch.Generator().manual_seed(seed)
+    tokens = sum(f * h * w for f, h, w in shapes)
     mask = torch.ones(batch, text_len, dtype=torch.bool)
     if batch > 1:
         mask[1, text_len // 2:] = False  # a shorter negative prompt
     return dict(
-        hidden_states=torch.randn(batch, side * side, 64, generator=g).bfloat16().cuda(),
+        hidden_states=torch.randn(batch, tokens, 64, generator=g).bfloat16().cuda(),
         encoder_hidden_states=torch.randn(batch, text_len, 3584, generator=g).bfloat16().cuda(),
         encoder_hidden_states_mask=mask.cuda(),
         timestep=torch.rand(batch, generator=g).cuda(),
-        img_shapes=[[(1, side, side)]] * batch,
+        img_shapes=[shapes] * batch,
         return_dict=False,
     )
 
 
-def table_lines(rows: List[Dict[str, Any]]) -> List[str]:
-    columns = ("resolution", "batch", "linears", "bf16 ms", "fused ms", "unfused ms", "fused / bf16", "fused == unfused",
-               "rel err vs bf16")
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| (Frobenius, fp32)."""
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def stats_fields(stats: Dict[str, Any], segments: int) -> Dict[str, Any]:
+    """A fused forward's ``fused_path_stats`` as row fields: segments fused, fallbacks and their reasons, and
+    ``no_fallback`` (every one of ``segments`` fused, none unfused or fallen back)."""
+    reasons = stats.get("decline_reasons") or {}
+    return {"fused_segments": stats.get("fused"), "fallbacks": stats.get("fallback"),
+            "decline_reasons": "; ".join(f"{k}: {v}" for k, v in sorted(reasons.items())),
+            "no_fallback": stats.get("fused") == segments and stats.get("fallback") == 0
+            and stats.get("unfused") == 0}
+
+
+def case_name(r: Dict[str, Any]) -> str:
+    """A row's case, as the failures and verdicts name it."""
+    return (f"{r['tokens']} tokens{' zero_cond_t' if r['zero_cond_t'] else ''} batch {r['batch']} "
+            f"format={r['format']} linears={r['linears']}")
+
+
+def add_fp8_over_nvfp4(rows: List[Dict[str, Any]]) -> None:
+    """``fp8_over_nvfp4`` on each FP8 row: its fused time over the NVFP4 row's of the same case and linears."""
+    key = lambda r: (r["tokens"], r["zero_cond_t"], r["batch"], r["linears"])  # noqa: E731
+    nvfp4 = {key(r): r for r in rows if r["format"] == "nvfp4"}
+    for r in rows:
+        other = nvfp4.get(key(r)) if r["format"] == "fp8" else None
+        r["fp8_over_nvfp4"] = r["fused_ms"] / other["fused_ms"] if other else float("nan")
+
+
+def table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """The markdown table, one line per case, format and linears."""
+    columns = ("image tokens", "zero_cond_t", "batch", "format", "linears", "bf16 ms", "fused ms", "unfused ms",
+               "fused / bf16", "fp8 / nvfp4 (fused)", "rel err vs bf16", "fused == unfused",
+               "segments fused (fallbacks)")
     return results.markdown_table(columns, (
-        (f"{r['resolution']} ({r['image_tokens']} tokens)", r["batch"], r["linears"], f"{r['bf16_ms']:.2f}",
-         f"{r['fused_ms']:.2f}", f"{r['unfused_ms']:.2f}", f"{r['fused_over_bf16']:.2f}x",
-         results.yes_no(r.get("fused_equals_unfused")), f"{r['rel_err_vs_bf16']:.3f}")
+        (r["tokens"], "yes" if r["zero_cond_t"] else "no", r["batch"], r["format"], r["linears"],
+         f"{r['bf16_ms']:.2f}", f"{r['fused_ms']:.2f}", f"{r['unfused_ms']:.2f}", f"{r['fused_over_bf16']:.2f}x",
+         results.fmt(r.get("fp8_over_nvfp4"), ".2f"), f"{r['rel_err_vs_bf16']:.4f}",
+         results.yes_no(r.get("fused_equals_unfused")), f"{r.get('fused_segments')} ({r.get('fallbacks')})")
         for r in rows))
 
 
 def byte_check_failures(rows: Sequence[Dict[str, Any]]) -> List[str]:
-    """Every case whose fused and unfused outputs differed (or were not compared)."""
-    return results.check_failures(rows, ["fused_equals_unfused"],
-                                  lambda r: f"{r['resolution']} batch {r['batch']} linears={r['linears']}")
+    """Every case whose checks (:data:`REQUIRED_CHECKS`) failed or were not made."""
+    return results.check_failures(rows, REQUIRED_CHECKS, case_name)
+
+
+def check_targets(rows: Sequence[Dict[str, Any]], layers: int) -> List[Tuple[str, str, str]]:
+    """(goal, PASS/FAIL, detail) for the FP8 issue's end-to-end goal, on the rows with format="fp8" and
+    linears="all" (mode "fused"): at >= 4 blocks, every case of :data:`GOAL_TOKENS` without and with
+    zero_cond_t measured; fused forward <= 0.80x the BF16 forward; relative error against BF16 <= 1%; fused ==
+    unfused bit for bit; every segment fused (no fallback). A goal whose cases were not all measured fails."""
+    at = [r for r in rows if r["format"] == GOAL_FORMAT and r["linears"] == GOAL_LINEARS]
+    missing = [f"{t} tokens{' zero_cond_t' if z else ''}" for t in GOAL_TOKENS for z in (False, True)
+               if not any(r["tokens"] == t and r["zero_cond_t"] == z for r in at)]
+    lacking = []
+    if layers < GOAL_LAYERS:
+        lacking.append(f"{layers} blocks (the goal needs >= {GOAL_LAYERS})")
+    if missing:
+        lacking.append("not measured: " + ", ".join(missing))
+
+    def verdict(name: str, ok: Callable[[Dict[str, Any]], bool], show: Callable[[Dict[str, Any]], str]):
+        detail = ", ".join(f"{r['tokens']}{' zct' if r['zero_cond_t'] else ''} b{r['batch']} {show(r)}" for r in at)
+        passed = bool(at) and not lacking and all(ok(r) for r in at)
+        return (name, "PASS" if passed else "FAIL", "; ".join([detail or "no fp8 / all case"] + lacking))
+
+    label = f'format="{GOAL_FORMAT}", linears="{GOAL_LINEARS}", fused'
+    return [
+        verdict(f"{label}: forward <= {GOAL_RATIO:.2f}x BF16", lambda r: r["fused_over_bf16"] <= GOAL_RATIO,
+                lambda r: f"{r['fused_over_bf16']:.3f}x"),
+        verdict(f"{label}: relative error vs BF16 <= {100 * GOAL_REL_ERR:.0f}%",
+                lambda r: r["rel_err_vs_bf16"] <= GOAL_REL_ERR, lambda r: f"{100 * r['rel_err_vs_bf16']:.2f}%"),
+        verdict(f"{label}: fused == unfused bit for bit", lambda r: r.get("fused_equals_unfused") is True,
+                lambda r: results.yes_no(r.get("fused_equals_unfused"))),
+        verdict(f"{label}: every segment fused (fused_path_stats, no fallback)",
+                lambda r: r.get("no_fallback") is True,
+                lambda r: f"{r.get('fused_segments')} fused, {r.get('fallbacks')} fallbacks"),
+    ]
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="diffusers Qwen-Image transformer: BF16 vs converted (GPU "
-                                "only). Writes bench_model.{csv,md}.")
+    p = argparse.ArgumentParser(prog=prog, description="diffusers Qwen-Image transformer: BF16 against the NVFP4 and "
+                                "FP8 conversions, fused and unfused (GPU only). Writes bench_model.{csv,md}.")
     p.add_argument("--layers", type=harness.positive_int, default=4,
                    help="transformer blocks (default 4; Qwen-Image has 60)")
+    p.add_argument("--tokens", type=harness.positive_int_list, default=None,
+                   help="comma-separated image token counts (default 6889,10209)")
+    p.add_argument("--zero-cond-t", choices=tuple(ZERO_COND_T), default="both",
+                   help="without (off), with (on) or both (default) zero_cond_t")
+    p.add_argument("--formats", type=harness.choice_list(FORMATS, "formats"), default=None,
+                   help="comma-separated subset of nvfp4,fp8 (default both)")
+    p.add_argument("--linears", type=harness.choice_list(LINEARS, "linears presets"), default=None,
+                   help="comma-separated subset of all,fc1 (default both)")
+    p.add_argument("--batches", type=harness.positive_int_list, default=[1], help="comma-separated batch sizes "
+                   "(default 1)")
     p.add_argument("--text-len", type=harness.positive_int, default=128, help="text tokens (default 128)")
     p.add_argument("--reps", type=harness.positive_int, default=10, help="timed forwards per case (default 10)")
     p.add_argument("--warmup", type=harness.positive_int, default=3, help="untimed forwards first (default 3)")
-    p.add_argument("--quick", action="store_true", help="1024x1024, batch 1 only, 3 timed forwards")
+    p.add_argument("--quick", action="store_true",
+                   help='format="fp8", linears="all" only (the goal\'s cases), 3 timed forwards after 2')
+    p.add_argument("--check-targets", action="store_true",
+                   help='judge the FP8 issue\'s goal (format="fp8", linears="all", fused: <= 0.80x BF16, rel err <= 1%%, '
+                        "fused == unfused, no fallback, at 6889 and 10209 tokens with and without zero_cond_t), "
+                        "print PASS/FAIL each, exit 1 if any fails")
     harness.add_out_argument(p)
     return p
 
 
+def argument_error(tokens: Sequence[int], zero_cond_t: Sequence[bool]) -> Optional[str]:
+    """The error for a token count the cases cannot be made of, or None."""
+    for t in tokens:
+        for z in zero_cond_t:
+            try:
+                image_shapes(t, z)
+            except ValueError as exc:
+                return f"--tokens: {exc}"
+    return None
+
+
+def build_model(layers: int, zero_cond_t: bool):
+    """The real-width model on the GPU in bf16, random weights from seed 0 (the same for both zero_cond_t)."""
+    from diffusers import QwenImageTransformer2DModel
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = QwenImageTransformer2DModel(num_layers=layers, attention_head_dim=128, num_attention_heads=24,
+                                            joint_attention_dim=3584, axes_dims_rope=(16, 56, 56),
+                                            zero_cond_t=zero_cond_t)
+    return model.to(torch.bfloat16).eval()
+
+
+def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequence[int], formats: Sequence[str],
+                  linears_list: Sequence[str], layers: int, text_len: int, reps: int, warmup: int,
+                  flush: torch.Tensor, log=print) -> List[Dict[str, Any]]:
+    """Every case of one model (``zero_cond_t`` off or on): the BF16 forward; per format and linears, the
+    converted model fused and unfused, its error and checks; the restored model's forward again. One row
+    per (tokens, batch, format, linears)."""
+    from qwen_resnorm_fp4.integrations import diffusers as qd
+
+    segments = STREAMS * layers
+    model = build_model(layers, zero_cond_t)
+
+    def forward_ms(inp: Dict[str, Any]) -> float:
+        return timing.flushed_per_call_us(lambda: model(**inp), reps, warmup, flush) / 1e3
+
+    rows: List[Dict[str, Any]] = []
+    with torch.inference_mode():
+        cases = [(t, b, image_shapes(t, zero_cond_t)) for t in tokens_list for b in batches]
+        inputs = {(t, b): model_inputs(b, shapes, text_len, seed=t + b) for t, b, shapes in cases}
+        bf16_ms = {c: forward_ms(inp) for c, inp in inputs.items()}
+        bf16_out = {c: model(**inp)[0] for c, inp in inputs.items()}
+        for fmt in formats:
+            for linears in linears_list:
+                qd.convert_transformer(model, mode="fused", format=fmt, linears=linears,
+                                       calibration_inputs=list(inputs.values()))
+                for t, b, shapes in cases:
+                    inp = inputs[(t, b)]
+                    qd.set_mode(model, "fused")
+                    fused_ms = forward_ms(inp)
+                    qd.fused_path_stats(model, reset=True)
+                    fused = model(**inp)[0]
+                    stats = qd.fused_path_stats(model, reset=True)
+                    qd.set_mode(model, "unfused")
+                    unfused_ms = forward_ms(inp)
+                    unfused = model(**inp)[0]
+                    row = {"tokens": t, "zero_cond_t": zero_cond_t, "image_shapes": str(shapes), "batch": b,
+                           "format": fmt, "linears": linears, "bf16_ms": bf16_ms[(t, b)], "fused_ms": fused_ms,
+                           "unfused_ms": unfused_ms, "fused_over_bf16": fused_ms / bf16_ms[(t, b)],
+                           "unfused_over_bf16": unfused_ms / bf16_ms[(t, b)],
+                           "rel_err_vs_bf16": rel_err(fused, bf16_out[(t, b)]),
+                           "fused_equals_unfused": results.outputs_equal(fused, unfused),
+                           **stats_fields(stats, segments)}
+                    rows.append(row)
+                    log(f"{case_name(row)}: bf16 {row['bf16_ms']:.2f} ms, fused {fused_ms:.2f} ms "
+                        f"({row['fused_over_bf16']:.3f}x), unfused {unfused_ms:.2f} ms, rel err "
+                        f"{row['rel_err_vs_bf16']:.4f}, fused == unfused {row['fused_equals_unfused']}, "
+                        f"segments fused {row['fused_segments']}/{segments}"
+                        + (f" (declined: {row['decline_reasons']})" if row["fallbacks"] else ""))
+                    del fused, unfused
+                qd.restore_transformer(model)
+        # The restored model: the BF16 bytes again, and its time (the drift over the run).
+        after = {c: (forward_ms(inp), results.outputs_equal(model(**inp)[0], bf16_out[c]))
+                 for c, inp in inputs.items()}
+    for r in rows:
+        r["bf16_after_ms"], r["restored_equals_bf16"] = after[(r["tokens"], r["batch"])]
+    return rows
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    tokens_list = args.tokens or list(DEFAULT_TOKENS)
+    zero_cond = ZERO_COND_T[args.zero_cond_t]
+    formats = args.formats or ([GOAL_FORMAT] if args.quick else list(FORMATS))
+    linears_list = args.linears or ([GOAL_LINEARS] if args.quick else list(LINEARS))
+    reps, warmup = (3, 2) if args.quick else (args.reps, args.warmup)
+    error = argument_error(tokens_list, zero_cond)  # arguments first: a wrong one is reported on any machine
+    if error is not None:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 2
     if (rc := harness.refuse_without_gpu(PROG)) is not None:
         return rc
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
     qd.hide_unimportable_flashinfer()  # diffusers' models import next to a headers-only flashinfer
-    from diffusers import QwenImageTransformer2DModel
-
-    reps = 3 if args.quick else args.reps
-    resolutions = RESOLUTIONS[1:] if args.quick else RESOLUTIONS
-    batches = (1,) if args.quick else (1, 2)
-    torch.manual_seed(0)
-    model = QwenImageTransformer2DModel(num_layers=args.layers, attention_head_dim=128, num_attention_heads=24,
-                                        joint_attention_dim=3584).to(device="cuda", dtype=torch.bfloat16).eval()
     header = harness.run_header() + [
-        f"QwenImageTransformer2DModel, {args.layers} blocks, width 3072, random weights, {args.text_len} text "
-        f"tokens; forward time, CUDA events, median of {reps} (cold L2); calibration on each case's own inputs"]
+        f"QwenImageTransformer2DModel, {args.layers} blocks, 24 heads x 128 (width 3072), random weights, "
+        f"{args.text_len} text tokens; forward time, CUDA events, median of {reps} after {warmup} (cold L2); "
+        "each conversion calibrated on every case's inputs of its model; rel err: Frobenius, against the BF16 "
+        "model's output"]
     print("\n".join(header))
     flush = timing.l2_flush_buffer()
 
-    def forward_ms(inp: Dict[str, Any]) -> float:
-        return timing.flushed_per_call_us(lambda: model(**inp), reps, args.warmup, flush) / 1e3
-
     rows: List[Dict[str, Any]] = []
-    with torch.inference_mode():
-        for res_name, side in resolutions:
-            for batch in batches:
-                inp = model_inputs(batch, side, args.text_len, seed=batch)
-                bf16_ms = forward_ms(inp)
-                bf16_out = model(**inp)[0]
-                for linears in LINEARS:
-                    qd.convert_transformer(model, mode="fused", calibration_inputs=inp, linears=linears)
-                    fused_ms = forward_ms(inp)
-                    fused = model(**inp)[0]
-                    qd.set_mode(model, "unfused")
-                    unfused_ms = forward_ms(inp)
-                    unfused = model(**inp)[0]
-                    qd.restore_transformer(model)
-                    err = ((fused.float() - bf16_out.float()).norm() / bf16_out.float().norm()).item()
-                    rows.append({"resolution": res_name, "image_tokens": side * side, "batch": batch,
-                                 "linears": linears, "bf16_ms": bf16_ms, "fused_ms": fused_ms,
-                                 "unfused_ms": unfused_ms, "fused_over_bf16": fused_ms / bf16_ms,
-                                 "fused_equals_unfused": results.outputs_equal(fused, unfused),
-                                 "rel_err_vs_bf16": err})
-                    del fused, unfused
-                del bf16_out, inp
-                torch.cuda.empty_cache()
+    for zct in zero_cond:
+        rows += measure_model(zct, tokens_list, args.batches, formats, linears_list, args.layers, args.text_len,
+                              reps, warmup, flush, log=lambda line: print(line, flush=True))
+        torch.cuda.empty_cache()  # the model of this zero_cond_t is gone: free its memory for the next
+    add_fp8_over_nvfp4(rows)
     lines = table_lines(rows)
     print("\n".join(lines))
-    results.write_report(args.out, "bench_model", rows, ["# bench_model", ""] + [f"- {h}" for h in header] + [""] + lines)
-    return results.exit_status(byte_check_failures(rows), "fused and unfused model outputs differ")
+    md = [f"# {PROG}", ""] + [f"- {h}" for h in header] + [""] + lines
+    target_res = check_targets(rows, args.layers) if args.check_targets else []
+    if target_res:
+        md += ["", "## Goal (FP8 issue, end to end)", ""] + [f"- {v}: {n} ({d})" for n, v, d in target_res]
+    results.write_report(args.out, PROG, rows, md, CSV_FIELDS)
+    rc = 0
+    if target_res:
+        print("\nthe FP8 issue's end-to-end goal:")
+        for n, v, d in target_res:
+            print(f"  {v}  {n}: {d}")
+        rc = int(any(v == "FAIL" for _, v, _ in target_res))
+    return max(rc, results.exit_status(byte_check_failures(rows), "converted model checks"))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import argparse
 import datetime
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import torch
 from qwen_resnorm_fp4.layout import round_up
@@ -41,6 +41,19 @@ def positive_int_list(text: str) -> List[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def choice_list(allowed: Sequence[str], what: str) -> Callable[[str], List[str]]:
+    """argparse type: comma-separated values of ``allowed`` (``what`` names them in the error), at least one,
+    duplicates dropped, in the order given."""
+    def parse(text: str) -> List[str]:
+        values = [v for v in text.replace(" ", "").split(",") if v]
+        bad = [v for v in values if v not in allowed]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what} of {', '.join(allowed)}, got {text!r}")
+        return list(dict.fromkeys(values))
+
+    return parse
 
 
 def add_out_argument(parser: argparse.ArgumentParser) -> None:

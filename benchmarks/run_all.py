@@ -4,9 +4,9 @@ writing into ``--out``; prints one summary line per benchmark and exits with the
 
     python benchmarks/run_all.py --out DIR [--quick] [--check-targets] [--only fused,pdl]
 
-``--quick`` and ``--check-targets`` go to the benchmarks that take them (``bench_fused``; ``--quick`` also to
-``bench_model``). A benchmark exits 1 when one of its byte checks fails (and ``bench_fused --check-targets``
-when a performance goal fails), 2 when it cannot run here.
+``--quick`` and ``--check-targets`` go to the benchmarks that take them (``bench_fused``, ``bench_fp8`` and
+``bench_model``). A benchmark exits 1 when one of its checks fails (and with ``--check-targets`` when a goal
+fails), 2 when it cannot run here (no GPU, or a build without the FP8 ops for the FP8 benchmarks).
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ HERE = Path(__file__).resolve().parent
 #: name -> (script, options it takes from this command line)
 BENCHMARKS: Dict[str, tuple] = {
     "fused": ("bench_fused.py", ("--quick", "--check-targets")),
+    "fp8": ("bench_fp8.py", ("--quick", "--check-targets")),
     "pdl": ("bench_pdl.py", ()),
     "per_token": ("bench_per_token.py", ()),
     "gemm": ("bench_gemm.py", ()),
-    "model": ("bench_model.py", ("--quick",)),
+    "fp8_linear": ("bench_fp8_linear.py", ()),
+    "model": ("bench_model.py", ("--quick", "--check-targets")),
 }
 
 
@@ -33,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run_all", description="Run every benchmark (GPU only), each into --out.")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output directory")
     p.add_argument("--quick", action="store_true", help="the short variants where a benchmark has one")
-    p.add_argument("--check-targets", action="store_true", help="bench_fused judges the performance goals")
+    p.add_argument("--check-targets", action="store_true", help="bench_fused, bench_fp8 and bench_model judge their goals")
     p.add_argument("--only", type=lambda s: [n for n in s.split(",") if n], default=None,
                    help=f"comma-separated subset of {','.join(BENCHMARKS)}")
     return p

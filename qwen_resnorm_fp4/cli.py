@@ -5,7 +5,8 @@
   kernel path it takes, the environment switches in force (``--json`` for machine-readable output).
 - ``demo``: one Qwen-Image-shaped step (image and text streams), fused vs unfused byte-exact check,
   dequantization error, time per call. Exits 1 if fused and unfused are not byte-exact.
-- ``bench``, ``bench-pdl``, ``bench-per-token``, ``bench-gemm``, ``bench-model``: the benchmarks (GPU only).
+- ``bench``, ``bench-pdl``, ``bench-per-token``, ``bench-gemm``, ``bench-fp8``, ``bench-fp8-linear``,
+  ``bench-model``: the benchmarks (GPU only).
   They are not part of the installed package: each runs a script of the source repository's ``benchmarks/``
   (:data:`BENCHMARKS`) with this interpreter and this package, found next to the package (a checkout) or
   through QWEN_FP4_BENCHMARKS; where there is none, it says how to get one and exits 2.
@@ -202,7 +203,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 #: The benchmark commands and the scripts under the repository's benchmarks/ that they run.
 BENCHMARKS = {"bench": "bench_fused.py", "bench-pdl": "bench_pdl.py", "bench-per-token": "bench_per_token.py",
-              "bench-gemm": "bench_gemm.py", "bench-model": "bench_model.py"}
+              "bench-gemm": "bench_gemm.py", "bench-fp8": "bench_fp8.py", "bench-fp8-linear": "bench_fp8_linear.py",
+              "bench-model": "bench_model.py"}
 #: A checkout's benchmarks/ directory, for an installed package that does not sit in a checkout.
 BENCHMARKS_DIR_VAR = "QWEN_FP4_BENCHMARKS"
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -276,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--json", action="store_true", help="print the results as JSON only")
     what = {"bench": "the fused op vs its peers", "bench-pdl": "a GEMM -> fused op pair, PDL on and off",
             "bench-per-token": "per-token modulation vs FlashInfer's DiT kernel",
-            "bench-gemm": "NVFP4 GEMM paths vs BF16", "bench-model": "Qwen-Image transformer vs BF16"}
+            "bench-gemm": "NVFP4 GEMM paths vs BF16", "bench-fp8": "the FP8 ops vs their peers",
+            "bench-fp8-linear": "FP8Linear vs BF16 Linear", "bench-model": "Qwen-Image transformer vs BF16"}
     for name, script in BENCHMARKS.items():
         sub.add_parser(name, add_help=False,
                        help=f"{what[name]} (GPU only; runs a checkout's benchmarks/{script}; {name} --help)")

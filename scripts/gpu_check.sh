@@ -10,7 +10,8 @@
 #   PYTEST_K="not exhaustively" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
 #   WHEEL=dist/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests bench
 #   BASELINE_WHEEL=old.whl bash scripts/gpu_check.sh bench     (this checkout's benchmark of old.whl first, then of
-#                                                              this build, same machine, same arguments: before/after)
+#                                                              this build, same machine, same arguments: before/after;
+#                                                              BASELINE_DIR=dir: a directory holding an older build)
 #   stages bench, pdl, per_token, gemm, model run benchmarks/bench_*.py (BENCH_ARGS, PDL_ARGS, PER_TOKEN_ARGS,
 #   GEMM_ARGS, MODEL_ARGS pass options), against the package the tests use
 #   EMULATION_WHEEL=emu.whl bash scripts/gpu_check.sh emulation   (the Blackwell emulation wheel, built elsewhere with
@@ -53,8 +54,11 @@ for stage in "${stages[@]}"; do
     bench)
       if [ -n "${BASELINE_WHEEL:-}" ]; then
         rm -rf /tmp/baseline && python3 -m pip install -q --no-deps --no-index --target /tmp/baseline "$BASELINE_WHEEL" \
-          && (cd /tmp && PYTHONPATH=/tmp/baseline python3 "$REPO/benchmarks/bench_fused.py" \
-                --out "$OUT/bench_baseline" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_baseline.log") || status=1
+          && BASELINE_DIR=/tmp/baseline
+      fi
+      if [ -n "${BASELINE_DIR:-}" ]; then  # a directory holding an older built qwen_resnorm_fp4
+        (cd /tmp && PYTHONPATH=$BASELINE_DIR python3 "$REPO/benchmarks/bench_fused.py" \
+           --out "$OUT/bench_baseline" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_baseline.log") || status=1
       fi
       python3 "$REPO/benchmarks/bench_fused.py" --out "$OUT/bench" --check-targets ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     pdl)  # a GEMM -> fused op pair, programmatic dependent launch on and off

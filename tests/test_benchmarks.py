@@ -18,6 +18,8 @@ if not (BENCH / "timing.py").is_file():
     pytest.skip("benchmarks/ not in this copy of the tests", allow_module_level=True)
 sys.path.insert(0, str(BENCH))
 
+import bench_fp8  # noqa: E402,F401
+import bench_fp8_linear  # noqa: E402,F401
 import bench_fused  # noqa: E402
 import bench_gemm  # noqa: E402
 import bench_model  # noqa: E402
@@ -31,7 +33,7 @@ from peers import flashinfer_dit  # noqa: E402
 from qwen_resnorm_fp4 import reference  # noqa: E402
 from qwen_resnorm_fp4.layout import round_up  # noqa: E402
 
-SCRIPTS = ("bench_fused", "bench_pdl", "bench_per_token", "bench_gemm", "bench_model")
+SCRIPTS = ("bench_fused", "bench_fp8", "bench_pdl", "bench_per_token", "bench_gemm", "bench_fp8_linear", "bench_model")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -239,7 +241,9 @@ def test_each_benchmark_refuses_without_a_gpu(script, monkeypatch, tmp_path, cap
 @pytest.mark.parametrize("script, argv", [
     ("bench_fused", ["--reps", "0"]), ("bench_fused", ["--rows", "17,0"]), ("bench_fused", ["--dims", "-64"]),
     ("bench_pdl", ["--rows", "0"]), ("bench_per_token", ["--replays", "-1"]), ("bench_gemm", ["--rows", "x"]),
-    ("bench_model", ["--layers", "0"]),
+    ("bench_model", ["--layers", "0"]), ("bench_model", ["--tokens", "6889,0"]), ("bench_model", ["--batches", "x"]),
+    ("bench_fp8", ["--rows", "0"]), ("bench_fp8", ["--replays", "-2"]), ("bench_fp8_linear", ["--tokens", "0"]),
+    ("bench_fp8_linear", ["--reps", "0"]),
 ])
 def test_counts_must_be_positive(script, argv, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -448,14 +452,16 @@ def test_pdl_setting_sets_and_restores(before):
 def test_gemm_and_model_checks():
     assert bench_gemm.byte_check_failures([{"M": 256, "K": 3072, "N": 12288}]) == [
         "256 x 3072 x 12288: operands_exact not checked"]
-    assert bench_model.byte_check_failures([{"resolution": "1024x1024", "batch": 1, "linears": "fc1",
-                                             "fused_equals_unfused": False}]) == [
-        "1024x1024 batch 1 linears=fc1: fused_equals_unfused failed"]
+    row = {"tokens": 4096, "zero_cond_t": False, "batch": 1, "format": "nvfp4", "linears": "fc1",
+           "fused_equals_unfused": False, "no_fallback": True}
+    assert bench_model.byte_check_failures([row]) == [
+        "4096 tokens batch 1 format=nvfp4 linears=fc1: fused_equals_unfused failed",
+        "4096 tokens batch 1 format=nvfp4 linears=fc1: restored_equals_bf16 not checked"]
 
 
 def test_model_inputs_token_counts():
     # 1328x1328 and 1024x1024 images: 6889 and 4096 tokens after the VAE (/8) and the 2x2 patchify
-    assert [side * side for _, side in bench_model.RESOLUTIONS] == [6889, 4096]
+    assert [bench_model.image_shapes(t, False) for t in (6889, 4096)] == [[(1, 83, 83)], [(1, 64, 64)]]
 
 
 def test_run_all_commands(tmp_path):
@@ -463,7 +469,8 @@ def test_run_all_commands(tmp_path):
     cmds = dict(run_all.commands(args))
     assert list(cmds) == list(run_all.BENCHMARKS)
     assert cmds["fused"][1:] == [str(BENCH / "bench_fused.py"), "--out", str(tmp_path), "--quick", "--check-targets"]
-    assert cmds["model"][-1] == "--quick" and cmds["pdl"][-2:] == ["--out", str(tmp_path)]
+    assert cmds["model"][-2:] == ["--quick", "--check-targets"] and cmds["pdl"][-2:] == ["--out", str(tmp_path)]
+    assert cmds["fp8"][-2:] == ["--quick", "--check-targets"] and cmds["fp8_linear"][-2:] == ["--out", str(tmp_path)]
     args = run_all.build_parser().parse_args(["--only", "pdl,gemm"])
     assert [n for n, _ in run_all.commands(args)] == ["pdl", "gemm"]
     with pytest.raises(ValueError, match="unknown benchmark 'nope'"):
