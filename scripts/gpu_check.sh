@@ -4,7 +4,8 @@
 # must hold the in-place build (the README's quickstart, or a qwen_resnorm_fp4/_C*.so copied in); with
 # WHEEL=path it installs that wheel and runs everything against the installed package instead.
 #
-#   bash scripts/gpu_check.sh [demo] [tests] [bench] [pdl] [per_token] [gemm] [model] [ncu] [sanitizer] [emulation]
+#   bash scripts/gpu_check.sh [demo] [tests] [bench] [pdl] [per_token] [gemm] [fp8] [fp8_linear] [model] [ncu]
+#                             [sanitizer] [emulation]
 #                                                                                              (default: tests)
 #   PYTEST_ARGS="-m gpu" bash scripts/gpu_check.sh tests
 #   PYTEST_K="not exhaustively" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
@@ -12,8 +13,8 @@
 #   BASELINE_WHEEL=old.whl bash scripts/gpu_check.sh bench     (this checkout's benchmark of old.whl first, then of
 #                                                              this build, same machine, same arguments: before/after;
 #                                                              BASELINE_DIR=dir: a directory holding an older build)
-#   stages bench, pdl, per_token, gemm, model run benchmarks/bench_*.py (BENCH_ARGS, PDL_ARGS, PER_TOKEN_ARGS,
-#   GEMM_ARGS, MODEL_ARGS pass options), against the package the tests use
+#   stages bench, pdl, per_token, gemm, fp8, fp8_linear, model run benchmarks/bench_*.py (BENCH_ARGS, PDL_ARGS,
+#   PER_TOKEN_ARGS, GEMM_ARGS, FP8_ARGS, FP8_LINEAR_ARGS, MODEL_ARGS pass options), against the package the tests use
 #   EMULATION_WHEEL=emu.whl bash scripts/gpu_check.sh emulation   (the Blackwell emulation wheel, built elsewhere with
 #                       QWEN_FP4_EMULATE_BLACKWELL=1, installed into /tmp/emulation_site: the blackwell_emulation
 #                       tests, then the whole suite against it; logs emulation_*.txt/log)
@@ -69,6 +70,11 @@ for stage in "${stages[@]}"; do
       python3 -m qwen_resnorm_fp4 demo 2>&1 | tee "$OUT/demo.log" || status=1 ;;
     gemm)  # the NVFP4 GEMM paths against the BF16 GEMM of the same shapes
       python3 "$REPO/benchmarks/bench_gemm.py" --out "$OUT/gemm" ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.log" || status=1 ;;
+    fp8)  # the FP8 ops against a copy of the same bytes and the unfused chains
+      python3 "$REPO/benchmarks/bench_fp8.py" --out "$OUT/fp8" ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8.log" || status=1 ;;
+    fp8_linear)  # FP8Linear (torch._scaled_mm) against BF16 nn.Linear at the Qwen-Image shapes
+      python3 "$REPO/benchmarks/bench_fp8_linear.py" --out "$OUT/fp8_linear" ${FP8_LINEAR_ARGS:-} 2>&1 \
+        | tee "$OUT/fp8_linear.log" || status=1 ;;
     model)  # a real-width diffusers Qwen-Image transformer: BF16 against converted fused / unfused
       python3 "$REPO/benchmarks/bench_model.py" --out "$OUT/model" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/model.log" || status=1 ;;
     ncu)  # scripts/ncu_profile.sh: 4096 rows fused, 256 rows fused and the pair ($OUT/ncu_*.txt)
