@@ -109,7 +109,7 @@ def _check_fused(inp, s, eps=1e-6):
     scale = torch.tensor([s], device="cuda")
     y, r = q.resnorm_quant_fp8(*_resnorm_args(inp), scale, eps, **_kw(inp))
     y_bf16, r_ref = q.resnorm(*_resnorm_args(inp), eps, **_kw(inp))
-    assert torch.equal(r, r_ref)
+    assert torch.equal(r.view(torch.int16), r_ref.view(torch.int16))  # bits: NaN rows compare too
     assert torch.equal(_bytes(y), _bytes(q.fp8_quantize(y_bf16, scale)))
     assert torch.equal(_bytes(y), _gpu_rule(y_bf16, scale))
     return y, r, y_bf16
@@ -162,7 +162,8 @@ def test_nan_and_inf_rows_stay_in_their_row(D, seed):
     y, r, y_bf16 = _check_fused(bad, 0.03125)
     keep = torch.ones(300, dtype=torch.bool, device="cuda")
     keep[[5, 77]] = False
-    assert torch.equal(_bytes(y)[0, keep], _bytes(y_clean)[0, keep]) and torch.equal(r[0, keep], r_clean[0, keep])
+    assert torch.equal(_bytes(y)[0, keep], _bytes(y_clean)[0, keep])
+    assert torch.equal(r[0, keep].view(torch.int16), r_clean[0, keep].view(torch.int16))
     assert bool((_bytes(y)[0, 5] == 0xFE).all())  # the row's statistics are NaN: fmaxf(NaN, -448) = -448
 
 
@@ -230,7 +231,8 @@ def test_one_launch_per_call(rows):
     _one_launch(lambda: q.resnorm_quant_fp8(*_resnorm_args(inp), scale))
     _one_launch(lambda: q.fp8_quantize(inp["x"], scale))
     _one_launch(lambda: q.norm_modulate_quant_fp8(inp["x"], inp["scale"], inp["shift"], scale))
-    _one_launch(lambda: q.norm_modulate_quant(inp["x"], inp["scale"], inp["shift"], torch.ones(1, device="cuda")))
+    global_scale = torch.ones(1, device="cuda")  # made outside the profiled call: its fill is a launch of its own
+    _one_launch(lambda: q.norm_modulate_quant(inp["x"], inp["scale"], inp["shift"], global_scale))
 
 
 def _block(residual, x, gate, scale, shift, s):

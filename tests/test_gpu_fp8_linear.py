@@ -143,6 +143,7 @@ def test_real_width_qwen_image_fp8_fused_equals_unfused(zero_cond_t, linears, ca
             qd.set_mode(model, "unfused")
             unfused = run(model, inp)
             assert torch.equal(unfused, run(model, inp)), "run-to-run nondeterminism (unfused twice)"
+            assert qd.fused_path_stats(model, reset=True)["unfused"] == 2 * segments  # the next round starts at 0
             assert torch.equal(fused, unfused) and sha256(fused) == sha256(unfused)
             assert torch.isfinite(fused.float()).all()
             err = rel_err(fused, original)
