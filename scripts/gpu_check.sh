@@ -8,6 +8,8 @@
 #                             [sanitizer] [emulation]
 #                                                                                              (default: tests)
 #   PYTEST_ARGS="-m gpu" bash scripts/gpu_check.sh tests
+#   PYTEST_WORKERS=12 bash scripts/gpu_check.sh tests   (pytest-xdist workers sharing the GPU: the whole suite, about
+#                                                       4,100 tests, runs past 9 minutes in one process on an H200)
 #   PYTEST_K="not exhaustively" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
 #   WHEEL=dist/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests bench
 #   BASELINE_WHEEL=old.whl bash scripts/gpu_check.sh bench     (this checkout's benchmark of old.whl first, then of
@@ -51,7 +53,9 @@ cd "$RUN_DIR"
 for stage in "${stages[@]}"; do
   case "$stage" in
     tests)
-      python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs --durations=15 ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
+      # -rfEs: the failures' names in the summary; -n N (pytest-xdist, where installed) runs workers side by side
+      python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEs --durations=15 --junitxml="$OUT/gpu_tests.xml" \
+        ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
     bench)
       if [ -n "${BASELINE_WHEEL:-}" ]; then
         rm -rf /tmp/baseline && python3 -m pip install -q --no-deps --no-index --target /tmp/baseline "$BASELINE_WHEEL" \
