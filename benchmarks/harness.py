@@ -14,33 +14,12 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 import torch
+from qwen_resnorm_fp4._argtypes import positive_int, positive_int_list  # noqa: F401 - the CLI's argument types
 from qwen_resnorm_fp4.layout import round_up
 from qwen_resnorm_fp4.recipe import global_scale_numerator
 
 #: The op's eps in every benchmark.
 EPS = 1e-6
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def positive_int_list(text: str) -> List[int]:
-    """argparse type: comma-separated integers, each >= 1, at least one."""
-    try:
-        values = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def choice_list(allowed: Sequence[str], what: str) -> Callable[[str], List[str]]:
