@@ -16,6 +16,9 @@ PATH_BLACKWELL_EMULATED = ("Blackwell (FlashInfer conversion, its E2M1 instructi
 PATH_PORTABLE = "portable (software E2M1, = cuda_fp4.h)"
 PATH_PORTABLE_JIT = "portable (software E2M1, = cuda_fp4.h; compute_90 PTX JIT)"
 PATH_CPU = "CPU reference"
+#: The compiled library is loaded but its build info is missing: its GPU targets are not known here.
+PATH_UNRECORDED = ("unknown: the compiled library is loaded but its build wrote no _build_info.py (its GPU targets "
+                   "are not recorded); the CUDA ops say at the call whether they serve this GPU")
 
 
 def package_version() -> str:
@@ -73,7 +76,9 @@ def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]
     if library_loaded is None:
         library_loaded = _library.cuda_available()
     if archs is None:
-        archs = build_info()["cuda_archs"] or []
+        archs = build_info()["cuda_archs"]
+    recorded = archs is not None  # False: a loaded library whose build wrote no _build_info.py
+    archs = archs or []
     if emulation is None:
         emulation = bool(build_info()["blackwell_emulation"])
     if capability is None:
@@ -101,6 +106,8 @@ def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]
         return PATH_PORTABLE
     if any(ptx and (am, an) <= (major, minor) for ptx, am, an, _ in parsed):
         return PATH_PORTABLE_JIT
+    if not recorded:
+        return PATH_UNRECORDED
     return (f"none: this build ({' '.join(archs) or 'no GPU targets'}) has no kernel for sm_{major}{minor}; "
             "CUDA tensors will fail, CPU tensors use the reference")
 

@@ -261,16 +261,11 @@ class FP8Linear(torch.nn.Module):
         ``input_scale``, e.g. by :func:`~qwen_resnorm_fp4.resnorm_quant_fp8`) -> bf16 [..., N]."""
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-        if x.dtype == torch.bfloat16:
-            if x.dim() < 1 or x.shape[-1] != self.in_features:
-                raise ValueError(f"x must be [..., {self.in_features}], got shape {tuple(x.shape)}")
-            q = self.quantize_input(x)
-        elif x.dtype == torch.float8_e4m3fn:
-            if x.dim() < 1 or x.shape[-1] != self.in_features:
-                raise ValueError(f"x must be [..., {self.in_features}], got shape {tuple(x.shape)}")
-            q = x
-        else:
+        if x.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
             raise TypeError(f"x must be a bfloat16 or float8_e4m3fn tensor, got {x.dtype}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x must be [..., {self.in_features}], got shape {tuple(x.shape)}")
+        q = self.quantize_input(x) if x.dtype == torch.bfloat16 else x
         if q.device != self.weight.device:
             raise ValueError(f"x is on {q.device} but the layer's weight is on {self.weight.device}")
         lead = q.shape[:-1]

@@ -268,6 +268,14 @@ def test_kernel_path(cap, archs, expected):
     assert info.kernel_path(cap, archs, library_loaded=True, choice="auto", emulation=False) == expected
 
 
+def test_kernel_path_without_build_info(monkeypatch):
+    """A loaded library without its build info (an in-place build copied without _build_info.py) is not
+    reported as one without GPU targets."""
+    monkeypatch.setattr(info, "build_info", lambda: {"cuda_archs": None, "blackwell_emulation": False})
+    assert info.kernel_path((9, 0), library_loaded=True, choice="auto") == info.PATH_UNRECORDED
+    assert info.kernel_path((9, 0), [], library_loaded=True, choice="auto").startswith("none: this build")
+
+
 ARCHS = ["90a", "100f", "120f", "compute_90"]
 
 
