@@ -20,7 +20,7 @@ timestep's parameters through ``modulate_index``), in one run per case:
 - the relative error of the output against the BF16 model's (Frobenius).
 
 Checks, each failing the run (exit status 1) when False or not made: fused == unfused output bit for bit;
-the fused forward ran every segment fused (``fused_path_stats``: ``2 * layers`` fused, no fallback); the
+the fused forward ran every segment fused (``fused_path_stats``: ``segments_per_forward`` fused, no fallback); the
 restored model's output equals the BF16 output bit for bit. ``--check-targets`` judges the FP8 issue's goal
 (:func:`check_targets`). Writes ``bench_model.{csv,md}``.
 """
@@ -43,8 +43,6 @@ DEFAULT_TOKENS = (6889, 10209)
 FORMATS = ("nvfp4", "fp8")
 LINEARS = ("all", "fc1")
 ZERO_COND_T = {"off": (False,), "on": (True,), "both": (False, True)}
-#: Segments per block of Qwen-Image: the image and the text stream.
-STREAMS = 2
 #: The FP8 issue's goal: format="fp8", linears="all", mode="fused", >= 4 blocks, these image tokens, without
 #: and with zero_cond_t.
 GOAL_FORMAT, GOAL_LINEARS, GOAL_LAYERS = "fp8", "all", 4
@@ -229,7 +227,6 @@ def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequen
     per (tokens, batch, format, linears)."""
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
-    segments = STREAMS * layers
     model = build_model(layers, zero_cond_t)
 
     def forward_ms(inp: Dict[str, Any]) -> float:
@@ -245,6 +242,7 @@ def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequen
             for linears in linears_list:
                 qd.convert_transformer(model, mode="fused", format=fmt, linears=linears,
                                        calibration_inputs=list(inputs.values()))
+                segments = qd.conversion_info(model).segments_per_forward
                 for t, b, shapes in cases:
                     inp = inputs[(t, b)]
                     qd.set_mode(model, "fused")

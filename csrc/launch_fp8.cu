@@ -1,6 +1,6 @@
 // Launchers of the FP8 (E4M3) ops: resnorm_quant_fp8 through the row kernels' launch path (the
 // configuration, plain/general and first-wave stagger variants resnorm takes), norm_modulate_quant_fp8,
-// and the element-wise fp8_quantize.
+// and the element-wise fp8_quantize and gelu_tanh_fp8_quantize.
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -12,9 +12,12 @@
 
 namespace qwen_fp4 {
 
-// fp8_quantize: E4M3 of a.n contiguous bf16 values, 8 per 16-byte vector (grid-stride over the vectors),
-// the last n % 8 one by one in CTA 0.
+// fp8_quantize (kActivation kNone) / gelu_tanh_fp8_quantize (kGeluTanh): E4M3 of a.n contiguous bf16
+// values (after GELU to bf16), 8 per 16-byte vector (grid-stride over the vectors), the last n % 8 one by
+// one in CTA 0.
+template <Fp8Activation kActivation>
 __global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8QuantizeArgs a) {
+  constexpr bool kGelu = kActivation == Fp8Activation::kGeluTanh;
   begin_after_predecessor();
   const float input_scale = __ldg(a.input_scale);
   const bool valid = fp8_scale_valid(input_scale);
@@ -23,12 +26,14 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8QuantizeArgs
   const uint4* y = static_cast<const uint4*>(a.y);
   uint2* q = reinterpret_cast<uint2*>(a.out);
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vecs; v += int64_t(gridDim.x) * blockDim.x) {
-    store_stream(q + v, e4m3x8_from_bf16x8(load_stream(y + v), inv, valid));
+    const uint4 in = load_stream(y + v);
+    store_stream(q + v, e4m3x8_from_bf16x8(kGelu ? gelu_tanh_bf16x8(in) : in, inv, valid));
   }
   const int64_t tail = a.n - vecs * kVecElems;
   if (blockIdx.x == 0 && threadIdx.x < tail) {
     const int64_t i = vecs * kVecElems + threadIdx.x;
-    a.out[i] = e4m3_from_bf16(static_cast<const uint16_t*>(a.y)[i], inv, valid);
+    const uint16_t in = static_cast<const uint16_t*>(a.y)[i];
+    a.out[i] = e4m3_from_bf16(kGelu ? gelu_tanh_bf16(in) : in, inv, valid);
   }
 }
 
@@ -56,8 +61,10 @@ void launch_fp8_quantize(const Fp8QuantizeArgs& args, const LaunchTarget& on) {
   const int64_t fill = has_device_cache(on.device) ? int64_t(device_sms(on.device)) * 8 : 1024;
   int64_t grid = ceil_div(vecs, kThreads);
   grid = grid < 1 ? 1 : (grid > fill ? fill : grid);
-  launch_kernel(fp8_quantize_kernel, grid, kThreads, static_cast<cudaStream_t>(on.stream), pdl_enabled(), args);
-  check_launch("fp8_quantize");
+  const auto kernel = args.activation == Fp8Activation::kGeluTanh ? fp8_quantize_kernel<Fp8Activation::kGeluTanh>
+                                                                  : fp8_quantize_kernel<Fp8Activation::kNone>;
+  launch_kernel(kernel, grid, kThreads, static_cast<cudaStream_t>(on.stream), pdl_enabled(), args);
+  check_launch(args.activation == Fp8Activation::kGeluTanh ? "gelu_tanh_fp8_quantize" : "fp8_quantize");
 }
 
 }  // namespace qwen_fp4

@@ -10,12 +10,18 @@
 
 namespace qwen_fp4 {
 
-// fp8_quantize: n contiguous bf16 values at y (16-byte aligned) to n E4M3 bytes at out (16-byte aligned).
+// What the element-wise FP8 kernel applies to each bf16 value before E4M3: nothing (fp8_quantize) or
+// PyTorch's GELU(tanh) rounded to bf16 (gelu_tanh_fp8_quantize: the FFN's second Linear input).
+enum class Fp8Activation : int { kNone = 0, kGeluTanh = 1 };
+
+// fp8_quantize / gelu_tanh_fp8_quantize: n contiguous bf16 values at y (16-byte aligned) to n E4M3 bytes at
+// out (16-byte aligned).
 struct Fp8QuantizeArgs {
   const void* y;
   uint8_t* out;
   int64_t n;
   const float* input_scale;  // one fp32 element on the device
+  Fp8Activation activation;
 };
 
 // resnorm_quant_fp8: steps 1-7 and E4M3 (args.fp8_out, args.input_scale; args.y optional bf16 y).

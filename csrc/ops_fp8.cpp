@@ -47,7 +47,8 @@ void set_fp8_outputs(ResnormArgs& a, const Tensor& input_scale, const Tensor& y,
   a.y = y_bf16.has_value() ? y_bf16->data_ptr() : nullptr;
 }
 
-Fp8QuantizeArgs make_fp8_quantize_args(const Tensor& y, const Tensor& input_scale) {
+Fp8QuantizeArgs make_fp8_quantize_args(const Tensor& y, const Tensor& input_scale,
+                                       Fp8Activation activation = Fp8Activation::kNone) {
   STD_TORCH_CHECK(y.is_cuda(), "qwen_fp4: y must be a CUDA tensor for the CUDA kernels");
   check_cuda_tensor("y", y, y, /*vector_access=*/true, "y");
   check_dtype("y", y, false);
@@ -56,7 +57,26 @@ Fp8QuantizeArgs make_fp8_quantize_args(const Tensor& y, const Tensor& input_scal
   a.y = y.data_ptr();
   a.n = y.numel();
   a.input_scale = static_cast<const float*>(input_scale.data_ptr());
+  a.activation = activation;
   return a;
+}
+
+Tensor fp8_quantize_functional(const Tensor& y, const Tensor& input_scale, Fp8Activation activation) {
+  torch::stable::accelerator::DeviceGuard guard(y.get_device_index());
+  Fp8QuantizeArgs a = make_fp8_quantize_args(y, input_scale, activation);
+  Tensor out = empty_fp8(y);
+  a.out = static_cast<uint8_t*>(out.data_ptr());
+  launch_fp8_quantize(a, launch_target(y));
+  return out;
+}
+
+void fp8_quantize_into(const Tensor& y, const Tensor& input_scale, const Tensor& out, Fp8Activation activation) {
+  torch::stable::accelerator::DeviceGuard guard(y.get_device_index());
+  Fp8QuantizeArgs a = make_fp8_quantize_args(y, input_scale, activation);
+  check_output("out", out, y, "y", {ScalarType::Float8_e4m3fn}, sizes_of(y));
+  check_no_overlap({{"out", &out}}, {{"y", &y}, {"input_scale", &input_scale}});
+  a.out = static_cast<uint8_t*>(out.data_ptr());
+  launch_fp8_quantize(a, launch_target(y));
 }
 
 }  // namespace
@@ -107,21 +127,19 @@ void resnorm_quant_fp8_out_cuda(const Tensor& residual, const Tensor& x, const s
 }
 
 Tensor fp8_quantize_cuda(const Tensor& y, const Tensor& input_scale) {
-  torch::stable::accelerator::DeviceGuard guard(y.get_device_index());
-  Fp8QuantizeArgs a = make_fp8_quantize_args(y, input_scale);
-  Tensor out = empty_fp8(y);
-  a.out = static_cast<uint8_t*>(out.data_ptr());
-  launch_fp8_quantize(a, launch_target(y));
-  return out;
+  return fp8_quantize_functional(y, input_scale, Fp8Activation::kNone);
 }
 
 void fp8_quantize_out_cuda(const Tensor& y, const Tensor& input_scale, const Tensor& out) {
-  torch::stable::accelerator::DeviceGuard guard(y.get_device_index());
-  Fp8QuantizeArgs a = make_fp8_quantize_args(y, input_scale);
-  check_output("out", out, y, "y", {ScalarType::Float8_e4m3fn}, sizes_of(y));
-  check_no_overlap({{"out", &out}}, {{"y", &y}, {"input_scale", &input_scale}});
-  a.out = static_cast<uint8_t*>(out.data_ptr());
-  launch_fp8_quantize(a, launch_target(y));
+  fp8_quantize_into(y, input_scale, out, Fp8Activation::kNone);
+}
+
+Tensor gelu_tanh_fp8_quantize_cuda(const Tensor& y, const Tensor& input_scale) {
+  return fp8_quantize_functional(y, input_scale, Fp8Activation::kGeluTanh);
+}
+
+void gelu_tanh_fp8_quantize_out_cuda(const Tensor& y, const Tensor& input_scale, const Tensor& out) {
+  fp8_quantize_into(y, input_scale, out, Fp8Activation::kGeluTanh);
 }
 
 std::tuple<Tensor, Tensor> norm_modulate_quant_cuda(const Tensor& x, const Tensor& scale, const Tensor& shift,

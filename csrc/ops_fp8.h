@@ -28,6 +28,9 @@ void resnorm_quant_fp8_out_cuda(const Tensor& residual, const Tensor& x, const s
 Tensor fp8_quantize_cuda(const Tensor& y, const Tensor& input_scale);
 
 void fp8_quantize_out_cuda(const Tensor& y, const Tensor& input_scale, const Tensor& out);
+// gelu_tanh_fp8_quantize: E4M3 of bf16(GELU_tanh(y)), GELU as PyTorch's CUDA kernel computes it.
+Tensor gelu_tanh_fp8_quantize_cuda(const Tensor& y, const Tensor& input_scale);
+void gelu_tanh_fp8_quantize_out_cuda(const Tensor& y, const Tensor& input_scale, const Tensor& out);
 
 std::tuple<Tensor, Tensor> norm_modulate_quant_cuda(const Tensor& x, const Tensor& scale, const Tensor& shift,
                                                     const Tensor& global_scale, double eps, bool fast_math,

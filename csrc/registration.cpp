@@ -21,6 +21,8 @@ STABLE_TORCH_LIBRARY_IMPL(qwen_fp4, CUDA, m) {
   m.impl("resnorm_quant_fp8_out", TORCH_BOX(&qwen_fp4::resnorm_quant_fp8_out_cuda));
   m.impl("fp8_quantize", TORCH_BOX(&qwen_fp4::fp8_quantize_cuda));
   m.impl("fp8_quantize_out", TORCH_BOX(&qwen_fp4::fp8_quantize_out_cuda));
+  m.impl("gelu_tanh_fp8_quantize", TORCH_BOX(&qwen_fp4::gelu_tanh_fp8_quantize_cuda));
+  m.impl("gelu_tanh_fp8_quantize_out", TORCH_BOX(&qwen_fp4::gelu_tanh_fp8_quantize_out_cuda));
   m.impl("norm_modulate_quant", TORCH_BOX(&qwen_fp4::norm_modulate_quant_cuda));
   m.impl("norm_modulate_quant_fp8", TORCH_BOX(&qwen_fp4::norm_modulate_quant_fp8_cuda));
   m.impl("norm_modulate_quant_fp8_out", TORCH_BOX(&qwen_fp4::norm_modulate_quant_fp8_out_cuda));

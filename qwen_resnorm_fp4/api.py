@@ -47,6 +47,8 @@ _RESNORM_QUANT_FP8 = OpArguments(_qwen_fp4.resnorm_quant_fp8.default)
 _RESNORM_QUANT_FP8_OUT = OpArguments(_qwen_fp4.resnorm_quant_fp8_out.default)
 _FP8_QUANTIZE = OpArguments(_qwen_fp4.fp8_quantize.default)
 _FP8_QUANTIZE_OUT = OpArguments(_qwen_fp4.fp8_quantize_out.default)
+_GELU_TANH_FP8_QUANTIZE = OpArguments(_qwen_fp4.gelu_tanh_fp8_quantize.default)
+_GELU_TANH_FP8_QUANTIZE_OUT = OpArguments(_qwen_fp4.gelu_tanh_fp8_quantize_out.default)
 _NORM_MODULATE_QUANT = OpArguments(_qwen_fp4.norm_modulate_quant.default)
 _NORM_MODULATE_QUANT_FP8 = OpArguments(_qwen_fp4.norm_modulate_quant_fp8.default)
 _NORM_MODULATE_QUANT_FP8_OUT = OpArguments(_qwen_fp4.norm_modulate_quant_fp8_out.default)
@@ -333,6 +335,21 @@ def fp8_quantize_out(y: Tensor, input_scale: Tensor, *, out: Tensor) -> Tensor:
     """:func:`fp8_quantize` into ``out`` (float8_e4m3fn of y's shape, contiguous, 16-byte aligned, sharing no
     memory with y or input_scale). Returns out."""
     _call(_FP8_QUANTIZE_OUT, fp8_quantize_out_problem, (y, input_scale, out), memory=_memory_rules())
+    return out
+
+
+def gelu_tanh_fp8_quantize(y: Tensor, input_scale: Tensor) -> Tensor:
+    """GELU(tanh) and static FP8 (E4M3) quantization of bf16 ``y`` of any shape, in one pass: the bytes of
+    ``fp8_quantize(torch.nn.functional.gelu(y, approximate="tanh"), input_scale)`` with PyTorch's CUDA GELU
+    (fp32 opmath, tanhf, rounded to bf16; the CPU implementation reads that GELU from a table of all 65536
+    bf16 inputs, so it gives the same bytes). For the second Linear of a GELU FeedForward: ``y`` is the first
+    Linear's bf16 output, ``input_scale`` the second's. Returns float8_e4m3fn of y's shape."""
+    return _call(_GELU_TANH_FP8_QUANTIZE, fp8_quantize_problem, (y, input_scale))
+
+
+def gelu_tanh_fp8_quantize_out(y: Tensor, input_scale: Tensor, *, out: Tensor) -> Tensor:
+    """:func:`gelu_tanh_fp8_quantize` into ``out`` (as :func:`fp8_quantize_out`). Returns out."""
+    _call(_GELU_TANH_FP8_QUANTIZE_OUT, fp8_quantize_out_problem, (y, input_scale, out), memory=_memory_rules())
     return out
 
 

@@ -19,10 +19,12 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from ._fused_common import decline, device_declined, norm_and_inputs_served, succeed
+from ._fused_common import decline, decline_for, device_declined, norm_and_inputs_served, succeed
 from .api import call_resnorm_quant_fp8, call_resnorm_quant_fp8_out, empty_resnorm_quant_fp8_outputs
+from .api import gelu_tanh_fp8_quantize, norm_modulate_quant_fp8
 from .env import DISABLE_VAR, flag_enabled
-from .validation import DeclineReason, resnorm_quant_fp8_problem
+from .validation import DeclineReason, fp8_quantize_problem, norm_modulate_quant_fp8_problem
+from .validation import resnorm_quant_fp8_problem
 
 Tensor = torch.Tensor
 
@@ -94,4 +96,64 @@ def try_fused_resnorm_quant_fp8(
     return y, residual_out
 
 
-__all__ = ["try_fused_resnorm_quant_fp8"]
+def try_fused_norm_modulate_quant_fp8(
+    x: Tensor,
+    scale: Tensor,
+    shift: Tensor,
+    input_scale: Tensor,
+    *,
+    eps: float = 1e-6,
+    norm: Any = None,
+    modulate_index: Optional[Tensor] = None,
+    allow_cpu: bool = False,
+) -> Optional[Tensor]:
+    """The fused ``LayerNorm -> (1 + scale), shift -> E4M3`` of a block's first norm (no residual update) for
+    the FP8 Linears that read it (e.g. to_q, to_k and to_v, one shared ``input_scale``), or None.
+
+    Replaces ``y = norm1(x) * (1 + scale) + shift`` followed by each Linear's own quantization of y with one
+    call of :func:`~qwen_resnorm_fp4.norm_modulate_quant_fp8`; the bytes equal ``fp8_quantize`` of the bf16
+    y of ``resnorm(x, zeros, None, zeros, scale, shift, ...)`` (the unfused chain). Arguments as for
+    :func:`try_fused_resnorm_quant_fp8` without residual, gate and bias. Returns float8_e4m3fn like x, or
+    ``None`` (see :func:`~qwen_resnorm_fp4.last_decline_reason`)."""
+    R = DeclineReason
+    if flag_enabled(DISABLE_VAR):
+        return decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
+    if not isinstance(x, Tensor):
+        return decline(R.UNSUPPORTED_DTYPE, "x must be a tensor")
+    if device_declined(x, allow_cpu):
+        return None
+    served = norm_and_inputs_served(x, x, norm, eps, lambda e, w, nb: norm_modulate_quant_fp8_problem(
+        x, scale, shift, input_scale, e, w, nb, modulate_index))
+    if served is None:
+        return None
+    weight, norm_bias, norm_eps = served
+    y = norm_modulate_quant_fp8(x, scale, shift, input_scale, float(norm_eps), weight=weight, norm_bias=norm_bias,
+                                modulate_index=modulate_index)
+    succeed()
+    return y
+
+
+def try_fused_gelu_tanh_fp8_quantize(h: Tensor, input_scale: Tensor, *, allow_cpu: bool = False) -> Optional[Tensor]:
+    """The fused ``GELU(tanh) -> E4M3`` between a GELU FeedForward's two Linears when the second is an
+    :class:`~qwen_resnorm_fp4.FP8Linear`, or None: :func:`~qwen_resnorm_fp4.gelu_tanh_fp8_quantize` of the
+    first Linear's bf16 output ``h`` with the second's ``input_scale`` (the bytes of
+    ``fc2.quantize_input(F.gelu(h, approximate="tanh"))`` on the GPU). Returns float8_e4m3fn like h, or
+    ``None`` (see :func:`~qwen_resnorm_fp4.last_decline_reason`)."""
+    R = DeclineReason
+    if flag_enabled(DISABLE_VAR):
+        return decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
+    if not isinstance(h, Tensor):
+        return decline(R.UNSUPPORTED_DTYPE, "h must be a tensor")
+    if device_declined(h, allow_cpu):
+        return None
+    problem = fp8_quantize_problem(h, input_scale)
+    if problem is not None:
+        return decline_for(problem)
+    if not h.is_contiguous():
+        return decline(R.NON_CONTIGUOUS, "h is not contiguous")
+    q = gelu_tanh_fp8_quantize(h, input_scale)
+    succeed()
+    return q
+
+
+__all__ = ["try_fused_resnorm_quant_fp8", "try_fused_norm_modulate_quant_fp8", "try_fused_gelu_tanh_fp8_quantize"]

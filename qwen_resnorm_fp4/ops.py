@@ -80,6 +80,10 @@ SCHEMAS = {
     # Element-wise, any shape: the FP8 input of a Linear that no norm produces (attention output, GELU output).
     "fp8_quantize": "fp8_quantize(Tensor y, Tensor input_scale) -> Tensor",
     "fp8_quantize_out": "fp8_quantize_out(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()",
+    # The same quantization of GELU(tanh)(y) rounded to bf16 (PyTorch's CUDA GELU bit for bit): the FFN's
+    # second Linear input from its first Linear's bf16 output, one pass.
+    "gelu_tanh_fp8_quantize": "gelu_tanh_fp8_quantize(Tensor y, Tensor input_scale) -> Tensor",
+    "gelu_tanh_fp8_quantize_out": "gelu_tanh_fp8_quantize_out(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()",
     # No residual update (a block's first norm): LayerNorm + modulation of x, then NVFP4 / FP8.
     "norm_modulate_quant": (
         "norm_modulate_quant(Tensor x, Tensor scale, Tensor shift, Tensor global_scale, float eps, bool fast_math, "
@@ -156,6 +160,12 @@ def _fp8_quantize_fake(y, input_scale):
     return _fp8_like(y)
 
 
+@torch.library.register_fake(f"{NAMESPACE}::gelu_tanh_fp8_quantize")
+def _gelu_tanh_fp8_quantize_fake(y, input_scale):
+    require(fp8_quantize_problem(y, input_scale))
+    return _fp8_like(y)
+
+
 @torch.library.register_fake(f"{NAMESPACE}::norm_modulate_quant")
 def _norm_modulate_quant_fake(x, *rest):
     require(norm_modulate_quant_problem(x, *rest))
@@ -175,6 +185,7 @@ OUT_VARIANT_RULES = {
     "nvfp4_quantize_out": quantize_out_problem,
     "resnorm_quant_fp8_out": resnorm_quant_fp8_out_problem,
     "fp8_quantize_out": fp8_quantize_out_problem,
+    "gelu_tanh_fp8_quantize_out": fp8_quantize_out_problem,
     "norm_modulate_quant_fp8_out": norm_modulate_quant_fp8_out_problem,
 }
 
@@ -285,6 +296,16 @@ def _fp8_quantize_out(y, input_scale, out):
     out.copy_(reference.fp8_quantize(y, input_scale))
 
 
+def _gelu_tanh_fp8_quantize(y, input_scale):
+    require(fp8_quantize_problem(y, input_scale) or input_scale_value_problem(input_scale))
+    return reference.gelu_tanh_fp8_quantize(y, input_scale)
+
+
+def _gelu_tanh_fp8_quantize_out(y, input_scale, out):
+    require(fp8_quantize_out_problem(y, input_scale, out, memory=True) or input_scale_value_problem(input_scale))
+    out.copy_(reference.gelu_tanh_fp8_quantize(y, input_scale))
+
+
 def _norm_modulate_quant(*args):
     require(norm_modulate_quant_problem(*args))
     return reference.norm_modulate_quant(*args)
@@ -319,6 +340,8 @@ PYTHON_IMPLEMENTATIONS = {
     "resnorm_quant_fp8_out": _resnorm_quant_fp8_out,
     "fp8_quantize": _fp8_quantize,
     "fp8_quantize_out": _fp8_quantize_out,
+    "gelu_tanh_fp8_quantize": _gelu_tanh_fp8_quantize,
+    "gelu_tanh_fp8_quantize_out": _gelu_tanh_fp8_quantize_out,
     "norm_modulate_quant": _norm_modulate_quant,
     "norm_modulate_quant_fp8": _norm_modulate_quant_fp8,
     "norm_modulate_quant_fp8_out": _norm_modulate_quant_fp8_out,

@@ -18,6 +18,9 @@ Exactness notes
 
 from __future__ import annotations
 
+import functools
+import lzma
+from pathlib import Path
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -355,3 +358,37 @@ def norm_modulate_quant_fp8(x: Tensor, scale: Tensor, shift: Tensor, input_scale
     """:func:`norm_modulate` and FP8: float8_e4m3fn like x."""
     return fp8_quantize(norm_modulate(x, scale, shift, eps, weight, norm_bias, modulate_index), input_scale,
                         inverse=inverse)
+
+
+#: GELU(tanh) of every bf16 bit pattern as PyTorch's CUDA kernel computes it (an LZMA stream of 65536
+#: little-endian uint16: entry i is F.gelu(bf16 bits i, approximate="tanh") on the GPU, written by
+#: tools/gelu_tanh_probe.py). CPU torch differs from it at a few inputs (its own tanh), so the CPU reference
+#: reads the GPU's values.
+GELU_TANH_TABLE_PATH = Path(__file__).parent / "data" / "gelu_tanh_bf16.xz"
+
+
+@functools.lru_cache(maxsize=1)
+def _gelu_tanh_table_cpu() -> Tensor:
+    raw = bytearray(lzma.decompress(GELU_TANH_TABLE_PATH.read_bytes()))
+    return torch.frombuffer(raw, dtype=torch.int16).to(torch.int32) & 0xFFFF
+
+
+@functools.lru_cache(maxsize=8)
+def _gelu_tanh_table_on(device: torch.device) -> Tensor:
+    return _gelu_tanh_table_cpu().to(device)
+
+
+def gelu_tanh_bf16(y: Tensor) -> Tensor:
+    """bf16 ``F.gelu(y, approximate="tanh")`` bit for bit as PyTorch's CUDA kernel computes it (fp32 opmath,
+    ``tanhf``, rounded to bf16), on any device: a lookup of y's bits in :data:`GELU_TANH_TABLE_PATH`.
+    Returns bf16 of y's shape."""
+    table = _gelu_tanh_table_on(y.device)
+    idx = y.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    return table[idx.reshape(-1).long()].to(torch.int16).view(torch.bfloat16).reshape(y.shape)
+
+
+def gelu_tanh_fp8_quantize(y: Tensor, input_scale: Tensor, *,
+                           inverse: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
+    """FP8 of the FFN's GELU output: :func:`fp8_quantize` of :func:`gelu_tanh_bf16` (y), the bytes of
+    ``fp8_quantize(F.gelu(y, approximate="tanh"), input_scale)`` on the GPU. Returns float8_e4m3fn like y."""
+    return fp8_quantize(gelu_tanh_bf16(y), input_scale, inverse=inverse)

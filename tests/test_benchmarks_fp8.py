@@ -222,8 +222,10 @@ def test_fp8_targets_byte_exactness_covers_every_op_and_missing_checks():
     assert "norm_modulate_quant_fp8 D=3072 rows=17, batch modulation: byte_exact failed" in v[EXACT][1]
     assert "rows=256, batch modulation: byte_exact not checked" in v[EXACT][1]
     v = _verdicts([_fp8_row("fp8_quantize"), _fp8_row("gelu_fp8", dim=12288)])
-    assert v["resnorm_quant_fp8 goals"][0] == "SKIP" and v[EXACT] == ("SKIP", "0 cases")
+    assert v["resnorm_quant_fp8 goals"][0] == "SKIP" and v[EXACT] == ("PASS", "1 cases")  # gelu_fp8 is checked
     assert bench_fp8.byte_check_failures([_fp8_row("gelu_fp8", dim=12288)]) == []
+    assert bench_fp8.byte_check_failures([_fp8_row("gelu_fp8", dim=12288, exact=None)]) != []
+    assert bench_fp8.byte_check_failures([_fp8_row("fp8_quantize", exact=None)]) == []
 
 
 def test_fp8_tables():

@@ -34,6 +34,16 @@ def check_fp8_fused_equals_unfused(model, inputs: List[Dict[str, Any]], segments
     try:
         info = qd.conversion_info(model)
         assert info.format == "fp8" and info.model_type == type(model).__name__
+        # the FFN segments, plus the GELU -> FP8 FC2 ones and, in Qwen-Image, norm1 -> FP8 q/k/v: per stream
+        # three with linears="all", two with "modelopt" (FC2 stays BF16)
+        qwen = type(model).__name__ == "QwenImageTransformer2DModel"
+        per_stream = {"fc1": 1, "all": 3 if qwen else None, "modelopt": 2 if qwen else None}.get(linears) \
+            if isinstance(linears, str) else None
+        if per_stream is None:
+            assert info.segments_per_forward >= segments
+        else:
+            assert info.segments_per_forward == per_stream * segments, info.segments_per_forward
+        segments = info.segments_per_forward
         names = set(qd.linear_names(model, linears, "fp8"))
         assert set(info.input_amax) == names
         for name, module in model.named_modules():

@@ -168,6 +168,34 @@ def test_fp8_quantize_any_shape_and_out():
     assert q.fp8_quantize_out(y, s, out=out) is out and torch.equal(_bytes(out), _bytes(q.fp8_quantize(y, s)))
 
 
+def test_gelu_table_matches_torch_cpu_gelu_except_where_tanh_differs():
+    """The table is torch's CUDA GELU; torch's CPU GELU differs from it only at a few inputs (each NaN for
+    NaN), so a table that were read wrongly (byte order, offset) fails here."""
+    x = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    table, cpu = reference.gelu_tanh_bf16(x), torch.nn.functional.gelu(x, approximate="tanh")
+    differ = (table.view(torch.int16) != cpu.view(torch.int16)) & ~(torch.isnan(table) & torch.isnan(cpu))
+    assert 0 <= int(differ.sum()) <= 16, x[differ]
+    assert int(table.view(torch.int16)[0]) == 0 and int(table.view(torch.int16)[4]) == 2  # gelu(x) = x / 2 near 0
+    assert float(table[0x3F80]) == float(cpu[0x3F80]) == 0.83984375  # gelu(1) = 0.8412 in bf16
+
+
+def test_gelu_tanh_fp8_quantize_cpu_is_gelu_then_quantize():
+    s = torch.tensor([0.4754464328289032])
+    y = (torch.randn(3, 5, 64) * 4).bfloat16()
+    want = q.fp8_quantize(reference.gelu_tanh_bf16(y), s)
+    got = q.gelu_tanh_fp8_quantize(y, s)
+    assert got.shape == y.shape and got.dtype == torch.float8_e4m3fn and torch.equal(_bytes(got), _bytes(want))
+    out = torch.empty(y.shape, dtype=torch.float8_e4m3fn)
+    assert q.gelu_tanh_fp8_quantize_out(y, s, out=out) is out and torch.equal(_bytes(out), _bytes(want))
+    assert torch.equal(_bytes(q.gelu_tanh_fp8_quantize(y.transpose(0, 2), s)), _bytes(want.transpose(0, 2)))
+    with pytest.raises(TypeError, match="y"):
+        q.gelu_tanh_fp8_quantize(y.float(), s)
+    with pytest.raises(ValueError, match="input_scale"):
+        q.gelu_tanh_fp8_quantize(y, torch.tensor([0.0]))
+    with pytest.raises(ValueError, match="out"):
+        q.gelu_tanh_fp8_quantize_out(y, s, out=torch.empty(3, 5, dtype=torch.float8_e4m3fn))
+
+
 def test_fake_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -205,6 +233,8 @@ def test_opcheck_cpu():
     check(ops.resnorm_quant_fp8_out, common + (y, torch.empty_like(inp["x"])) + tail + (torch.empty_like(inp["x"]),))
     check(ops.fp8_quantize, (inp["x"], s))
     check(ops.fp8_quantize_out, (inp["x"], s, torch.empty_like(y)))
+    check(ops.gelu_tanh_fp8_quantize, (inp["x"], s))
+    check(ops.gelu_tanh_fp8_quantize_out, (inp["x"], s, torch.empty_like(y)))
     nm = (inp["x"], inp["scale"], inp["shift"])
     check(ops.norm_modulate_quant_fp8, nm + (s, 1e-6) + tail)
     check(ops.norm_modulate_quant_fp8_out, nm + (s, 1e-6, torch.empty_like(y)) + tail)

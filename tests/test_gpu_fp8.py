@@ -7,6 +7,8 @@ What is exact where:
 - resnorm_quant_fp8: y bytes == fp8_quantize(resnorm(...)[0]) bytes, residual_out == resnorm's, for every
   width, row count and modulation form (same row configuration, hence the same bf16 y).
 - norm_modulate_quant(_fp8): == the unfused quantizer of resnorm(residual=x, x=0, gate=0)'s y.
+- gelu_tanh_fp8_quantize: == fp8_quantize(F.gelu(y, approximate="tanh")) on the GPU for every bf16 input
+  and every scale tried; the CPU's GELU table (reference.gelu_tanh_bf16) == torch's CUDA GELU for every input.
 """
 
 from __future__ import annotations
@@ -224,12 +226,52 @@ def _one_launch(fn):
     assert len(kernels) == 1, kernels
 
 
+def _gelu_then_quantize(y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return _bytes(q.fp8_quantize(torch.nn.functional.gelu(y, approximate="tanh"), s))
+
+
+def test_cpu_gelu_table_is_torch_cuda_gelu():
+    """Every bf16 input: the table equals torch's CUDA GELU bit for bit (NaN inputs: a NaN, whatever payload)."""
+    x = _every_bf16()
+    gpu = torch.nn.functional.gelu(x, approximate="tanh").cpu()
+    table = reference.gelu_tanh_bf16(x.cpu())
+    nan = torch.isnan(x.cpu())
+    assert torch.equal(table.view(torch.int16)[~nan], gpu.view(torch.int16)[~nan])
+    assert bool(torch.isnan(table[nan]).all()) and bool(torch.isnan(gpu[nan]).all())
+
+
+@pytest.mark.parametrize("s", SCALES + tuple(_random_scales(8, 11)))
+def test_gelu_tanh_fp8_quantize_is_gelu_then_quantize_for_every_bf16(s):
+    x = _every_bf16()
+    scale = torch.tensor([s], device="cuda")
+    got = _bytes(q.gelu_tanh_fp8_quantize(x, scale))
+    assert torch.equal(got, _gelu_then_quantize(x, scale))
+    assert torch.equal(got.cpu(), _bytes(q.gelu_tanh_fp8_quantize(x.cpu(), scale.cpu())))
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (3, 5), (1000003,), (1, 6889, 12288)])
+def test_gelu_tanh_fp8_quantize_any_shape_and_out(shape):
+    g = torch.Generator(device="cuda").manual_seed(5)
+    y = (torch.randn(shape, device="cuda", generator=g) * 3).bfloat16()
+    scale = torch.tensor([0.03125], device="cuda")
+    want = _gelu_then_quantize(y, scale)
+    assert q.gelu_tanh_fp8_quantize(y, scale).shape == y.shape
+    assert torch.equal(_bytes(q.gelu_tanh_fp8_quantize(y, scale)), want)
+    out = torch.empty(shape, dtype=torch.float8_e4m3fn, device="cuda")
+    q.gelu_tanh_fp8_quantize_out(y, scale, out=out)
+    assert torch.equal(_bytes(out), want)
+    if y.dim() > 1:  # a strided view is copied, not misread
+        t = y.transpose(-1, -2)
+        assert torch.equal(_bytes(q.gelu_tanh_fp8_quantize(t, scale)), _gelu_then_quantize(t, scale))
+
+
 @pytest.mark.parametrize("rows", [1, 4096])
 def test_one_launch_per_call(rows):
     inp = _inputs(1, rows, 3072)
     scale = torch.tensor([0.03125], device="cuda")
     _one_launch(lambda: q.resnorm_quant_fp8(*_resnorm_args(inp), scale))
     _one_launch(lambda: q.fp8_quantize(inp["x"], scale))
+    _one_launch(lambda: q.gelu_tanh_fp8_quantize(inp["x"], scale))
     _one_launch(lambda: q.norm_modulate_quant_fp8(inp["x"], inp["scale"], inp["shift"], scale))
     global_scale = torch.ones(1, device="cuda")  # made outside the profiled call: its fill is a launch of its own
     _one_launch(lambda: q.norm_modulate_quant(inp["x"], inp["scale"], inp["shift"], global_scale))
@@ -237,7 +279,7 @@ def test_one_launch_per_call(rows):
 
 def _block(residual, x, gate, scale, shift, s):
     y, r = q.resnorm_quant_fp8(residual, x, None, gate, scale, shift, s)
-    return y, r, q.fp8_quantize(r, s), q.norm_modulate_quant_fp8(x, scale, shift, s)
+    return y, r, q.fp8_quantize(r, s), q.norm_modulate_quant_fp8(x, scale, shift, s), q.gelu_tanh_fp8_quantize(x, s)
 
 
 def test_torch_compile_fullgraph_matches_eager():
@@ -274,6 +316,7 @@ def test_opcheck_cuda():
     torch.library.opcheck(torch.ops.qwen_fp4.resnorm_quant_fp8, _resnorm_args(inp) + (s, 1e-6, inp["weight"],
                           inp["norm_bias"], None), test_utils=tests)
     torch.library.opcheck(torch.ops.qwen_fp4.fp8_quantize, (inp["x"], s), test_utils=tests)
+    torch.library.opcheck(torch.ops.qwen_fp4.gelu_tanh_fp8_quantize, (inp["x"], s), test_utils=tests)
     torch.library.opcheck(torch.ops.qwen_fp4.norm_modulate_quant_fp8, (inp["x"], inp["scale"], inp["shift"], s, 1e-6),
                           test_utils=tests)
 

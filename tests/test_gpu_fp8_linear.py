@@ -126,7 +126,9 @@ def test_real_width_qwen_image_fp8_fused_equals_unfused(zero_cond_t, linears, ca
             patch_size=2, in_channels=64, out_channels=16, num_layers=GPU_LAYERS, attention_head_dim=128,
             num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), zero_cond_t=zero_cond_t)
     model = model.to(BF16).eval()
-    segments = 2 * GPU_LAYERS
+    ffn = 2 * GPU_LAYERS  # the norm2 + FFN segments; per stream also norm1 -> q/k/v, and GELU -> FC2 with "all"
+    attn, gelu = ffn, (ffn if linears == "all" else 0)
+    segments = ffn + attn + gelu
     inputs = [make_inputs(b, t, zero_cond_t, small=False, seed=10 * b + t, device="cuda") for b, t in ((1, 17),
                                                                                                         (2, 77))]
     originals = [run(model, inp) for inp in inputs]
@@ -135,6 +137,7 @@ def test_real_width_qwen_image_fp8_fused_equals_unfused(zero_cond_t, linears, ca
     lines = []
     try:
         assert all(isinstance(model.get_submodule(n), FP8Linear) for n in qd.conversion_info(model).input_amax)
+        assert qd.conversion_info(model).segments_per_forward == segments
         for inp, original in zip(inputs, originals):
             qd.set_mode(model, "fused")
             fused = run(model, inp)
@@ -156,10 +159,13 @@ def test_real_width_qwen_image_fp8_fused_equals_unfused(zero_cond_t, linears, ca
         qd.set_mode(model, "unfused")
         unfused_k = _kernel_names(lambda: run(model, inp))
         count = lambda names, s: sum(s in n for n in names)  # noqa: E731
-        assert count(fused_k, "resnorm_fp8_kernel") == segments and count(fused_k, "resnorm_kernel") == 0, fused_k
-        assert count(unfused_k, "resnorm_fp8_kernel") == 0 and count(unfused_k, "resnorm_kernel") == segments
-        assert count(unfused_k, "fp8_quantize_kernel") - count(fused_k, "fp8_quantize_kernel") == segments
-        assert len(unfused_k) - len(fused_k) == segments, (len(unfused_k), len(fused_k))
+        assert count(fused_k, "resnorm_fp8_kernel") == ffn and count(fused_k, "resnorm_kernel") == 0, fused_k
+        assert count(fused_k, "norm_modulate_fp8_kernel") == attn and count(unfused_k, "norm_modulate_fp8_kernel") == 0
+        assert count(fused_k, "layer_norm") == count(unfused_k, "layer_norm")  # norm_out's: every block norm is ours
+        assert count(fused_k, "GeluCUDAKernelImpl") == ffn - gelu and count(unfused_k, "GeluCUDAKernelImpl") == ffn
+        assert count(unfused_k, "resnorm_fp8_kernel") == 0 and count(unfused_k, "resnorm_kernel") == ffn + attn
+        # unfused: FFN resnorm + fp8_quantize; norm1 two zero fills + resnorm + fp8_quantize; GELU + fp8_quantize
+        assert len(unfused_k) - len(fused_k) == ffn + 3 * attn + gelu, (len(unfused_k), len(fused_k))
         lines.append(f"zero_cond_t={zero_cond_t} linears={linears}: launches per forward fused {len(fused_k)}, "
                      f"unfused {len(unfused_k)} ({segments} segments)")
     finally:

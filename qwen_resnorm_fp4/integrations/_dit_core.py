@@ -12,6 +12,18 @@ a copy of the block's ``forward`` in which the segment::
 
 is one call of :func:`ffn_segment`. Everything else in the forward is the model library's own code.
 
+With ``format="fp8"`` two more places run fused where the layers allow it (each counted in the statistics
+as its own segment, ``"<stream>.attn"`` and ``"<stream>.gelu"``):
+
+- the block's first norm (``StreamSpec.attn_norm``: LayerNorm + modulation, no residual update) into the
+  FP8 Linears that read it (``attn_inputs``, e.g. to_q, to_k, to_v, one shared input_scale): one
+  ``norm_modulate_quant_fp8`` for all of them (:func:`attention_input`), instead of the norm, the modulation
+  and one quantization per Linear;
+- a GELU(tanh) FeedForward's activation into its FP8 second Linear: one ``gelu_tanh_fp8_quantize``.
+
+Their unfused modes (``resnorm`` of (x, 0, gate 0) then ``fp8_quantize``; ``F.gelu`` then the Linear's own
+quantization) write the same bytes.
+
 Both modes compute the library's numerics contract for the segment: ``mode="fused"`` through
 ``try_fused_resnorm_quant`` (``format="nvfp4"``) or ``try_fused_resnorm_quant_fp8`` (``format="fp8"``; where
 either declines, the unfused chain runs and the decline is counted), and ``mode="unfused"`` through
@@ -33,7 +45,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 
 from .. import FP8Linear, NVFP4Linear, last_decline_reason, resnorm, try_fused_resnorm_quant
-from .. import try_fused_resnorm_quant_fp8
+from .. import try_fused_gelu_tanh_fp8_quantize, try_fused_norm_modulate_quant_fp8, try_fused_resnorm_quant_fp8
 from ..linear_fp8 import FP8_ALIGNMENT, is_fp8_linear_shape
 from ..env import resolve_fast_math
 from ..gemm import BACKENDS
@@ -77,12 +89,20 @@ class StreamSpec:
     norm: str
     ffn: str
     ffn_kind: str = "gelu"
+    #: The stream's first norm (LayerNorm + modulation, no residual update) and the Linears that read its
+    #: output (block-relative names): served by :func:`attention_input` in FP8 conversions; () for none.
+    attn_norm: Optional[str] = None
+    attn_inputs: Tuple[str, ...] = ()
 
     def input_linears(self) -> Tuple[str, ...]:
         """The FFN layers that read the modulated activation (names relative to the block)."""
         if self.ffn_kind == "gelu":
             return (f"{self.ffn}.net.0.proj",)
         return (f"{self.ffn}.proj", f"{self.ffn}.gate_layer")
+
+    def output_linear(self) -> Optional[str]:
+        """A GELU FeedForward's second Linear (``net.2``), which reads the GELU output; None for SwiGLU."""
+        return f"{self.ffn}.net.2" if self.ffn_kind == "gelu" else None
 
 
 @dataclass(frozen=True)
@@ -166,7 +186,9 @@ class DiTConversion:
     environment at each call; NVFP4 only); allow_cpu;
     input_amax: converted Linear module name -> the amax its input scale was made from (NVFP4: global scale
     448 * 6 / amax; FP8: input_scale amax / 448);
-    diffusers_version; block_names: the converted blocks' module names; kept_original: whether restore works.
+    diffusers_version; block_names: the converted blocks' module names; kept_original: whether restore works;
+    segments_per_forward: how many fused-path segments one forward runs (what ``fused_path_stats`` counts:
+    each block's FFN segments, plus with FP8 its ``"<stream>.attn"`` and ``"<stream>.gelu"`` segments).
     Every field is set by the conversion (no defaults: a record always names its model).
     """
 
@@ -180,6 +202,7 @@ class DiTConversion:
     model_type: str
     linears: Union[str, Tuple[str, ...]]
     format: str
+    segments_per_forward: int
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -440,6 +463,81 @@ def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, 
 _logged_fallbacks: set = set()
 
 
+def _count(state: BlockState, segment: str, stats: StreamStats, result: Any) -> None:
+    """Counts a fused-mode call of one segment: fused, or a fallback with the gate's reason (logged once)."""
+    if result is not None:
+        stats.fused += 1
+        return
+    reason = str(last_decline_reason())
+    stats.fallback += 1
+    stats.decline_reasons[reason] += 1
+    if reason not in _logged_fallbacks and not torch.compiler.is_compiling():
+        _logged_fallbacks.add(reason)
+        logger.info("%s block %s (%s): the fused path declined (%s); running the unfused chain (same bytes). "
+                    "See fused_path_stats(model).", state.spec.label, state.name, segment, reason)
+
+
+def attention_input(block: torch.nn.Module, stream: str, x: Tensor, scale: Tensor, shift: Tensor, *,
+                    index: Optional[Tensor] = None) -> Optional[Tensor]:
+    """The E4M3 input of a stream's attention projections (``StreamSpec.attn_inputs``, one shared
+    input_scale) from its first norm: ``norm(x) * (1 + scale) + shift`` quantized once, fused
+    (``norm_modulate_quant_fp8``) or unfused (``resnorm`` of (x, 0, gate 0), then ``fp8_quantize``), the same
+    bytes. None where the conversion did not set this segment up (NVFP4, other layers, differing input
+    scales): the caller runs the model's own norm and modulation. scale/shift as for :func:`ffn_segment`."""
+    state: BlockState = getattr(block, STATE_ATTR)
+    key = f"{stream}.attn"
+    stats = state.stats.get(key)
+    if stats is None:
+        return None
+    spec = next(s for s in state.spec.streams if s.name == stream)
+    norm = getattr(block, spec.attn_norm)
+    first = block.get_submodule(spec.attn_inputs[0])
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"the converted {state.spec.label} block needs bfloat16 activations, got {x.dtype}")
+    if not x.is_contiguous():
+        x = x.contiguous()
+    result = None
+    if state.mode == "fused":
+        result = try_fused_norm_modulate_quant_fp8(x, scale, shift, first.input_scale, norm=norm,
+                                                   modulate_index=index, allow_cpu=state.allow_cpu)
+        _count(state, key, stats, result)
+    else:
+        stats.unfused += 1
+    if result is None:
+        zero_gate = torch.zeros(scale.shape, dtype=scale.dtype, device=scale.device)
+        y, _ = resnorm(x, torch.zeros_like(x), None, zero_gate, scale, shift, float(norm.eps), weight=norm.weight,
+                       norm_bias=norm.bias, modulate_index=index)
+        result = first.quantize_input(y)
+    return result
+
+
+def _gelu_ffn(block: torch.nn.Module, state: BlockState, spec: StreamSpec, ffn: torch.nn.Module,
+              h: Tensor) -> Tensor:
+    """A GELU FeedForward after its first Linear (``h``: its bf16 output): the model's own modules, or, for a
+    ``"<stream>.gelu"`` segment, GELU + the second Linear's quantization in one pass (fused) or as the model
+    writes it (unfused), the same bytes."""
+    key = f"{spec.name}.gelu"
+    stats = state.stats.get(key)
+    rest = list(ffn.net[1:])
+    if stats is not None and all(not m.training for m in rest[:1]):  # net[1]: Dropout, the identity in eval
+        fc2 = rest[1]
+        q = None
+        if state.mode == "fused":
+            q = try_fused_gelu_tanh_fp8_quantize(h, fc2.input_scale, allow_cpu=state.allow_cpu)
+            _count(state, key, stats, q)
+        else:
+            stats.unfused += 1
+        if q is not None:
+            hidden = fc2(q)
+            for module in rest[2:]:
+                hidden = module(hidden)
+            return hidden
+    hidden = ffn.net[0].gelu(h)
+    for module in rest:
+        hidden = module(hidden)
+    return hidden
+
+
 def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor, gate: Tensor, scale: Tensor,
                 shift: Tensor, *, index: Optional[Tensor] = None,
                 bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
@@ -473,17 +571,7 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
         else:
             result = try_fused_resnorm_quant(residual, x, gate, scale, shift, fc1, bias=bias, norm=norm,
                                              modulate_index=index, allow_cpu=state.allow_cpu)
-        if result is None:
-            reason = str(last_decline_reason())
-            stats.fallback += 1
-            stats.decline_reasons[reason] += 1
-            if reason not in _logged_fallbacks and not torch.compiler.is_compiling():
-                _logged_fallbacks.add(reason)
-                logger.info("%s block %s (%s stream): the fused path declined (%s); running the unfused chain "
-                            "(same bytes). See fused_path_stats(model).", state.spec.label, state.name, stream,
-                            reason)
-        else:
-            stats.fused += 1
+        _count(state, stream, stats, result)
     else:
         stats.unfused += 1
     if result is not None:
@@ -498,10 +586,7 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
     else:  # (packed [M, D/2], scales): the layers are told the leading dimensions
         feed = lambda layer: layer(quantized, out_shape=lead)  # noqa: E731
     if spec.ffn_kind == "gelu":
-        act = ffn.net[0]
-        hidden = act.gelu(feed(fc1))
-        for module in ffn.net[1:]:
-            hidden = module(hidden)
+        hidden = _gelu_ffn(block, state, spec, ffn, feed(fc1))
     else:
         hidden = ffn.out(ffn.activation_fn(feed(ffn.gate_layer)) * feed(ffn.proj))
     return residual_out, hidden
@@ -587,6 +672,8 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any,
         state = BlockState(name, spec, mode, allow_cpu, originals)
         if not segment:
             state.stats = {}
+        elif format == "fp8":
+            state.stats.update({key: StreamStats() for key in _fp8_segments(block, spec, new_layers, amax, name)})
         converted.append((name, block, state, new_layers, segment))
 
     for name, block, state, new_layers, segment in converted:
@@ -599,8 +686,28 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any,
     setattr(model, MODEL_ATTR, DiTConversion(
         mode=mode, fast_math=fast_math, allow_cpu=allow_cpu, input_amax=dict(amax), diffusers_version=version,
         block_names=[n for n, _ in found], kept_original=keep_original, model_type=spec.model_class,
-        linears=linears, format=format))
+        linears=linears, format=format,
+        segments_per_forward=sum(len(state.stats) for _, _, state, _, _ in converted)))
     return model
+
+
+def _fp8_segments(block: torch.nn.Module, spec: ModelSpec, new_layers: Mapping[str, torch.nn.Module],
+                  amax: Mapping[str, float], name: str) -> List[str]:
+    """The FP8-only segments of a converted block: ``"<stream>.attn"`` where every Linear of the stream's
+    ``attn_inputs`` is FP8 with one input amax (one quantized activation serves them all; a checkpoint's
+    differing input scales keep each Linear's own quantization), ``"<stream>.gelu"`` where a tanh-GELU
+    FeedForward's second Linear is FP8."""
+    keys = []
+    for s in spec.streams:
+        attn = s.attn_inputs
+        if attn and all(isinstance(new_layers.get(n), FP8Linear) for n in attn) and \
+                len({amax[f"{name}.{n}"] for n in attn}) == 1:
+            keys.append(f"{s.name}.attn")
+        fc2 = s.output_linear()
+        if fc2 is not None and isinstance(new_layers.get(fc2), FP8Linear) and \
+                getattr(getattr(block, s.ffn).net[0], "approximate", None) == "tanh":
+            keys.append(f"{s.name}.gelu")
+    return keys
 
 
 def _set_submodule(root: torch.nn.Module, dotted: str, module: torch.nn.Module) -> None:

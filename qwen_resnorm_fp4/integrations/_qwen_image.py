@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._dit_core import ModelSpec, StreamSpec, clip_fp16, ffn_segment
+from ._dit_core import ModelSpec, StreamSpec, attention_input, clip_fp16, ffn_segment
 
 
 def _gate_rows(gate: Tensor, index: Optional[Tensor]) -> Tensor:
@@ -33,13 +33,25 @@ def _gate_rows(gate: Tensor, index: Optional[Tensor]) -> Tensor:
     return gate.unsqueeze(1)
 
 
+def _index_tensor(index: Any, like: Tensor) -> Optional[Tensor]:
+    if index is not None and not isinstance(index, torch.Tensor):
+        index = torch.as_tensor(index, device=like.device)
+    return index
+
+
+def _attention_input(block: torch.nn.Module, stream: str, x: Tensor, mod1: Tensor, index: Any) -> Optional[Tensor]:
+    """The stream's norm1 + modulation as the E4M3 input of its q/k/v projections
+    (:func:`~qwen_resnorm_fp4.integrations._dit_core.attention_input`), or None: diffusers' own lines run."""
+    shift1, scale1, _gate1 = mod1.chunk(3, dim=-1)
+    return attention_input(block, stream, x, scale1, shift1, index=_index_tensor(index, x))
+
+
 def _mlp_half(block: torch.nn.Module, stream: str, hidden_states: Tensor, attn_output: Tensor, mod1: Tensor,
               mod2: Tensor, index: Optional[Tensor]) -> Tensor:
     """One stream from the attention output to the end of the block."""
     _shift1, _scale1, gate1 = mod1.chunk(3, dim=-1)
     shift2, scale2, gate2 = mod2.chunk(3, dim=-1)
-    if index is not None and not isinstance(index, torch.Tensor):
-        index = torch.as_tensor(index, device=hidden_states.device)
+    index = _index_tensor(index, hidden_states)
     residual_out, mlp_output = ffn_segment(block, stream, hidden_states, attn_output, gate1, scale2, shift2,
                                            index=index)
     return residual_out + _gate_rows(gate2, index) * mlp_output
@@ -68,13 +80,20 @@ def _converted_block_forward(
     img_mod1, img_mod2 = img_mod_params.chunk(2, dim=-1)  # Each [B, 3*dim]
     txt_mod1, txt_mod2 = txt_mod_params.chunk(2, dim=-1)  # Each [B, 3*dim]
 
+    # --- changed (FP8 conversions): norm1 + modulation + the projections' one E4M3 quantization, fused ---
+    img_modulated = _attention_input(self, "img", hidden_states, img_mod1, modulate_index)
+    txt_modulated = _attention_input(self, "txt", encoder_hidden_states, txt_mod1, None)
+    # --- end of the changed segment ---
+
     # Process image stream - norm1 + modulation
-    img_normed = self.img_norm1(hidden_states)
-    img_modulated, img_gate1 = self._modulate(img_normed, img_mod1, modulate_index)
+    if img_modulated is None:
+        img_normed = self.img_norm1(hidden_states)
+        img_modulated, _img_gate1 = self._modulate(img_normed, img_mod1, modulate_index)
 
     # Process text stream - norm1 + modulation
-    txt_normed = self.txt_norm1(encoder_hidden_states)
-    txt_modulated, txt_gate1 = self._modulate(txt_normed, txt_mod1)
+    if txt_modulated is None:
+        txt_normed = self.txt_norm1(encoder_hidden_states)
+        txt_modulated, _txt_gate1 = self._modulate(txt_normed, txt_mod1)
 
     joint_attention_kwargs = joint_attention_kwargs or {}
     attn_output = self.attn(
@@ -89,9 +108,8 @@ def _converted_block_forward(
     img_attn_output, txt_attn_output = attn_output
 
     # --- changed: attention gate + residual, norm2 + modulation, MLP, gate + residual ---
-    # (img_gate1 / txt_gate1 from _modulate are what diffusers multiplies here; the segment takes the gate
-    # chunk of img_mod1 / txt_mod1 with modulate_index instead, the same rows.)
-    del img_gate1, txt_gate1
+    # (the gate1 of diffusers' _modulate is what it multiplies here; the segment takes the gate chunk of
+    # img_mod1 / txt_mod1 with modulate_index instead, the same rows.)
     hidden_states = _mlp_half(self, "img", hidden_states, img_attn_output, img_mod1, img_mod2, modulate_index)
     encoder_hidden_states = _mlp_half(self, "txt", encoder_hidden_states, txt_attn_output, txt_mod1, txt_mod2, None)
     # --- end of the changed segment ---
@@ -104,7 +122,10 @@ SPEC = ModelSpec(
     model_class="QwenImageTransformer2DModel",
     block_class="QwenImageTransformerBlock",
     block_attrs=("img_mod", "txt_mod", "img_norm1", "txt_norm1", "attn", "_modulate", "zero_cond_t"),
-    streams=(StreamSpec("img", "img_norm2", "img_mlp"), StreamSpec("txt", "txt_norm2", "txt_mlp")),
+    streams=(StreamSpec("img", "img_norm2", "img_mlp", attn_norm="img_norm1",
+                        attn_inputs=("attn.to_q", "attn.to_k", "attn.to_v")),
+             StreamSpec("txt", "txt_norm2", "txt_mlp", attn_norm="txt_norm1",
+                        attn_inputs=("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"))),
     block_forward=_converted_block_forward,
     # SGLang's Qwen-Image FP8 checkpoint keeps these in BF16 (and, outside the blocks, img_in, txt_in, the
     # timestep embedder, norm_out and proj_out, which no conversion touches)

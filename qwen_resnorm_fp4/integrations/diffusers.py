@@ -294,8 +294,11 @@ def conversion_info(model: torch.nn.Module) -> Optional[DiTConversion]:
 def fused_path_stats(model: torch.nn.Module, *, per_block: bool = False, reset: bool = False) -> Dict[str, Any]:
     """How the converted blocks' streams ran since the conversion (or the last reset): {"fused": n, "unfused":
     n, "fallback": n, "decline_reasons": {reason: n}} summed over blocks and streams, plus "blocks": {name:
-    {stream: StreamStats}} with ``per_block=True`` (streams "img", and "txt" for the two-stream models).
-    ``reset=True`` zeroes the counters (after reading them)."""
+    {segment: StreamStats}} with ``per_block=True`` (segments "img", and "txt" for the two-stream models: the
+    norm2 + FFN segment; with ``format="fp8"`` also "img.gelu" / "txt.gelu" where GELU feeds an FP8 Linear,
+    and "img.attn" / "txt.attn" where norm1 feeds FP8 q/k/v projections with one input scale, Qwen-Image).
+    ``conversion_info(model).segments_per_forward`` is how many one forward runs. ``reset=True`` zeroes the
+    counters (after reading them)."""
     return core.fused_path_stats(model, per_block=per_block, reset=reset)
 
 
