@@ -13,7 +13,10 @@ bf16:
 - on CUDA, ``torch._scaled_mm`` (E4M3 x E4M3, cuBLASLt / CUTLASS): tensor-wise scales for a per-tensor
   ``weight_scale``; row-wise scales (``scale_a`` [M, 1] = input_scale repeated, ``scale_b`` [1, N] =
   weight_scale) for a per-channel one. ``_scaled_mm`` needs K and N multiples of 16 and the weight operand
-  column-major (``weight.t()`` of the row-major [N, K] weight is); the bf16 bias goes into the call.
+  column-major (``weight.t()`` of the row-major [N, K] weight is). With tensor-wise scales the bf16 bias
+  goes into the call; with row-wise scales the bias is added to the GEMM's bf16 output (a second rounding):
+  cuBLASLt refuses some shapes of a row-wise bias epilogue (K = 12288, N = 3072 with fast accumulation on an
+  H200, torch 2.11), and row-wise scaling has no fp32 output.
   ``use_fast_accum`` (default True: what SGLang's and vLLM's FP8 linear layers pass) lets Hopper's tensor
   cores accumulate in their faster reduced-precision mode; False asks for the exact fp32 accumulation.
 - elsewhere (CPU), a dequantized reference: the E4M3 codes as fp32, an fp32 matmul, times
@@ -282,6 +285,9 @@ class FP8Linear(torch.nn.Module):
         if self.per_channel:  # row-wise on both operands: scale_a [M, 1], scale_b [1, N], both contiguous
             scale_a = self.input_scale.reshape(1, 1).expand(a.shape[0], 1).contiguous()
             scale_b = self.weight_scale.reshape(1, self.out_features)
+            if self.bias is not None:  # no row-wise bias epilogue (not every shape has one): bf16 out, + bias
+                return torch._scaled_mm(a, self.weight.t(), scale_a, scale_b, out_dtype=torch.bfloat16,
+                                        use_fast_accum=self.use_fast_accum) + self.bias
         else:
             scale_a, scale_b = self.input_scale, self.weight_scale
         return torch._scaled_mm(a, self.weight.t(), scale_a, scale_b, bias=self.bias, out_dtype=torch.bfloat16,

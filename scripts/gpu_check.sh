@@ -19,9 +19,14 @@
 #   PER_TOKEN_ARGS, GEMM_ARGS, FP8_ARGS, FP8_LINEAR_ARGS, MODEL_ARGS pass options), against the package the tests use
 #   EMULATION_WHEEL=emu.whl bash scripts/gpu_check.sh emulation   (the Blackwell emulation wheel, built elsewhere with
 #                       QWEN_FP4_EMULATE_BLACKWELL=1, installed into /tmp/emulation_site: the blackwell_emulation
-#                       tests, then the whole suite against it; logs emulation_*.txt/log)
+#                       tests, then the whole suite against it (EMULATION_FULL=0: not); PYTEST_WORKERS as for
+#                       tests; logs emulation_*.txt/log)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+# wheel paths relative to where the script was started (the stages run from elsewhere)
+for var in WHEEL BASELINE_WHEEL EMULATION_WHEEL; do
+  if [ -n "${!var:-}" ] && [ -f "${!var}" ]; then printf -v "$var" '%s' "$(cd "$(dirname "${!var}")" && pwd)/$(basename "${!var}")"; fi
+done
 OUT=${OUT:-$REPO/gpu_logs}
 mkdir -p "$OUT"
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(tests)
@@ -104,10 +109,12 @@ for stage in "${stages[@]}"; do
        python3 -m qwen_resnorm_fp4 info 2>&1 | tee "$OUT/emulation_info.txt"
        python3 -c "import qwen_resnorm_fp4.info as i, sys; sys.exit(0 if i.build_info()['blackwell_emulation'] else 1)" \
          || { echo "$EMULATION_WHEEL is not an emulation build"; exit 1; }
-       python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs -m blackwell_emulation --durations=10 2>&1 \
-         | tee "$OUT/emulation_tests.log"; rc=${PIPESTATUS[0]}
-       python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rs --durations=15 ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
-         | tee "$OUT/emulation_full.log"; exit $(( rc || PIPESTATUS[0] ))) || status=1 ;;
+       python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEs -m blackwell_emulation --durations=10 \
+         ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} 2>&1 | tee "$OUT/emulation_tests.log"; rc=${PIPESTATUS[0]}
+       [ "${EMULATION_FULL:-1}" = 0 ] && exit $rc  # EMULATION_FULL=0: the blackwell_emulation tests only
+       python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEs --durations=15 ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} \
+         ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/emulation_full.log"; exit $(( rc || PIPESTATUS[0] ))) \
+         || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -41,6 +41,9 @@ def direct_scaled_mm(layer: FP8Linear, a: torch.Tensor) -> torch.Tensor:
     if layer.per_channel:
         scale_a = torch.full((m, 1), float(layer.input_scale), dtype=torch.float32, device="cuda")
         scale_b = layer.weight_scale.reshape(1, -1).contiguous()
+        if layer.bias is not None:  # row-wise: the documented bf16 output, then the bias added to it
+            return torch._scaled_mm(a, layer.weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=BF16,
+                                    use_fast_accum=layer.use_fast_accum) + layer.bias
     else:
         scale_a, scale_b = layer.input_scale.reshape(()), layer.weight_scale.reshape(())
     return torch._scaled_mm(a, layer.weight.t(), scale_a=scale_a, scale_b=scale_b, bias=layer.bias,
