@@ -16,6 +16,7 @@ import torch
 
 from . import _library
 from .device import kernel_serves_cuda_device
+from .env import DISABLE_VAR, flag_enabled
 from .validation import DeclineReason, Problem
 
 Tensor = torch.Tensor
@@ -92,6 +93,20 @@ def device_declined(x: Tensor, allow_cpu: bool) -> bool:
         return False
     decline(R.UNSUPPORTED_DEVICE, "x is on {}", kind)
     return True
+
+
+def gate_declined(tensors: Mapping[str, Any], allow_cpu: bool) -> bool:
+    """The checks every fused-path gate starts with: the switch (``QWEN_FP4_DISABLE_FUSED``), that each
+    named argument is a tensor, then :func:`device_declined` on the first. Declines and returns True where
+    one fails."""
+    if flag_enabled(DISABLE_VAR):
+        decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
+        return True
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            decline(R.UNSUPPORTED_DTYPE, "{} must be a tensor, got {}", name, type(t).__name__)
+            return True
+    return device_declined(next(iter(tensors.values())), allow_cpu)
 
 
 def _norm_field(norm: Any, name: str, default: Any) -> Any:

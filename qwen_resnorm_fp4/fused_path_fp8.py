@@ -19,10 +19,9 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from ._fused_common import decline, decline_for, device_declined, norm_and_inputs_served, succeed
+from ._fused_common import decline, decline_for, gate_declined, norm_and_inputs_served, succeed
 from .api import call_resnorm_quant_fp8, call_resnorm_quant_fp8_out, empty_resnorm_quant_fp8_outputs
 from .api import gelu_tanh_fp8_quantize, norm_modulate_quant_fp8
-from .env import DISABLE_VAR, flag_enabled
 from .validation import DeclineReason, fp8_quantize_problem, norm_modulate_quant_fp8_problem
 from .validation import resnorm_quant_fp8_problem
 
@@ -69,12 +68,7 @@ def try_fused_resnorm_quant_fp8(
         residual_out bf16 like x; with ``with_bf16``, ``(y, residual_out, y_bf16)``; or ``None`` (see
         :func:`~qwen_resnorm_fp4.last_decline_reason`).
     """
-    R = DeclineReason
-    if flag_enabled(DISABLE_VAR):
-        return decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
-    if not (isinstance(x, Tensor) and isinstance(residual, Tensor)):
-        return decline(R.UNSUPPORTED_DTYPE, "x and residual must be tensors")
-    if device_declined(x, allow_cpu):
+    if gate_declined({"x": x, "residual": residual}, allow_cpu):
         return None
     served = norm_and_inputs_served(x, residual, norm, eps, lambda e, w, nb: resnorm_quant_fp8_problem(
         residual, x, bias, gate, scale, shift, input_scale, e, w, nb, modulate_index))
@@ -115,12 +109,7 @@ def try_fused_norm_modulate_quant_fp8(
     y of ``resnorm(x, zeros, None, zeros, scale, shift, ...)`` (the unfused chain). Arguments as for
     :func:`try_fused_resnorm_quant_fp8` without residual, gate and bias. Returns float8_e4m3fn like x, or
     ``None`` (see :func:`~qwen_resnorm_fp4.last_decline_reason`)."""
-    R = DeclineReason
-    if flag_enabled(DISABLE_VAR):
-        return decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
-    if not isinstance(x, Tensor):
-        return decline(R.UNSUPPORTED_DTYPE, "x must be a tensor")
-    if device_declined(x, allow_cpu):
+    if gate_declined({"x": x}, allow_cpu):
         return None
     served = norm_and_inputs_served(x, x, norm, eps, lambda e, w, nb: norm_modulate_quant_fp8_problem(
         x, scale, shift, input_scale, e, w, nb, modulate_index))
@@ -139,18 +128,13 @@ def try_fused_gelu_tanh_fp8_quantize(h: Tensor, input_scale: Tensor, *, allow_cp
     first Linear's bf16 output ``h`` with the second's ``input_scale`` (the bytes of
     ``fc2.quantize_input(F.gelu(h, approximate="tanh"))`` on the GPU). Returns float8_e4m3fn like h, or
     ``None`` (see :func:`~qwen_resnorm_fp4.last_decline_reason`)."""
-    R = DeclineReason
-    if flag_enabled(DISABLE_VAR):
-        return decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
-    if not isinstance(h, Tensor):
-        return decline(R.UNSUPPORTED_DTYPE, "h must be a tensor")
-    if device_declined(h, allow_cpu):
+    if gate_declined({"h": h}, allow_cpu):
         return None
     problem = fp8_quantize_problem(h, input_scale)
     if problem is not None:
         return decline_for(problem)
     if not h.is_contiguous():
-        return decline(R.NON_CONTIGUOUS, "h is not contiguous")
+        return decline(DeclineReason.NON_CONTIGUOUS, "h is not contiguous")
     q = gelu_tanh_fp8_quantize(h, input_scale)
     succeed()
     return q

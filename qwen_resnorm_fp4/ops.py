@@ -286,24 +286,22 @@ def _resnorm_quant_fp8_out(residual, x, bias, gate, scale, shift, input_scale, e
         y_bf16.copy_(y_ref)
 
 
-def _fp8_quantize(y, input_scale):
-    require(fp8_quantize_problem(y, input_scale) or input_scale_value_problem(input_scale))
-    return reference.fp8_quantize(y, input_scale)
+def _elementwise_fp8(numerics):
+    """The Python implementations (functional, out-variant) of an element-wise FP8 op whose bytes are
+    ``numerics(y, input_scale)``: fp8_quantize's rules, then the reference."""
+    def functional(y, input_scale):
+        require(fp8_quantize_problem(y, input_scale) or input_scale_value_problem(input_scale))
+        return numerics(y, input_scale)
+
+    def out_variant(y, input_scale, out):
+        require(fp8_quantize_out_problem(y, input_scale, out, memory=True) or input_scale_value_problem(input_scale))
+        out.copy_(numerics(y, input_scale))
+
+    return functional, out_variant
 
 
-def _fp8_quantize_out(y, input_scale, out):
-    require(fp8_quantize_out_problem(y, input_scale, out, memory=True) or input_scale_value_problem(input_scale))
-    out.copy_(reference.fp8_quantize(y, input_scale))
-
-
-def _gelu_tanh_fp8_quantize(y, input_scale):
-    require(fp8_quantize_problem(y, input_scale) or input_scale_value_problem(input_scale))
-    return reference.gelu_tanh_fp8_quantize(y, input_scale)
-
-
-def _gelu_tanh_fp8_quantize_out(y, input_scale, out):
-    require(fp8_quantize_out_problem(y, input_scale, out, memory=True) or input_scale_value_problem(input_scale))
-    out.copy_(reference.gelu_tanh_fp8_quantize(y, input_scale))
+_fp8_quantize, _fp8_quantize_out = _elementwise_fp8(reference.fp8_quantize)
+_gelu_tanh_fp8_quantize, _gelu_tanh_fp8_quantize_out = _elementwise_fp8(reference.gelu_tanh_fp8_quantize)
 
 
 def _norm_modulate_quant(*args):
