@@ -343,6 +343,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         import qwen_resnorm_fp4.integrations.diffusers as qd
 
         dlog.set_verbosity_error()
+        qd.hide_unimportable_flashinfer()  # diffusers' models import next to a headers-only flashinfer
         tokens = sum(f * h * w for f, h, w in image_shapes(args))
         if tokens % world:
             raise SystemExit(f"--target/--condition: {tokens} image tokens do not split into {world} shards")
@@ -352,9 +353,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         inputs.setdefault((args.timing_batch, False), make_inputs(args, args.timing_batch, False, device, seed=20))
 
         base = build_model(args, device)
-        amax = qd.calibrate_input_amax(base, [inputs[(2, True)]], args.linears)  # on the whole sequence
-        segments = 2 * args.layers
+        amax = qd.calibrate_input_amax(base, [inputs[(2, True)]], args.linears, args.format)  # the whole sequence
         single = convert(base, args, amax, allow_cpu=device.type == "cpu")
+        segments = qd.conversion_info(single).segments_per_forward
         references, single_ms = {}, 0.0
         for key, inp in inputs.items():
             ref = forward(single, inp) if rank == 0 else None
