@@ -130,6 +130,27 @@ def test_list_of_names():
 
 
 @needs_diffusers
+def test_differing_qkv_input_scales_keep_each_layers_own_quantization():
+    """Block 0's to_k with its own input amax (a checkpoint's scales): that stream keeps diffusers' norm1 and
+    each projection's quantization; the others share one; fused == unfused still."""
+    model, inputs, segments = qwen_image(False)
+    amax = qd.calibrate_input_amax(model, inputs, "all", "fp8")
+    amax["transformer_blocks.0.attn.to_k"] *= 2
+    qd.convert_transformer(model, format="fp8", linears="all", input_amax=amax, allow_cpu=True)
+    try:
+        stats = qd.fused_path_stats(model, per_block=True)["blocks"]
+        assert set(stats["transformer_blocks.0"]) == {"img", "txt", "img.gelu", "txt.gelu", "txt.attn"}
+        assert set(stats["transformer_blocks.1"]) == {"img", "txt", "img.gelu", "txt.gelu", "img.attn", "txt.attn"}
+        assert qd.conversion_info(model).segments_per_forward == 11
+        fused = run(model, inputs[0])
+        assert qd.fused_path_stats(model, reset=True)["fused"] == 11
+        qd.set_mode(model, "unfused")
+        assert torch.equal(fused, run(model, inputs[0]))
+    finally:
+        qd.restore_transformer(model)
+
+
+@needs_diffusers
 def test_nvfp4_takes_the_new_linears_forms_too():
     model, inputs, segments = qwen_image(False)
     qd.convert_transformer(model, format="nvfp4", linears="modelopt", calibration_inputs=inputs, allow_cpu=True)

@@ -693,14 +693,15 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any,
 
 def _fp8_segments(block: torch.nn.Module, spec: ModelSpec, new_layers: Mapping[str, torch.nn.Module],
                   amax: Mapping[str, float], name: str) -> List[str]:
-    """The FP8-only segments of a converted block: ``"<stream>.attn"`` where every Linear of the stream's
-    ``attn_inputs`` is FP8 with one input amax (one quantized activation serves them all; a checkpoint's
+    """The FP8-only segments of a converted block: ``"<stream>.attn"`` where the stream's ``attn_norm`` is a
+    LayerNorm and every Linear of its ``attn_inputs`` is FP8 with one input amax (one quantized activation serves them all; a checkpoint's
     differing input scales keep each Linear's own quantization), ``"<stream>.gelu"`` where a tanh-GELU
     FeedForward's second Linear is FP8."""
     keys = []
     for s in spec.streams:
         attn = s.attn_inputs
-        if attn and all(isinstance(new_layers.get(n), FP8Linear) for n in attn) and \
+        if attn and isinstance(getattr(block, s.attn_norm, None), torch.nn.LayerNorm) and \
+                all(isinstance(new_layers.get(n), FP8Linear) for n in attn) and \
                 len({amax[f"{name}.{n}"] for n in attn}) == 1:
             keys.append(f"{s.name}.attn")
         fc2 = s.output_linear()
