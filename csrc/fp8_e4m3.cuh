@@ -25,9 +25,9 @@ namespace qwen_fp4 {
 constexpr float kE4m3Max = 448.0f;
 constexpr uint32_t kE4m3NanX4 = 0x7F7F7F7Fu;  // four E4M3 NaN bytes: the output of a refused input_scale
 
-// 1 / s as SGLang computes it (Triton lowers its fp32 `1.0 / scale` to div.full.f32): not IEEE division,
-// not rcp.approx; one ulp of inv changes bytes at E4M3 midpoints. reference.fp8_inverse_scale is its CPU
-// twin (a correction table measured on the GPU).
+// 1 / s as SGLang computes it (Triton lowers its fp32 `1.0 / scale` to div.full.f32): not IEEE division;
+// it equals rcp.approx.f32 (non-ftz) for every positive finite s (measured: rcp_approx.py), and one ulp of
+// inv changes bytes at E4M3 midpoints. reference.fp8_inverse_scale is its CPU twin.
 __device__ __forceinline__ float div_full_rcp(float s) {
   float r;
   asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(1.0f), "f"(s));

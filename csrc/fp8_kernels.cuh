@@ -13,7 +13,6 @@
 
 #include "fp8_e4m3.cuh"
 #include "launch.h"
-#include "launch_fp8.h"
 #include "launch_rows.cuh"
 #include "resnorm_kernel.cuh"
 

@@ -145,7 +145,7 @@ enum class KernelPath : int32_t {
   kAuto = 0,       // the Blackwell kernels where usable on the device, else the portable ones
   kPortable = 1,   // always the portable kernels
   kBlackwell = 2,  // always the Blackwell kernels (an error where they are not usable)
-  kInvalid = 3,    // QWEN_FP4_KERNEL_PATH held another value at load: the quantizing ops raise
+  kInvalid = 3,    // QWEN_FP4_KERNEL_PATH held another value at load: the ops with a Blackwell path raise
 };
 struct LaunchOptions {
   KernelPath kernel_path;

@@ -1,6 +1,6 @@
 // The argument checks, shape helpers and output allocation shared by the host wrappers of the ops
-// (ops.cpp, ops_fp8.cpp): plain C++ against the LibTorch stable ABI. Everything here is internal to each
-// translation unit that includes it (inline functions).
+// (ops.cpp, ops_fp8.cpp): plain C++ against the LibTorch stable ABI, inline functions (external linkage,
+// one definition across the translation units; hidden from the library's exports).
 #pragma once
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -168,7 +168,8 @@ inline void* current_stream(const Tensor& x) {
 // x's device and its current stream.
 inline LaunchTarget launch_target(const Tensor& x) { return {x.get_device_index(), current_stream(x)}; }
 
-// Everything resnorm and resnorm_quant share: checks, and the kernel arguments except the outputs.
+// Everything the row ops share (resnorm, resnorm_quant, the FP8 and norm_modulate ops): checks, and the
+// kernel arguments except the outputs.
 inline ResnormArgs make_resnorm_args(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
                               const Tensor& gate, const Tensor& scale, const Tensor& shift, double eps,
                               const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,

@@ -9,7 +9,6 @@
 #include <torch/headeronly/core/ScalarType.h>
 #include <torch/headeronly/util/Exception.h>
 
-#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -21,9 +20,6 @@
 #include "op_checks.h"
 
 namespace qwen_fp4 {
-
-using torch::headeronly::ScalarType;
-using torch::stable::Tensor;
 
 namespace {
 
@@ -42,10 +38,6 @@ bool blackwell_path(const Tensor& x) {
                   "no Blackwell cubin for it); use auto or portable");
   return true;
 }
-
-}  // namespace
-
-namespace {
 
 // The one launch of each op, into outputs that were allocated (the functional ops) or checked (the
 // out-variants).

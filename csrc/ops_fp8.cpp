@@ -48,7 +48,7 @@ void set_fp8_outputs(ResnormArgs& a, const Tensor& input_scale, const Tensor& y,
 }
 
 Fp8QuantizeArgs make_fp8_quantize_args(const Tensor& y, const Tensor& input_scale,
-                                       Fp8Activation activation = Fp8Activation::kNone) {
+                                       Fp8Activation activation) {
   STD_TORCH_CHECK(y.is_cuda(), "qwen_fp4: y must be a CUDA tensor for the CUDA kernels");
   check_cuda_tensor("y", y, y, /*vector_access=*/true, "y");
   check_dtype("y", y, false);

@@ -212,7 +212,7 @@ struct PlainParams {
 };
 
 // Steps 1-5 for one row from its x and residual vectors: d = r, residual_out stored (only vector slot
-// `stored_slot` when >= 0: the split kernel), then the two passes; returns rstd with d = r - mu. The plain
+// `stored_slot` when >= 0: the split kernel; none when >= kVectors: the no-residual ops), then the two passes; returns rstd with d = r - mu. The plain
 // kernels of the grouped shapes pass their gate vectors loaded (kGateGiven: gate_bf16); the others load
 // them from p.
 template <class Config, bool kPlainParams, bool kGateGiven, int kVectors = Config::kVectorsPerThread>

@@ -24,7 +24,6 @@ struct BlockShape {
   static constexpr int kFixedVecs = kFixedCols / kVecElems;
   static constexpr int kFixedThreads = kFixedVecs / kVectorsPerThread;
   static constexpr int kMaxThreads = kFixedCols ? kFixedThreads : 256;  // D <= 16384 at 8 vectors per thread
-  static constexpr int kWarps = kFixedCols ? kFixedThreads / 32 : 0;    // 0: known at run time only
   // Vectors of the widest row this shape serves: the LayerNorm sums' shared buffer (reduce.cuh row_sum).
   static constexpr int kMaxRowVecs = kFixedCols ? kFixedVecs : kMaxThreads * kVectorsPerThread;
   static_assert(kFixedCols == 0 || (kFixedVecs % kVectorsPerThread == 0 && kFixedThreads % 32 == 0),

@@ -1,12 +1,14 @@
-// GELU(tanh) of every bf16 bit pattern on the GPU, written the way PyTorch's CUDA kernel writes it
-// (opmath float, ::tanhf), with nvcc's default contraction (A) and with none (B), rounded to bf16:
-// tools/gelu_tanh_probe.py compares both with torch's own F.gelu(approximate="tanh").
-//   nvcc -O3 -arch=sm_90a -o gelu_probe tools/gelu_tanh_probe.cu && ./gelu_probe a.bin b.bin
+// GELU(tanh) of every bf16 bit pattern on the GPU: (A) the kernels' own gelu_tanh_bf16 (csrc/fp8_e4m3.cuh,
+// PyTorch's CUDA expression with nvcc's default contraction) and (B) the same expression with no
+// contraction, rounded to bf16: tools/gelu_tanh_probe.py compares both with torch's F.gelu(approximate="tanh").
+//   nvcc -O3 -arch=sm_90a -Icsrc -o gelu_probe tools/gelu_tanh_probe.cu && ./gelu_probe a.bin b.bin
 #include <cuda_bf16.h>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+#include "fp8_e4m3.cuh"
 
 __global__ void gelu_variants(uint16_t* a, uint16_t* b) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -14,12 +16,9 @@ __global__ void gelu_variants(uint16_t* a, uint16_t* b) {
   const float x = __uint_as_float(uint32_t(i) << 16);
   constexpr float kBeta = M_SQRT2 * M_2_SQRTPI * 0.5f;
   constexpr float kKappa = 0.044715f;
-  const float x_cube = x * x * x;
-  const float inner = kBeta * (x + kKappa * x_cube);
-  const float ya = 0.5f * x * (1.0f + tanhf(inner));
   const float inner_b = __fmul_rn(kBeta, __fadd_rn(x, __fmul_rn(kKappa, __fmul_rn(__fmul_rn(x, x), x))));
   const float yb = __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner_b)));
-  a[i] = __bfloat16_as_ushort(__float2bfloat16_rn(ya));
+  a[i] = qwen_fp4::gelu_tanh_bf16(static_cast<uint16_t>(i));
   b[i] = __bfloat16_as_ushort(__float2bfloat16_rn(yb));
 }
 
