@@ -1,4 +1,4 @@
-"""What the two fused paths (fused_path.py: NVFP4 FC1; fused_path_fp8.py: FP8 FC1) share: the decline
+"""What the fused paths (fused_path.py: NVFP4 FC1; fused_path_fp8.py: the FP8 gates) share: the decline
 record, the device rule, the norm's settings and the activation rules. One gate's decline is the other's
 ``last_decline_reason``: a model calls one of them per block.
 
@@ -96,8 +96,8 @@ def device_declined(x: Tensor, allow_cpu: bool) -> bool:
 
 
 def gate_declined(tensors: Mapping[str, Any], allow_cpu: bool) -> bool:
-    """The checks every fused-path gate starts with: the switch (``QWEN_FP4_DISABLE_FUSED``), that each
-    named argument is a tensor, then :func:`device_declined` on the first. Declines and returns True where
+    """The checks the FP8 gates start with (the NVFP4 gate resolves its recipe between them): the switch
+    (``QWEN_FP4_DISABLE``), that each named argument is a tensor, then :func:`device_declined` on the first. Declines and returns True where
     one fails."""
     if flag_enabled(DISABLE_VAR):
         decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)

@@ -63,22 +63,27 @@ def _call(op: OpArguments, rules, args: tuple, **rule_options):
     return op.op(*op.prepared(args))
 
 
+def _prepared_call(op: OpArguments, args: tuple):
+    """The op on arguments that already satisfy its rules (a fused path applied them as declines): operands
+    prepared, the op called once, no second check."""
+    return op.op(*op.prepared(args))
+
+
 def call_resnorm_quant(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool,
                        weight=None, norm_bias=None, modulate_index=None,
                        nvfp4_4over6_code: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """``torch.ops.qwen_fp4.resnorm_quant`` on arguments that already satisfy its rules (the fused path
     applied them as declines): operands prepared, the op called once."""
-    return _RESNORM_QUANT.op(*_RESNORM_QUANT.prepared((residual, x, bias, gate, scale, shift, global_scale, eps,
-                                                       fast_math, weight, norm_bias, modulate_index,
-                                                       nvfp4_4over6_code)))
+    return _prepared_call(_RESNORM_QUANT, (residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
+                                           weight, norm_bias, modulate_index, nvfp4_4over6_code))
 
 
 def call_resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, eps: float, weight=None,
                            norm_bias=None, modulate_index=None) -> Tuple[Tensor, Tensor]:
     """``torch.ops.qwen_fp4.resnorm_quant_fp8`` on arguments that already satisfy its rules (the FP8 fused
     path applied them as declines): operands prepared, the op called once."""
-    return _RESNORM_QUANT_FP8.op(*_RESNORM_QUANT_FP8.prepared((residual, x, bias, gate, scale, shift, input_scale,
-                                                               eps, weight, norm_bias, modulate_index)))
+    return _prepared_call(_RESNORM_QUANT_FP8, (residual, x, bias, gate, scale, shift, input_scale, eps, weight,
+                                               norm_bias, modulate_index))
 
 
 def call_resnorm_quant_fp8_out(residual, x, bias, gate, scale, shift, input_scale, eps: float, y, residual_out,
@@ -86,9 +91,20 @@ def call_resnorm_quant_fp8_out(residual, x, bias, gate, scale, shift, input_scal
     """``torch.ops.qwen_fp4.resnorm_quant_fp8_out`` on arguments that already satisfy its input rules, into
     outputs the caller just allocated (:func:`empty_resnorm_quant_fp8_outputs`): operands prepared, the op
     called once."""
-    _RESNORM_QUANT_FP8_OUT.op(*_RESNORM_QUANT_FP8_OUT.prepared((residual, x, bias, gate, scale, shift, input_scale,
-                                                                eps, y, residual_out, weight, norm_bias,
-                                                                modulate_index, y_bf16)))
+    _prepared_call(_RESNORM_QUANT_FP8_OUT, (residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out,
+                                            weight, norm_bias, modulate_index, y_bf16))
+
+
+def call_norm_modulate_quant_fp8(x, scale, shift, input_scale, eps: float, weight=None, norm_bias=None,
+                                 modulate_index=None) -> Tensor:
+    """``torch.ops.qwen_fp4.norm_modulate_quant_fp8`` on arguments that already satisfy its rules."""
+    return _prepared_call(_NORM_MODULATE_QUANT_FP8, (x, scale, shift, input_scale, eps, weight, norm_bias,
+                                                     modulate_index))
+
+
+def call_gelu_tanh_fp8_quantize(y, input_scale) -> Tensor:
+    """``torch.ops.qwen_fp4.gelu_tanh_fp8_quantize`` on arguments that already satisfy its rules."""
+    return _prepared_call(_GELU_TANH_FP8_QUANTIZE, (y, input_scale))
 
 
 def resnorm_quant(

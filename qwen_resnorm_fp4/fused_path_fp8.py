@@ -21,7 +21,7 @@ import torch
 
 from ._fused_common import decline, decline_for, gate_declined, norm_and_inputs_served, succeed
 from .api import call_resnorm_quant_fp8, call_resnorm_quant_fp8_out, empty_resnorm_quant_fp8_outputs
-from .api import gelu_tanh_fp8_quantize, norm_modulate_quant_fp8
+from .api import call_gelu_tanh_fp8_quantize, call_norm_modulate_quant_fp8
 from .validation import DeclineReason, fp8_quantize_problem, norm_modulate_quant_fp8_problem
 from .validation import resnorm_quant_fp8_problem
 
@@ -116,8 +116,7 @@ def try_fused_norm_modulate_quant_fp8(
     if served is None:
         return None
     weight, norm_bias, norm_eps = served
-    y = norm_modulate_quant_fp8(x, scale, shift, input_scale, float(norm_eps), weight=weight, norm_bias=norm_bias,
-                                modulate_index=modulate_index)
+    y = call_norm_modulate_quant_fp8(x, scale, shift, input_scale, float(norm_eps), weight, norm_bias, modulate_index)
     succeed()
     return y
 
@@ -135,7 +134,7 @@ def try_fused_gelu_tanh_fp8_quantize(h: Tensor, input_scale: Tensor, *, allow_cp
         return decline_for(problem)
     if not h.is_contiguous():
         return decline(DeclineReason.NON_CONTIGUOUS, "h is not contiguous")
-    q = gelu_tanh_fp8_quantize(h, input_scale)
+    q = call_gelu_tanh_fp8_quantize(h, input_scale)
     succeed()
     return q
 

@@ -37,11 +37,10 @@ import torch
 
 from . import api
 from ._linear_common import positive_scalar
+from .reference import E4M3_MAX
 
 Tensor = torch.Tensor
 
-#: The largest finite E4M3 magnitude: scale = amax / E4M3_MAX (the ModelOpt FP8 convention).
-E4M3_MAX = 448.0
 #: K and N must be multiples of this (torch._scaled_mm's rule).
 FP8_ALIGNMENT = 16
 #: The dtypes that stay as they are whatever dtype the module is moved to.

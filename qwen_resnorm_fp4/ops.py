@@ -154,16 +154,13 @@ def _resnorm_quant_fp8_fake(residual, x, *rest):
     return _fp8_like(x), _like_x(x)
 
 
-@torch.library.register_fake(f"{NAMESPACE}::fp8_quantize")
-def _fp8_quantize_fake(y, input_scale):
+def _elementwise_fp8_fake(y, input_scale):
     require(fp8_quantize_problem(y, input_scale))
     return _fp8_like(y)
 
 
-@torch.library.register_fake(f"{NAMESPACE}::gelu_tanh_fp8_quantize")
-def _gelu_tanh_fp8_quantize_fake(y, input_scale):
-    require(fp8_quantize_problem(y, input_scale))
-    return _fp8_like(y)
+for _name in ("fp8_quantize", "gelu_tanh_fp8_quantize"):  # element-wise: the same rules and output
+    torch.library.register_fake(f"{NAMESPACE}::{_name}")(_elementwise_fp8_fake)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::norm_modulate_quant")

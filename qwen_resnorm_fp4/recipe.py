@@ -158,7 +158,7 @@ def resolve_nvfp4_4over6(setting: object = UNSET) -> int:
     """The ``nvfp4_4over6_code`` of a wrapper's ``nvfp4_4over6=`` argument: omitted (:data:`UNSET`), the
     environment now; None, 0; a config, its code."""
     if setting is UNSET:
-        if not flag_enabled(FOUR_OVER_SIX_VAR):  # the common call: one getenv
+        if not flag_enabled(FOUR_OVER_SIX_VAR):  # the common call: one environment read
             return 0
         return nvfp4_4over6_code(nvfp4_4over6_from_env())
     return nvfp4_4over6_code(setting)

@@ -103,7 +103,7 @@ _DESCRIPTIONS: Dict[DeclineReason, str] = {
         "x and residual must be bfloat16; gate, scale, shift, bias and the norm's parameters bfloat16 or "
         "float32; modulate_index int32, int64 or bool"),
     DeclineReason.UNSUPPORTED_SHAPE: f"residual and x must have one shape [..., D] with 1 to {MAX_ROWS} rows",
-    DeclineReason.UNSUPPORTED_WIDTH: f"D (x.shape[-1]) must be {WIDTH_RULE}",
+    DeclineReason.UNSUPPORTED_WIDTH: f"D (x.shape[-1]) must be {WIDTH_RULE} (the FP8 gates: {ROW_WIDTH_RULE})",
     DeclineReason.NON_CONTIGUOUS: (
         "x or residual is not contiguous; the fused path declines rather than copy the activations"),
     DeclineReason.UNSUPPORTED_MODULATION: (
@@ -722,7 +722,7 @@ def norm_modulate_quant_fp8_out_problem(x, scale, shift, input_scale, eps, y, we
     return memory_problem(outputs, inputs)
 
 
-__all__ += ["ROW_COLS_MULTIPLE", "FP8_DTYPE", "FP8_INPUT_SCALE_MIN", "input_scale_problem",
+__all__ += ["FP8_DTYPE", "FP8_INPUT_SCALE_MIN", "input_scale_problem",
             "input_scale_value_problem", "resnorm_quant_fp8_problem", "fp8_quantize_problem",
             "norm_modulate_inputs_problem", "norm_modulate_quant_problem",
             "norm_modulate_quant_fp8_problem", "resnorm_quant_fp8_out_problem", "fp8_quantize_out_problem",
