@@ -9,8 +9,8 @@ it launches through torchrun:
 Arguments after ``--`` go to the check script (its ``--help``). Results: DIR/context_parallel.{json,md}; the
 markdown table is printed. The exit status is the check's.
 
-The timing is the check script's own (CUDA events around each forward, median); it moves to the benchmarks'
-shared timing module once that exists.
+The timing is the check script's own (CUDA events around each forward, median, warm L2), not timing.py's:
+the script runs under torchrun on every rank, outside this directory.
 """
 
 from __future__ import annotations

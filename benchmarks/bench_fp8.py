@@ -72,7 +72,9 @@ SUBJECT = {"resnorm_quant_fp8": "resnorm_quant_fp8", "norm_modulate_quant_fp8": 
 #: The byte checks each op's rows must pass.
 REQUIRED_CHECKS = {"resnorm_quant_fp8": ("byte_exact",), "norm_modulate_quant_fp8": ("byte_exact",),
                    "fp8_quantize": (), "gelu_fp8": ("byte_exact",)}
-PEER_NOTE = ("unfused = ours in two kernels (resnorm, then fp8_quantize): the same bytes; torch = the eager chain "
+PEER_NOTE = ("unfused = ours in two kernels (resnorm, then fp8_quantize; for norm_modulate_quant_fp8, resnorm of "
+             "(x, zeros, gate 0), which also reads the zero residual and writes a residual_out): the same output "
+             "bytes; torch = the eager chain "
              "of a diffusers block in bf16 ops, then (y.float() * inv).clamp(-448, 448).to(float8_e4m3fn) with "
              "inv = 1 / input_scale: a speed peer, not byte-exact with the rule; compiled = torch.compile of it.")
 
@@ -497,17 +499,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         md += ["", f"## {SUBJECT[op]}", ""] + lines
         print(f"\n{SUBJECT[op]}:\n" + "\n".join(lines))
     target_res = check_targets(out) if args.check_targets else []
-    if target_res:
-        md += ["", "## Goals (FP8 issue, resnorm_quant_fp8, graph replay)", ""] + \
-            [f"- {v}: {n} ({d})" for n, v, d in target_res]
+    md += results.verdict_md("Goals (FP8 issue, resnorm_quant_fp8, graph replay)", target_res)
     results.write_report(args.out, PROG, out, md, CSV_FIELDS)
     print(f"total {time.perf_counter() - t_start:.0f} s")
-    rc = 0
-    if target_res:
-        print("\nthe FP8 issue's goals (resnorm_quant_fp8, graph replay):")
-        for n, v, d in target_res:
-            print(f"  {v}  {n}: {d}")
-        rc = int(any(v == "FAIL" for _, v, _ in target_res))
+    rc = results.print_verdicts("the FP8 issue's goals (resnorm_quant_fp8, graph replay)", target_res)
     return max(rc, results.exit_status(byte_check_failures(out), "fused and unfused FP8 outputs differ"))
 
 

@@ -523,19 +523,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         [f"- {n}" for n in notes] + [""] + lines + ["", GRAPH_TABLE_TITLE, ""] + glines + [""] + \
         [f"- {e}" for e in extra]
     target_res = check_targets(rows_out, graph) if args.check_targets else []
-    if target_res:
-        md += ["", f"## Performance goals (D = {TARGET_DIM}, docs/performance.md)", ""] + \
-            [f"- {v}: {n} ({d})" for n, v, d in target_res]
+    md += results.verdict_md(f"Performance goals (D = {TARGET_DIM}, docs/performance.md)", target_res)
     results.write_report(args.out, "bench_fused", rows_out, md, CSV_FIELDS,
                          plot_spec(ceiling, f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"))
     print(f"total {time.perf_counter() - t_start:.0f} s")
 
-    rc = 0
-    if target_res:
-        print(f"\nthe project's performance goals (docs/performance.md) at D = {TARGET_DIM}:")
-        for n, v, d in target_res:
-            print(f"  {v}  {n}: {d}")
-        rc = int(any(v == "FAIL" for _, v, _ in target_res))
+    rc = results.print_verdicts(f"the project's performance goals (docs/performance.md) at D = {TARGET_DIM}",
+                                target_res)
     return max(rc, results.exit_status(byte_check_failures(rows_out, graph), "fused and unfused outputs differ"))
 
 

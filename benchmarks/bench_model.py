@@ -310,15 +310,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n".join(lines))
     md = [f"# {PROG}", ""] + [f"- {h}" for h in header] + [""] + lines
     target_res = check_targets(rows, args.layers) if args.check_targets else []
-    if target_res:
-        md += ["", "## Goal (FP8 issue, end to end)", ""] + [f"- {v}: {n} ({d})" for n, v, d in target_res]
+    md += results.verdict_md("Goal (FP8 issue, end to end)", target_res)
     results.write_report(args.out, PROG, rows, md, CSV_FIELDS)
-    rc = 0
-    if target_res:
-        print("\nthe FP8 issue's end-to-end goal:")
-        for n, v, d in target_res:
-            print(f"  {v}  {n}: {d}")
-        rc = int(any(v == "FAIL" for _, v, _ in target_res))
+    rc = results.print_verdicts("the FP8 issue's end-to-end goal", target_res)
     return max(rc, results.exit_status(byte_check_failures(rows), "converted model checks"))
 
 

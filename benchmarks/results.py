@@ -60,6 +60,26 @@ def exit_status(failures: Sequence[str], what: str) -> int:
     return 1
 
 
+Verdict = Tuple[str, str, str]  # (goal, "PASS" / "FAIL" / "SKIP", detail)
+
+
+def verdict_md(title: str, verdicts: Sequence[Verdict]) -> List[str]:
+    """The markdown section of a benchmark's goal verdicts (none: no lines)."""
+    if not verdicts:
+        return []
+    return ["", f"## {title}", ""] + [f"- {v}: {n} ({d})" for n, v, d in verdicts]
+
+
+def print_verdicts(title: str, verdicts: Sequence[Verdict]) -> int:
+    """Prints the verdicts under ``title``; 1 if any FAILs, else 0 (none: prints nothing)."""
+    if not verdicts:
+        return 0
+    print(f"\n{title}:")
+    for n, v, d in verdicts:
+        print(f"  {v}  {n}: {d}")
+    return int(any(v == "FAIL" for _, v, _ in verdicts))
+
+
 def fmt(v: object, spec: str) -> str:
     """``format(v, spec)``, "n/a" for a non-finite float or None."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):

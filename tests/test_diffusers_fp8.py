@@ -17,7 +17,7 @@ import torch
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import FP8Linear, NVFP4Linear
 from reliability_utils import rel_err
-from test_diffusers_integration import SKIP_REASON, sha256
+from test_diffusers_integration import SKIP_REASON, fused_then_unfused, sha256
 from test_diffusers_models import SMALL_CASES, flux, qwen_image, run
 
 needs_diffusers = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -53,15 +53,7 @@ def check_fp8_fused_equals_unfused(model, inputs: List[Dict[str, Any]], segments
                                                                     device=module.input_scale.device)), name
             assert not isinstance(module, NVFP4Linear), name
         for inp, original in zip(inputs, originals):
-            qd.set_mode(model, "fused")
-            fused = run(model, inp)
-            stats = qd.fused_path_stats(model, reset=True)
-            assert stats == {"fused": segments, "unfused": 0, "fallback": 0, "decline_reasons": {}}, stats
-            qd.set_mode(model, "unfused")
-            unfused = run(model, inp)
-            assert qd.fused_path_stats(model, reset=True)["unfused"] == segments
-            assert torch.equal(fused, unfused) and sha256(fused) == sha256(unfused)
-            assert torch.isfinite(fused.float()).all()
+            fused = fused_then_unfused(model, inp, segments)
             err = rel_err(fused, original)
             assert 0 < err < 0.1, err
             lines.append(f"{type(model).__name__} fp8 linears={linears}: {len(names)} FP8 layers, rel. error vs "

@@ -114,6 +114,23 @@ def run(model, inp) -> torch.Tensor:
         return model(**inp)[0]
 
 
+def fused_then_unfused(model, inp, segments: int, *, unfused_runs: int = 1) -> torch.Tensor:
+    """One input through a converted model fused, then unfused (``unfused_runs`` times, each the same bytes):
+    every segment counted in its mode, fused == unfused bit for bit, finite. Returns the fused output."""
+    qd.set_mode(model, "fused")
+    fused = run(model, inp)
+    stats = qd.fused_path_stats(model, reset=True)
+    assert stats == {"fused": segments, "unfused": 0, "fallback": 0, "decline_reasons": {}}, stats
+    qd.set_mode(model, "unfused")
+    unfused = run(model, inp)
+    for _ in range(unfused_runs - 1):
+        assert torch.equal(unfused, run(model, inp)), "run-to-run nondeterminism (unfused twice)"
+    assert qd.fused_path_stats(model, reset=True)["unfused"] == unfused_runs * segments
+    assert torch.equal(fused, unfused) and sha256(fused) == sha256(unfused)
+    assert torch.isfinite(fused.float()).all()
+    return fused
+
+
 def calibration(zero_cond_t: bool, small: bool = True, device: str = "cpu") -> List[Dict[str, Any]]:
     return [make_inputs(2, 11, zero_cond_t, small=small, seed=100, device=device)]
 

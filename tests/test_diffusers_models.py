@@ -14,10 +14,9 @@ per converted segment, and the relative error against the BF16 model printed.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import torch
@@ -25,7 +24,8 @@ import torch
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import NVFP4Linear
 from reliability_utils import rel_err
-from test_diffusers_integration import SKIP_REASON, _kernel_names, build_small, calibration, make_inputs, sha256
+from test_diffusers_integration import SKIP_REASON, _kernel_names, build_small, fused_then_unfused
+from test_diffusers_integration import make_inputs, run, sha256
 
 needs_diffusers = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 
@@ -121,10 +121,6 @@ SMALL_CASES: Dict[str, Callable] = {
 }
 
 
-def run(model, inp) -> torch.Tensor:
-    with torch.no_grad():
-        return model(**inp)[0]
-
 
 def check_fused_equals_unfused(model, inputs: List[Dict[str, Any]], segments: int, *, linears: str,
                                allow_cpu: bool, device: str) -> List[str]:
@@ -142,15 +138,7 @@ def check_fused_equals_unfused(model, inputs: List[Dict[str, Any]], segments: in
         if linears == "all":
             assert len(info.input_amax) > len(qd.linear_names(model))
         for inp, original in zip(inputs, originals):
-            qd.set_mode(model, "fused")
-            fused = run(model, inp)
-            stats = qd.fused_path_stats(model, reset=True)
-            assert stats == {"fused": segments, "unfused": 0, "fallback": 0, "decline_reasons": {}}, stats
-            qd.set_mode(model, "unfused")
-            unfused = run(model, inp)
-            assert qd.fused_path_stats(model, reset=True)["unfused"] == segments
-            assert torch.equal(fused, unfused) and sha256(fused) == sha256(unfused)
-            assert torch.isfinite(fused.float()).all()
+            fused = fused_then_unfused(model, inp, segments)
             err = rel_err(fused, original)
             assert 0 < err < 0.5, err
             lines.append(f"{type(model).__name__} linears={linears}: rel. error vs BF16 {err:.4f}, "

@@ -19,7 +19,7 @@ import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import FP8Linear
 from reliability_utils import capture_graph, rel_err
 from test_diffusers_integration import (SKIP_REASON, QwenImageTransformer2DModel, _kernel_names, calibration,
-                                        make_inputs, run, sha256)
+                                        fused_then_unfused, make_inputs, run, sha256)
 
 pytestmark = pytest.mark.gpu
 
@@ -142,16 +142,7 @@ def test_real_width_qwen_image_fp8_fused_equals_unfused(zero_cond_t, linears, ca
         assert all(isinstance(model.get_submodule(n), FP8Linear) for n in qd.conversion_info(model).input_amax)
         assert qd.conversion_info(model).segments_per_forward == segments
         for inp, original in zip(inputs, originals):
-            qd.set_mode(model, "fused")
-            fused = run(model, inp)
-            stats = qd.fused_path_stats(model, reset=True)
-            assert stats == {"fused": segments, "unfused": 0, "fallback": 0, "decline_reasons": {}}, stats
-            qd.set_mode(model, "unfused")
-            unfused = run(model, inp)
-            assert torch.equal(unfused, run(model, inp)), "run-to-run nondeterminism (unfused twice)"
-            assert qd.fused_path_stats(model, reset=True)["unfused"] == 2 * segments  # the next round starts at 0
-            assert torch.equal(fused, unfused) and sha256(fused) == sha256(unfused)
-            assert torch.isfinite(fused.float()).all()
+            fused = fused_then_unfused(model, inp, segments, unfused_runs=2)
             err = rel_err(fused, original)
             assert err < 0.1, err
             lines.append(f"zero_cond_t={zero_cond_t} linears={linears} batch={inp['hidden_states'].shape[0]}: "

@@ -17,15 +17,11 @@ import torch
 
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4.integrations.sglang import try_fused_scale_residual_norm_scale_shift_fp8 as dropin
+from test_sglang_dropin import _leading_parameters
 
 #: SGLang's parameter names, in order, read from sglang's
 #: sglang/kernels/kda_kernels/norm_scale_shift_jit.py, try_fused_scale_residual_norm_scale_shift_fp8.
 SGLANG_PARAMETERS = ("residual", "x", "gate", "weight", "bias", "scale", "shift", "input_scale", "norm_type", "eps")
-
-
-def _leading_parameters(fn) -> tuple:
-    params = inspect.signature(fn).parameters.values()
-    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def test_signature_matches_recorded_sglang():
