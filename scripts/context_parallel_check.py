@@ -7,7 +7,7 @@ What it does, on every rank (NCCL, one GPU a rank):
 
 1. builds a real-width ``QwenImageTransformer2DModel`` (24 heads x 128 = 3072, ``--layers`` blocks, random
    weights from ``--seed``, the same on every rank; zero_cond_t with a condition image whose modulate_index
-   boundary falls inside the last rank's shard), calibrates its NVFP4 input scales on the whole sequence and
+   boundary falls inside the last rank's shard), calibrates its input scales (``--format``) on the whole sequence and
    converts it (``--format``, ``--linears``; ``mode="fused"``);
 2. rank 0 runs that model on its own GPU: the single-GPU reference, broadcast to every rank;
 3. for each of ``--configs`` (``ulysses``: ``ContextParallelConfig(ulysses_degree=N)``; ``ring``:
@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import inspect
 import json
 import os
 import platform
@@ -66,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="directory for context_parallel.{json,md}")
     p.add_argument("--configs", default="ulysses,ring", help="comma-separated: ulysses, ring")
-    p.add_argument("--format", default="nvfp4", help="convert_transformer's format (nvfp4; fp8 where supported)")
+    p.add_argument("--format", default="nvfp4", choices=("nvfp4", "fp8"), help="convert_transformer's format")
     p.add_argument("--linears", default="fc1", choices=("fc1", "all"))
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=24)
@@ -140,13 +139,8 @@ def make_inputs(args, batch: int, masked: bool, device: torch.device, seed: int)
 def convert(model, args, input_amax: Dict[str, float], allow_cpu: bool):
     import qwen_resnorm_fp4.integrations.diffusers as qd
 
-    kwargs = {}
-    if args.format != "nvfp4":
-        if "format" not in inspect.signature(qd.convert_transformer).parameters:
-            raise SystemExit(f"--format {args.format}: this build's convert_transformer has no format argument")
-        kwargs["format"] = args.format
     return qd.convert_transformer(model, mode="fused", linears=args.linears, input_amax=input_amax,
-                                  allow_cpu=allow_cpu, keep_original=False, **kwargs)
+                                  allow_cpu=allow_cpu, keep_original=False, format=args.format)
 
 
 def processors(model) -> List[Any]:

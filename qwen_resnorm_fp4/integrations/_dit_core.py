@@ -40,7 +40,7 @@ import re
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -518,9 +518,9 @@ def _gelu_ffn(block: torch.nn.Module, state: BlockState, spec: StreamSpec, ffn: 
     writes it (unfused), the same bytes."""
     key = f"{spec.name}.gelu"
     stats = state.stats.get(key)
-    rest = list(ffn.net[1:])
-    if stats is not None and all(not m.training for m in rest[:1]):  # net[1]: Dropout, the identity in eval
-        fc2 = rest[1]
+    net = ffn.net
+    if stats is not None and not net[1].training:  # net[1]: Dropout, the identity in eval
+        fc2 = net[2]
         q = None
         if state.mode == "fused":
             q = try_fused_gelu_tanh_fp8_quantize(h, fc2.input_scale, allow_cpu=state.allow_cpu)
@@ -529,11 +529,11 @@ def _gelu_ffn(block: torch.nn.Module, state: BlockState, spec: StreamSpec, ffn: 
             stats.unfused += 1
         if q is not None:
             hidden = fc2(q)
-            for module in rest[2:]:
+            for module in net[3:]:
                 hidden = module(hidden)
             return hidden
-    hidden = ffn.net[0].gelu(h)
-    for module in rest:
+    hidden = net[0].gelu(h)
+    for module in net[1:]:
         hidden = module(hidden)
     return hidden
 
@@ -760,9 +760,10 @@ def set_mode(model: torch.nn.Module, mode: str) -> None:
 
 
 def fused_path_stats(model: torch.nn.Module, *, per_block: bool = False, reset: bool = False) -> Dict[str, Any]:
-    """How the converted blocks' streams ran since the conversion (or the last reset): {"fused": n, "unfused":
-    n, "fallback": n, "decline_reasons": {reason: n}} summed over blocks and streams, plus "blocks": {name:
-    {stream: StreamStats}} with ``per_block=True``. ``reset=True`` zeroes the counters (after reading them)."""
+    """How the converted blocks' segments ran since the conversion (or the last reset): {"fused": n, "unfused":
+    n, "fallback": n, "decline_reasons": {reason: n}} summed over blocks and segments, plus "blocks": {name:
+    {segment: StreamStats}} with ``per_block=True`` (segments: each stream's name, and with FP8
+    "<stream>.attn" / "<stream>.gelu"). ``reset=True`` zeroes the counters (after reading them)."""
     total = {"fused": 0, "unfused": 0, "fallback": 0, "decline_reasons": collections.Counter()}
     per = {}
     for name, _, state in converted_blocks(model):

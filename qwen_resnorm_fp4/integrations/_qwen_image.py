@@ -39,11 +39,12 @@ def _index_tensor(index: Any, like: Tensor) -> Optional[Tensor]:
     return index
 
 
-def _attention_input(block: torch.nn.Module, stream: str, x: Tensor, mod1: Tensor, index: Any) -> Optional[Tensor]:
+def _attention_input(block: torch.nn.Module, stream: str, x: Tensor, mod1: Tensor,
+                     index: Optional[Tensor]) -> Optional[Tensor]:
     """The stream's norm1 + modulation as the E4M3 input of its q/k/v projections
     (:func:`~qwen_resnorm_fp4.integrations._dit_core.attention_input`), or None: diffusers' own lines run."""
     shift1, scale1, _gate1 = mod1.chunk(3, dim=-1)
-    return attention_input(block, stream, x, scale1, shift1, index=_index_tensor(index, x))
+    return attention_input(block, stream, x, scale1, shift1, index=index)
 
 
 def _mlp_half(block: torch.nn.Module, stream: str, hidden_states: Tensor, attn_output: Tensor, mod1: Tensor,
@@ -51,7 +52,6 @@ def _mlp_half(block: torch.nn.Module, stream: str, hidden_states: Tensor, attn_o
     """One stream from the attention output to the end of the block."""
     _shift1, _scale1, gate1 = mod1.chunk(3, dim=-1)
     shift2, scale2, gate2 = mod2.chunk(3, dim=-1)
-    index = _index_tensor(index, hidden_states)
     residual_out, mlp_output = ffn_segment(block, stream, hidden_states, attn_output, gate1, scale2, shift2,
                                            index=index)
     return residual_out + _gate_rows(gate2, index) * mlp_output
@@ -69,6 +69,9 @@ def _converted_block_forward(
 ) -> Tuple[Tensor, Tensor]:
     """diffusers' QwenImageTransformerBlock.forward (diffusers>=0.42.1,<0.43), with the norm2 + MLP segment of
     each stream replaced by :func:`_mlp_half`. Lines outside that segment are diffusers' own."""
+    # --- changed: the segments' inputs once per block (a context-parallel shard of a batch > 1 is strided) ---
+    hidden_states, encoder_hidden_states = hidden_states.contiguous(), encoder_hidden_states.contiguous()
+    index = _index_tensor(modulate_index, hidden_states)
     # Get modulation parameters for both streams
     img_mod_params = self.img_mod(temb)  # [B, 6*dim]
 
@@ -81,7 +84,7 @@ def _converted_block_forward(
     txt_mod1, txt_mod2 = txt_mod_params.chunk(2, dim=-1)  # Each [B, 3*dim]
 
     # --- changed (FP8 conversions): norm1 + modulation + the projections' one E4M3 quantization, fused ---
-    img_modulated = _attention_input(self, "img", hidden_states, img_mod1, modulate_index)
+    img_modulated = _attention_input(self, "img", hidden_states, img_mod1, index)
     txt_modulated = _attention_input(self, "txt", encoder_hidden_states, txt_mod1, None)
     # --- end of the changed segment ---
 
@@ -110,7 +113,7 @@ def _converted_block_forward(
     # --- changed: attention gate + residual, norm2 + modulation, MLP, gate + residual ---
     # (the gate1 of diffusers' _modulate is what it multiplies here; the segment takes the gate chunk of
     # img_mod1 / txt_mod1 with modulate_index instead, the same rows.)
-    hidden_states = _mlp_half(self, "img", hidden_states, img_attn_output, img_mod1, img_mod2, modulate_index)
+    hidden_states = _mlp_half(self, "img", hidden_states, img_attn_output, img_mod1, img_mod2, index)
     encoder_hidden_states = _mlp_half(self, "txt", encoder_hidden_states, txt_attn_output, txt_mod1, txt_mod2, None)
     # --- end of the changed segment ---
 

@@ -22,9 +22,11 @@ Each converter, in every block of the model:
   scales; ``linears="modelopt"`` or a list of names choose the layers);
 - binds a new ``forward`` to the block: a copy of the library's block forward (of the supported versions,
   :data:`SUPPORTED_DIFFUSERS`) in which the segment ``residual + gate * x -> norm -> * (1 + scale) + shift ->
-  FFN`` of each stream is one call: ``try_fused_resnorm_quant`` (``mode="fused"``) or ``resnorm`` + the
-  quantizer (``mode="unfused"``, the baseline, also the fallback when the fused path declines), then the FFN
-  on the packed activations with the same code in both modes. Everything else is diffusers' own code.
+  FFN`` of each stream is one call: ``try_fused_resnorm_quant`` / ``try_fused_resnorm_quant_fp8``
+  (``mode="fused"``) or ``resnorm`` + the quantizer (``mode="unfused"``, the baseline, also the fallback when
+  the fused path declines), then the FFN on the quantized activations with the same code in both modes
+  (with FP8 layers, also GELU -> FC2 and Qwen-Image's norm1 -> q/k/v: :mod:`._dit_core`). Everything else is
+  diffusers' own code.
 
 Both modes compute the library's numerics contract (docs/numerics.md) for the segment; diffusers computes it
 with torch's ops (separate roundings), so the converted model differs from the original BF16 model by that
@@ -203,8 +205,10 @@ def convert_transformer(
         format: "nvfp4" (:class:`~qwen_resnorm_fp4.NVFP4Linear`; FP4 tensor cores on Blackwell) or "fp8"
             (:class:`~qwen_resnorm_fp4.FP8Linear`: E4M3 weights and activations, per-tensor scales as
             ModelOpt's FP8 recipe, torch._scaled_mm; Hopper and Blackwell). With "fp8" the fused segment writes
-            FC1's E4M3 input directly (``resnorm_quant_fp8``), and every other FP8 layer quantizes its BF16
-            input itself (``fp8_quantize``: attention output into to_out, GELU output into FC2).
+            FC1's E4M3 input directly (``resnorm_quant_fp8``), GELU writes FC2's (``gelu_tanh_fp8_quantize``)
+            where FC2 is FP8, Qwen-Image's norm1 writes the one input of FP8 q/k/v with one input scale
+            (``norm_modulate_quant_fp8``), and every other FP8 layer quantizes its BF16 input itself
+            (``fp8_quantize``: the attention output into to_out).
         linears: which block Linears are quantized (the rest stay BF16):
             "fc1": the FFN input layers (FC1; both SwiGLU inputs in Qwen-Image 2.1);
             "all": every ``nn.Linear`` of the blocks the format supports (NVFP4: in_features a multiple of 64;
