@@ -458,11 +458,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ceiling_note = timing.ceiling_note(ceiling, per_pair)
     print(ceiling_note)
     if not args.no_compile:
-        import torch._dynamo as dynamo  # "as": a bare "import torch._dynamo" would make torch local here
-
-        for knob in ("recompile_limit", "cache_size_limit"):
-            if hasattr(dynamo.config, knob):
-                setattr(dynamo.config, knob, max(getattr(dynamo.config, knob), 64))
+        dynamo = harness.compile_for_many_shapes()
 
     out: List[Dict[str, object]] = []
     for op in args.ops:

@@ -35,6 +35,17 @@ def choice_list(allowed: Sequence[str], what: str) -> Callable[[str], List[str]]
     return parse
 
 
+def compile_for_many_shapes(at_least: int = 64):
+    """torch._dynamo with its recompile limit (``recompile_limit`` or, in older torch, ``cache_size_limit``)
+    raised to ``at_least``: a benchmark compiles one peer per shape. Returns ``torch._dynamo``."""
+    import torch._dynamo as dynamo  # "as": a bare "import torch._dynamo" would make torch a local name
+
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo.config, knob):
+            setattr(dynamo.config, knob, max(getattr(dynamo.config, knob), at_least))
+    return dynamo
+
+
 def add_out_argument(parser: argparse.ArgumentParser) -> None:
     """``--out DIR`` (default benchmarks/results), the directory every benchmark writes into."""
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
