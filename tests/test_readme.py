@@ -1,5 +1,6 @@
-"""The README's promises: its quickstart and test command are what CI runs, word for word, and its
-"API in brief" example runs as written (on the GPU where there is one, else on the CPU)."""
+"""The README's promises: its quickstart and test command are what CI runs, word for word, the environment
+the quickstart leaves is checked by CI, and its "API in brief" example runs as written (on the GPU where there is
+one, else on the CPU)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ def test_quickstart_and_test_command_are_what_ci_runs() -> None:
     ci_lines = [line.strip() for line in CI.read_text().splitlines()]
     assert quickstart in ci_lines
     assert test_command in ci_lines
+
+
+def test_ci_checks_the_environment_the_quickstart_leaves() -> None:
+    """The quickstart installs no package that cannot import (no --no-deps install), and .ci/run checks, after
+    it, that diffusers' models import and pip check is clean."""
+    quickstart = _section_blocks("Quickstart", "bash")[0].strip()
+    assert "--no-deps" not in quickstart, "the quickstart installs every package with its dependencies"
+    ci_lines = [line.strip() for line in CI.read_text().splitlines()]
+    after = ci_lines[ci_lines.index(quickstart) + 1:]
+    for check in ("pip install diffusers==0.42.1", 'python -c "from diffusers import QwenImageTransformer2DModel"',
+                  "pip check"):
+        assert check in after, f".ci/run does not run {check!r} after the quickstart"
 
 
 def test_api_in_brief_runs_as_written() -> None:
