@@ -285,7 +285,11 @@ def find_flashinfer(any_version_allowed: bool = True) -> tuple[Path, str, Path |
 
 
 def _licence(base: Path) -> Path | None:
-    for cand in (base / "LICENSE", base.parent / "LICENSE"):
+    """FlashInfer's licence next to a header tree: in it or its parent (a source tree, an extracted wheel), or in
+    the dist-info beside the package (the flashinfer/data directory of an installed flashinfer-python)."""
+    candidates = [base / "LICENSE", base.parent / "LICENSE"]
+    candidates += sorted(base.parent.parent.glob("flashinfer_python-*.dist-info/licenses/LICENSE"))
+    for cand in candidates:
         if cand.is_file():
             return cand
     return None

@@ -337,7 +337,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         import qwen_resnorm_fp4.integrations.diffusers as qd
 
         dlog.set_verbosity_error()
-        qd.hide_unimportable_flashinfer()  # diffusers' models import next to a headers-only flashinfer
         tokens = sum(f * h * w for f, h, w in image_shapes(args))
         if tokens % world:
             raise SystemExit(f"--target/--condition: {tokens} image tokens do not split into {world} shards")

@@ -41,3 +41,14 @@ def test_flashinfer_pin_is_one_version_and_setup_py_agrees():
     found = pins(r"\bflashinfer-python==([0-9][0-9.]*[0-9])")
     assert set(found) <= {pinned}, f"setup.py pins FlashInfer {pinned}, other files: {found}"
     assert found, "no flashinfer-python pin found outside setup.py"
+
+
+def test_no_instruction_installs_flashinfer_without_its_dependencies():
+    """No install instruction (README, docs, scripts, CI, pyproject) installs flashinfer-python with --no-deps: such
+    a flashinfer cannot import, and diffusers, SGLang and vLLM import any installed flashinfer. The build fetches
+    FlashInfer's headers itself (setup.py)."""
+    names = FILES + [str(p.relative_to(ROOT)) for pattern in ("docs/*.md", "scripts/*", "third_party/*.md")
+                     for p in sorted(ROOT.glob(pattern)) if p.is_file()]
+    offending = [name for name in names if (ROOT / name).is_file() and re.search(
+        r"pip install[^\n]*(--no-deps[^\n]*flashinfer-python==|flashinfer-python==[^\n]*--no-deps)", (ROOT / name).read_text())]
+    assert not offending, f"installs flashinfer-python with --no-deps: {offending}"
