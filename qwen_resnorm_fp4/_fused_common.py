@@ -1,6 +1,11 @@
 """What the fused paths (fused_path.py: NVFP4 FC1; fused_path_fp8.py: the FP8 gates) share: the decline
-record, the device rule, the norm's settings and the activation rules. One gate's decline is the other's
-``last_decline_reason``: a model calls one of them per block.
+record, the device rule, the norm's settings and the activation rules.
+
+A gate's checks return a :class:`Decline` (the reason and its text) instead of recording it anywhere: the
+internal ``serve_*`` entries return either the result or that Decline, so a call site (a converted block)
+keeps the reason of its own call. The public ``try_fused_*`` functions turn a Decline into ``None`` and, in
+eager mode, keep it for :func:`last_decline_reason` per thread (a compiled graph records nothing: writing
+Python state from traced code would make the graph guard on it).
 
 Every function here reads only static properties (types, dtypes, shapes, devices, the environment), so it is
 traced away by ``torch.compile(fullgraph=True)`` and does nothing on the device during graph capture.
@@ -8,9 +13,12 @@ traced away by ``torch.compile(fullgraph=True)`` and does nothing on the device 
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 from collections.abc import Mapping
-from typing import Any, Callable, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Tuple, TypeVar, Union
 
 import torch
 
@@ -21,91 +29,111 @@ from .validation import DeclineReason, Problem
 
 Tensor = torch.Tensor
 R = DeclineReason
+T = TypeVar("T")
 
 logger = logging.getLogger("qwen_resnorm_fp4")
 
-_last_reason: Optional[DeclineReason] = None
-_last_detail: Optional[str] = None
+
+@dataclass(frozen=True)
+class Decline:
+    """Why a fused path did not serve a call: the reason (a :class:`DeclineReason`) and the specific text
+    (e.g. which argument had which dtype; under torch.compile the template with ``?`` for runtime values)."""
+
+    reason: DeclineReason
+    detail: str
+
+
+#: The last decline of this thread's eager calls of the public gates (None after a success).
+_thread = threading.local()
+#: Reasons already logged (once each per process; a set add is atomic under the GIL).
 _logged: set = set()
 
 
 def last_decline_reason() -> Optional[DeclineReason]:
-    """The reason of the last fused-path decline; ``None`` after a success (or before any call)."""
-    return _last_reason
+    """The reason of this thread's last fused-path decline in eager mode; ``None`` after a success (or before
+    any call). Calls inside a torch.compile graph do not update it (see ``fused_path_stats`` for a converted
+    model's compiled segments)."""
+    last = getattr(_thread, "last", None)
+    return None if last is None else last.reason
 
 
 def last_decline_detail() -> Optional[str]:
-    """The specific text of the last decline (e.g. which argument had which dtype); ``None`` after a success."""
-    return _last_detail
+    """The specific text of this thread's last decline (e.g. which argument had which dtype); ``None`` after a
+    success."""
+    last = getattr(_thread, "last", None)
+    return None if last is None else last.detail
 
 
 def reset_decline_log() -> None:
-    """Forget the last reason and which reasons were logged (so that each is logged once again)."""
-    global _last_reason, _last_detail
-    _last_reason = None
-    _last_detail = None
+    """Forget this thread's last decline and which reasons were logged (so that each is logged once again)."""
+    _thread.last = None
     _logged.clear()
 
 
-def decline(reason: DeclineReason, template: str, *args: Any) -> None:
-    """Record (and, in eager mode, log once) a decline. Returns None for ``return decline(...)``."""
-    global _last_reason, _last_detail
-    _last_reason = reason
+def decline(reason: DeclineReason, template: str, *args: Any) -> Decline:
+    """The Decline for ``reason``; its detail is ``template`` formatted with ``args`` (static text while
+    torch.compile traces: formatting runtime values is not traceable)."""
     if torch.compiler.is_compiling():
-        # Formatting runtime values is not traceable; keep the static text, and leave logging to eager mode.
-        _last_detail = template.replace("{!r}", "?").replace("{}", "?")
-        return None
-    detail = template.format(*args) if args else template
-    _last_detail = detail
-    if reason not in _logged:
-        _logged.add(reason)
-        logger.debug("fused resnorm+quant declined: %s: %s (%s)", reason.value, detail, reason.description)
-    return None
+        return Decline(reason, template.replace("{!r}", "?").replace("{}", "?"))
+    return Decline(reason, template.format(*args) if args else template)
 
 
-def decline_for(problem: Problem, reason: Optional[DeclineReason] = None) -> None:
-    """Decline for a broken rule, with its own reason unless ``reason`` is given."""
+def decline_for(problem: Problem, reason: Optional[DeclineReason] = None) -> Decline:
+    """The Decline for a broken rule, with its own reason unless ``reason`` is given."""
     return decline(reason or problem.reason, problem.template, *problem.args)
 
 
-def succeed() -> None:
-    """Record a call the fused path served."""
-    global _last_reason, _last_detail
-    _last_reason = None
-    _last_detail = None
+def public_result(outcome: Union[T, Decline]) -> Optional[T]:
+    """What a public ``try_fused_*`` returns for a ``serve_*`` outcome: the result, or None for a Decline. In
+    eager mode it also keeps the outcome for :func:`last_decline_reason` (this thread's) and logs each
+    reason once at DEBUG level."""
+    declined = isinstance(outcome, Decline)
+    if not torch.compiler.is_compiling():
+        _thread.last = outcome if declined else None
+        if declined and outcome.reason not in _logged:
+            _logged.add(outcome.reason)
+            logger.debug("fused resnorm+quant declined: %s: %s (%s)", outcome.reason.value, outcome.detail,
+                         outcome.reason.description)
+    return None if declined else outcome
 
 
-def device_declined(x: Tensor, allow_cpu: bool) -> bool:
-    """Declines (and returns True) unless x is on a CUDA GPU the compiled library serves, or on the CPU with
-    ``allow_cpu``."""
+def public_gate(serve: Callable[..., Any]) -> Callable[..., Any]:
+    """The public ``try_fused_*`` form of a ``serve_fused_*`` gate: the same arguments and docstring, the
+    result or None (:func:`public_result`)."""
+    @functools.wraps(serve)
+    def gate(*args: Any, **kwargs: Any) -> Any:
+        return public_result(serve(*args, **kwargs))
+
+    gate.__name__ = gate.__qualname__ = serve.__name__.replace("serve_fused_", "try_fused_")
+    gate.__annotations__ = {**serve.__annotations__, "return": Optional[Any]}
+    return gate
+
+
+def device_declined(x: Tensor, allow_cpu: bool) -> Optional[Decline]:
+    """A Decline unless x is on a CUDA GPU the compiled library serves, or on the CPU with ``allow_cpu``."""
     dev = x.device
     kind = dev.type
     if kind == "cuda":
         if not kernel_serves_cuda_device(dev.index or 0):
             where = "see python -m qwen_resnorm_fp4 info" if torch.compiler.is_compiling() else _library.status()
-            decline(R.NO_KERNEL_FOR_DEVICE, "no kernel for {} ({})", dev, where)
-            return True
-        return False
+            return decline(R.NO_KERNEL_FOR_DEVICE, "no kernel for {} ({})", dev, where)
+        return None
     if kind == "cpu":
         if not allow_cpu:
-            decline(R.CPU_TENSORS, "x is on the CPU: pass allow_cpu=True to run the CPU reference")
-            return True
-        return False
-    decline(R.UNSUPPORTED_DEVICE, "x is on {}", kind)
-    return True
+            return decline(R.CPU_TENSORS, "x is on the CPU: pass allow_cpu=True to run the CPU reference")
+        return None
+    return decline(R.UNSUPPORTED_DEVICE, "x is on {}", kind)
 
 
-def gate_declined(tensors: Mapping[str, Any], allow_cpu: bool) -> bool:
+def gate_declined(tensors: Mapping[str, Any], allow_cpu: bool) -> Optional[Decline]:
     """The checks the FP8 gates start with (the NVFP4 gate resolves its recipe between them): the switch
-    (``QWEN_FP4_DISABLE``), that each named argument is a tensor, then :func:`device_declined` on the first. Declines and returns True where
-    one fails."""
+    (``QWEN_FP4_DISABLE``), that each named argument is a tensor, then :func:`device_declined` on the first.
+    A Decline where one fails."""
     if flag_enabled(DISABLE_VAR):
-        decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
-        return True
+        return decline(R.DISABLED_BY_ENV, "{}=1", DISABLE_VAR)
     for name, t in tensors.items():
         if not isinstance(t, Tensor):
-            decline(R.UNSUPPORTED_DTYPE, "{} must be a tensor, got {}", name, type(t).__name__)
-            return True
+            return decline(R.UNSUPPORTED_DTYPE, "{} must be a tensor, got {}", name, type(t).__name__)
     return device_declined(next(iter(tensors.values())), allow_cpu)
 
 
@@ -118,11 +146,10 @@ def _norm_field(norm: Any, name: str, default: Any) -> Any:
 NormSettings = Tuple[Optional[Tensor], Optional[Tensor], Any, Optional[tuple]]
 
 
-def norm_settings(norm: Any, eps: float) -> Optional[NormSettings]:
+def norm_settings(norm: Any, eps: float) -> Union[NormSettings, Decline]:
     """(weight, norm_bias, eps, normalized_shape) of a LayerNorm given as the fused paths take it (None: no
     affine parameters and ``eps``; a ``torch.nn.LayerNorm``; a mapping or namespace with ``type``
-    "layernorm", ``elementwise_affine``, ``weight``, ``bias``, ``eps``), or a decline (None) for any other
-    norm."""
+    "layernorm", ``elementwise_affine``, ``weight``, ``bias``, ``eps``), or a Decline for any other norm."""
     if norm is None:
         return None, None, eps, None
     if isinstance(norm, torch.nn.LayerNorm):
@@ -140,37 +167,35 @@ def norm_settings(norm: Any, eps: float) -> Optional[NormSettings]:
     return weight, norm_bias, eps if norm_eps is None else norm_eps, None
 
 
-def activations_declined(x: Tensor, residual: Tensor, normalized_shape: Optional[tuple]) -> bool:
+def activations_declined(x: Tensor, residual: Tensor, normalized_shape: Optional[tuple]) -> Optional[Decline]:
     """The fused paths' own rules for arguments that passed the op's: at least one row, x and residual
-    contiguous (no hidden copy of the activations), a LayerNorm over D. Declines and returns True where one
-    is broken."""
+    contiguous (no hidden copy of the activations), a LayerNorm over D. A Decline where one is broken."""
     cols = x.shape[-1]
     if x.numel() == 0:
-        decline(R.UNSUPPORTED_SHAPE, "x has 0 rows")
-        return True
+        return decline(R.UNSUPPORTED_SHAPE, "x has 0 rows")
     if not x.is_contiguous() or not residual.is_contiguous():
-        decline(R.NON_CONTIGUOUS, "x contiguous: {}, residual contiguous: {}", x.is_contiguous(),
-                residual.is_contiguous())
-        return True
+        return decline(R.NON_CONTIGUOUS, "x contiguous: {}, residual contiguous: {}", x.is_contiguous(),
+                       residual.is_contiguous())
     if normalized_shape is not None and tuple(normalized_shape) != (cols,):
-        decline(R.UNSUPPORTED_NORM, "LayerNorm normalizes over {}, not ({},)", tuple(normalized_shape), cols)
-        return True
-    return False
+        return decline(R.UNSUPPORTED_NORM, "LayerNorm normalizes over {}, not ({},)", tuple(normalized_shape),
+                       cols)
+    return None
 
 
 def norm_and_inputs_served(x: Tensor, residual: Tensor, norm: Any, eps: float,
                            op_rules: Callable[[Any, Optional[Tensor], Optional[Tensor]], Optional[Problem]]
-                           ) -> Optional[Tuple[Optional[Tensor], Optional[Tensor], Any]]:
+                           ) -> Union[Tuple[Optional[Tensor], Optional[Tensor], Any], Decline]:
     """(weight, norm_bias, eps) of the norm where the fused path serves the call's norm and inputs, else a
-    decline (None): :func:`norm_settings`, then the op's rules (``op_rules(eps, weight, norm_bias)``, the
-    other arguments bound by the caller), then :func:`activations_declined`."""
+    Decline: :func:`norm_settings`, then the op's rules (``op_rules(eps, weight, norm_bias)``, the other
+    arguments bound by the caller), then :func:`activations_declined`."""
     settings = norm_settings(norm, eps)
-    if settings is None:
-        return None
+    if isinstance(settings, Decline):
+        return settings
     weight, norm_bias, norm_eps, normalized_shape = settings
     problem = op_rules(norm_eps, weight, norm_bias)
     if problem is not None:
         return decline_for(problem)
-    if activations_declined(x, residual, normalized_shape):
-        return None
+    declined = activations_declined(x, residual, normalized_shape)
+    if declined is not None:
+        return declined
     return weight, norm_bias, norm_eps

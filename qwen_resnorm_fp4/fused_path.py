@@ -4,9 +4,11 @@
 stream, the attention output, the adaLN gate/scale/shift), the norm's settings and the FC1 layer, and either
 returns what the FC1 NVFP4 GEMM consumes (packed activations and swizzled block scales) plus the updated
 residual stream, or returns ``None`` so that the caller runs its unfused code. It never raises for a
-condition the fused path cannot serve; the reason for the last decline is kept
+condition the fused path cannot serve; the reason for this thread's last decline is kept
 (:func:`last_decline_reason`, :func:`last_decline_detail`) and each distinct reason is logged once at
-DEBUG level on the ``qwen_resnorm_fp4`` logger.
+DEBUG level on the ``qwen_resnorm_fp4`` logger. :func:`serve_fused_resnorm_quant` is the same gate returning
+the :class:`~qwen_resnorm_fp4._fused_common.Decline` instead of None, for call sites that keep their own
+reasons (the converted models).
 
 The decision applies the ops' own rules (:mod:`qwen_resnorm_fp4.validation`) as declines, plus the fused
 path's: the switches, a device with a kernel, x and residual contiguous (no hidden copy of the
@@ -16,17 +18,17 @@ types, ``isinstance``, environment variables), so it is traced away by ``torch.c
 and does nothing on the device while a CUDA graph is captured (no host synchronisation, no ``.item()``).
 
 Under ``torch.compile`` the environment variables are read when the function is traced: changing them later
-takes effect only after a recompilation (``torch._dynamo.reset()``). The decline reason is still recorded
-for every call of the compiled function, but nothing is logged from compiled code.
+takes effect only after a recompilation (``torch._dynamo.reset()``). Compiled code records no decline
+(``last_decline_reason`` is for eager calls) and logs nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 import torch
 
-from ._fused_common import decline, decline_for, device_declined, norm_and_inputs_served, succeed
+from ._fused_common import Decline, decline, decline_for, device_declined, norm_and_inputs_served, public_gate
 from ._fused_common import last_decline_detail, last_decline_reason, reset_decline_log
 from .api import call_resnorm_quant
 from .env import DISABLE_VAR, flag_enabled, resolve_fast_math
@@ -36,7 +38,7 @@ from .validation import COLS_MULTIPLE, DeclineReason, global_scale_problem, resn
 Tensor = torch.Tensor
 
 
-def try_fused_resnorm_quant(
+def serve_fused_resnorm_quant(
     residual: Tensor,
     x: Tensor,
     gate: Tensor,
@@ -52,7 +54,7 @@ def try_fused_resnorm_quant(
     allow_cpu: bool = False,
     fast_math: Optional[bool] = None,
     nvfp4_4over6: Any = UNSET,
-) -> Optional[Tuple[Tuple[Tensor, Tensor], Tensor, Optional[Tensor]]]:
+) -> Union[Tuple[Tuple[Tensor, Tensor], Tensor, Optional[Tensor]], Decline]:
     """The fused ``residual + gate * (x + bias) -> LayerNorm -> (1 + scale), shift -> NVFP4`` for FC1, or None.
 
     Replaces, in a DiT block::
@@ -88,6 +90,7 @@ def try_fused_resnorm_quant(
         ``((packed, scales), residual_out, gate_out)`` where packed is uint8 [M, D/2], scales uint8
         [round_up(M, 128), D/16] (128x4 swizzled E4M3) quantized with ``fc1.input_global_scale``, and
         residual_out is bf16 like x; or ``None`` (see :func:`last_decline_reason`).
+        (``serve_fused_resnorm_quant`` returns the Decline, the reason and its text, instead of None.)
 
     Non-contiguous x or residual decline (no hidden copy of the activations). gate, scale and shift are read
     in place where their last dimension has stride 1 and their rows start at 16-byte boundaries (per-token
@@ -113,16 +116,17 @@ def try_fused_resnorm_quant(
     # 2. Where the tensors live: a device with a kernel.
     if not (isinstance(x, Tensor) and isinstance(residual, Tensor)):
         return decline(R.UNSUPPORTED_DTYPE, "x and residual must be tensors")
-    if device_declined(x, allow_cpu):
-        return None
+    declined = device_declined(x, allow_cpu)
+    if declined is not None:
+        return declined
     dev = x.device
 
     # 3-5. The norm (a LayerNorm's parameters and eps), the ops' rules (resnorm_quant's: D a multiple of
     # COLS_MULTIPLE), the fused path's own rules for the activations.
     served = norm_and_inputs_served(x, residual, norm, eps, lambda e, w, nb: resnorm_inputs_problem(
         residual, x, bias, gate, scale, shift, e, w, nb, modulate_index, COLS_MULTIPLE))
-    if served is None:
-        return None
+    if isinstance(served, Decline):
+        return served
     weight, norm_bias, norm_eps = served
     cols = x.shape[-1]
 
@@ -142,9 +146,10 @@ def try_fused_resnorm_quant(
     fm = resolve_fast_math(getattr(fc1, "fast_math", None) if fast_math is None else fast_math)
     packed, scales, residual_out = call_resnorm_quant(
         residual, x, bias, gate, scale, shift, g, float(norm_eps), fm, weight, norm_bias, modulate_index, recipe_code)
-    succeed()
     return (packed, scales), residual_out, gate_out
 
 
-__all__ = ["DeclineReason", "try_fused_resnorm_quant", "last_decline_reason", "last_decline_detail",
+try_fused_resnorm_quant = public_gate(serve_fused_resnorm_quant)
+
+__all__ = ["DeclineReason", "try_fused_resnorm_quant", "serve_fused_resnorm_quant", "last_decline_reason", "last_decline_detail",
            "reset_decline_log"]

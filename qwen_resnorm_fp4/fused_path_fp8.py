@@ -4,8 +4,10 @@ The FP8 counterpart of :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant`: it tak
 FC1's static ``input_scale`` (ModelOpt's amax / 448) and either returns ``(y_e4m3, residual_out)`` from one
 call of :func:`~qwen_resnorm_fp4.resnorm_quant_fp8`, or returns ``None`` so that the caller runs its
 unfused code (``resnorm`` + ``fp8_quantize``, the same bytes). It never raises for a condition the fused path
-cannot serve; the reason is recorded where the NVFP4 path records its own
-(:func:`~qwen_resnorm_fp4.last_decline_reason`, :func:`~qwen_resnorm_fp4.last_decline_detail`).
+cannot serve; the reason is kept where the NVFP4 path keeps its own
+(:func:`~qwen_resnorm_fp4.last_decline_reason`, :func:`~qwen_resnorm_fp4.last_decline_detail`, per thread, eager
+calls). Each ``try_fused_*`` has a ``serve_fused_*`` twin that returns the
+:class:`~qwen_resnorm_fp4._fused_common.Decline` instead of None (for call sites that keep their own reasons).
 
 The decision uses only static properties (dtypes, shapes, devices, the environment), so it is traced away by
 ``torch.compile(fullgraph=True)`` and does nothing on the device while a CUDA graph is captured. The value
@@ -15,11 +17,11 @@ made (:class:`~qwen_resnorm_fp4.FP8Linear`).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 import torch
 
-from ._fused_common import decline, decline_for, gate_declined, norm_and_inputs_served, succeed
+from ._fused_common import Decline, decline, decline_for, gate_declined, norm_and_inputs_served, public_gate
 from .api import call_resnorm_quant_fp8, call_resnorm_quant_fp8_out, empty_resnorm_quant_fp8_outputs
 from .api import call_gelu_tanh_fp8_quantize, call_norm_modulate_quant_fp8
 from .validation import DeclineReason, fp8_quantize_problem, norm_modulate_quant_fp8_problem
@@ -28,7 +30,7 @@ from .validation import resnorm_quant_fp8_problem
 Tensor = torch.Tensor
 
 
-def try_fused_resnorm_quant_fp8(
+def serve_fused_resnorm_quant_fp8(
     residual: Tensor,
     x: Tensor,
     gate: Tensor,
@@ -42,7 +44,7 @@ def try_fused_resnorm_quant_fp8(
     modulate_index: Optional[Tensor] = None,
     allow_cpu: bool = False,
     with_bf16: bool = False,
-) -> Optional[Tuple[Tensor, ...]]:
+) -> Union[Tuple[Tensor, ...], Decline]:
     """The fused ``residual + gate * (x + bias) -> LayerNorm -> (1 + scale), shift -> E4M3`` for an FP8 FC1,
     or None.
 
@@ -68,12 +70,13 @@ def try_fused_resnorm_quant_fp8(
         residual_out bf16 like x; with ``with_bf16``, ``(y, residual_out, y_bf16)``; or ``None`` (see
         :func:`~qwen_resnorm_fp4.last_decline_reason`).
     """
-    if gate_declined({"x": x, "residual": residual}, allow_cpu):
-        return None
+    declined = gate_declined({"x": x, "residual": residual}, allow_cpu)
+    if declined is not None:
+        return declined
     served = norm_and_inputs_served(x, residual, norm, eps, lambda e, w, nb: resnorm_quant_fp8_problem(
         residual, x, bias, gate, scale, shift, input_scale, e, w, nb, modulate_index))
-    if served is None:
-        return None
+    if isinstance(served, Decline):
+        return served
     weight, norm_bias, norm_eps = served
 
     # The op on arguments that passed its rules (operands prepared, no second check).
@@ -82,15 +85,13 @@ def try_fused_resnorm_quant_fp8(
         y_bf16 = torch.empty_like(x)
         call_resnorm_quant_fp8_out(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps), y,
                                    residual_out, weight, norm_bias, modulate_index, y_bf16)
-        succeed()
         return y, residual_out, y_bf16
     y, residual_out = call_resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps),
                                              weight, norm_bias, modulate_index)
-    succeed()
     return y, residual_out
 
 
-def try_fused_norm_modulate_quant_fp8(
+def serve_fused_norm_modulate_quant_fp8(
     x: Tensor,
     scale: Tensor,
     shift: Tensor,
@@ -100,7 +101,7 @@ def try_fused_norm_modulate_quant_fp8(
     norm: Any = None,
     modulate_index: Optional[Tensor] = None,
     allow_cpu: bool = False,
-) -> Optional[Tensor]:
+) -> Union[Tensor, Decline]:
     """The fused ``LayerNorm -> (1 + scale), shift -> E4M3`` of a block's first norm (no residual update) for
     the FP8 Linears that read it (e.g. to_q, to_k and to_v, one shared ``input_scale``), or None.
 
@@ -109,34 +110,41 @@ def try_fused_norm_modulate_quant_fp8(
     y of ``resnorm(x, zeros, None, zeros, scale, shift, ...)`` (the unfused chain). Arguments as for
     :func:`try_fused_resnorm_quant_fp8` without residual, gate and bias. Returns float8_e4m3fn like x, or
     ``None`` (see :func:`~qwen_resnorm_fp4.last_decline_reason`)."""
-    if gate_declined({"x": x}, allow_cpu):
-        return None
+    declined = gate_declined({"x": x}, allow_cpu)
+    if declined is not None:
+        return declined
     served = norm_and_inputs_served(x, x, norm, eps, lambda e, w, nb: norm_modulate_quant_fp8_problem(
         x, scale, shift, input_scale, e, w, nb, modulate_index))
-    if served is None:
-        return None
+    if isinstance(served, Decline):
+        return served
     weight, norm_bias, norm_eps = served
     y = call_norm_modulate_quant_fp8(x, scale, shift, input_scale, float(norm_eps), weight, norm_bias, modulate_index)
-    succeed()
     return y
 
 
-def try_fused_gelu_tanh_fp8_quantize(h: Tensor, input_scale: Tensor, *, allow_cpu: bool = False) -> Optional[Tensor]:
+def serve_fused_gelu_tanh_fp8_quantize(h: Tensor, input_scale: Tensor, *,
+                                       allow_cpu: bool = False) -> Union[Tensor, Decline]:
     """The fused ``GELU(tanh) -> E4M3`` between a GELU FeedForward's two Linears when the second is an
     :class:`~qwen_resnorm_fp4.FP8Linear`, or None: :func:`~qwen_resnorm_fp4.gelu_tanh_fp8_quantize` of the
     first Linear's bf16 output ``h`` with the second's ``input_scale`` (the bytes of
     ``fc2.quantize_input(F.gelu(h, approximate="tanh"))`` on the GPU). Returns float8_e4m3fn like h, or
     ``None`` (see :func:`~qwen_resnorm_fp4.last_decline_reason`)."""
-    if gate_declined({"h": h}, allow_cpu):
-        return None
+    declined = gate_declined({"h": h}, allow_cpu)
+    if declined is not None:
+        return declined
     problem = fp8_quantize_problem(h, input_scale)
     if problem is not None:
         return decline_for(problem)
     if not h.is_contiguous():
         return decline(DeclineReason.NON_CONTIGUOUS, "h is not contiguous")
     q = call_gelu_tanh_fp8_quantize(h, input_scale)
-    succeed()
     return q
 
 
-__all__ = ["try_fused_resnorm_quant_fp8", "try_fused_norm_modulate_quant_fp8", "try_fused_gelu_tanh_fp8_quantize"]
+try_fused_resnorm_quant_fp8 = public_gate(serve_fused_resnorm_quant_fp8)
+try_fused_norm_modulate_quant_fp8 = public_gate(serve_fused_norm_modulate_quant_fp8)
+try_fused_gelu_tanh_fp8_quantize = public_gate(serve_fused_gelu_tanh_fp8_quantize)
+
+__all__ = ["try_fused_resnorm_quant_fp8", "try_fused_norm_modulate_quant_fp8", "try_fused_gelu_tanh_fp8_quantize",
+           "serve_fused_resnorm_quant_fp8", "serve_fused_norm_modulate_quant_fp8",
+           "serve_fused_gelu_tanh_fp8_quantize"]

@@ -223,17 +223,23 @@ def _bf16_gemm_fp32_accumulate_eager(a: Tensor, w: Tensor, alpha: float, bias: O
     return _scale_bias_cast(acc, alpha, bias, out_dtype)
 
 
-@torch.library.custom_op("qwen_fp4::_bf16_gemm_fp32_accumulate", mutates_args=(),
-                         schema="(Tensor a, Tensor w, float alpha, Tensor? bias, ScalarType out_dtype) -> Tensor")
-def _bf16_gemm_fp32_accumulate(a: Tensor, w: Tensor, alpha: float, bias: Optional[Tensor],
-                               out_dtype: torch.dtype) -> Tensor:
-    """:func:`_bf16_gemm_fp32_accumulate_eager` as one opaque op, so that torch.compile keeps it whole (the
-    cuBLAS reduction setting is switched around it). Eager calls skip the op's own dispatch (host time)."""
-    return _bf16_gemm_fp32_accumulate_eager(a, w, alpha, bias, out_dtype)
+@torch.library.custom_op("qwen_fp4::_bf16_gemm_fp32_accumulate_scaled", mutates_args=(),
+                         schema="(Tensor a, Tensor w, Tensor alpha, Tensor? bias, ScalarType out_dtype) -> Tensor")
+def _bf16_gemm_fp32_accumulate_scaled(a: Tensor, w: Tensor, alpha: Tensor, bias: Optional[Tensor],
+                                      out_dtype: torch.dtype) -> Tensor:
+    """round_to_out_dtype(fp32(acc * alpha) (+ bias)) with alpha the layer's fp32 [1] buffer on the device: the
+    form torch.compile traces (a host float would be a per-layer constant, so every layer would need its own
+    graph). The same bits as the eager form: the contract of both is that formula."""
+    with _fp32_reductions():
+        acc = _mm_fp32_out(a, w.t()) if a.is_cuda else torch.mm(a.float(), w.float().t())
+    out = acc * alpha.float()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
 
 
-@_bf16_gemm_fp32_accumulate.register_fake
-def _bf16_gemm_fp32_accumulate_fake(a, w, alpha, bias, out_dtype):
+@_bf16_gemm_fp32_accumulate_scaled.register_fake
+def _bf16_gemm_fp32_accumulate_scaled_fake(a, w, alpha, bias, out_dtype):
     return a.new_empty((a.shape[0], w.shape[0]), dtype=out_dtype)
 
 
@@ -246,15 +252,10 @@ def buffer_version(t: Tensor) -> Optional[int]:
 
 def host_alpha(layer: Any, cache: GemmCache) -> float:
     """``layer.alpha`` as a Python float (exact: an fp32 value), kept in ``cache`` and re-read only when the
-    buffer changes (one host synchronisation then). Inside CUDA-graph capture a stale cache is an error;
-    while torch.compile traces, the cached value is used as a constant."""
+    buffer changes (one host synchronisation then). Inside CUDA-graph capture a stale cache is an error. Eager
+    calls only: a traced GEMM takes the alpha tensor (:func:`_bf16_gemm_fp32_accumulate_scaled`)."""
     alpha = layer.alpha
     cached = cache.host_alpha
-    if torch.compiler.is_compiling():
-        if cached is None:
-            raise RuntimeError("the tensor-core GEMM needs the layer's alpha on the host: call the layer once "
-                               "before torch.compile traces it (or build it with from_linear / from_modelopt)")
-        return cached[1]
     key = (alpha.device, alpha.data_ptr(), buffer_version(alpha))
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -290,9 +291,11 @@ def weight_operand(layer: Any, cache: GemmCache) -> Tensor:
 def _tensor_core(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype,
                  bias: Optional[Tensor]) -> Tensor:
     a = _dequantize_bf16(x_fp4, x_scales)  # checked by apply_nvfp4_gemm_prequantized's _check
-    gemm = _bf16_gemm_fp32_accumulate if torch.compiler.is_compiling() else _bf16_gemm_fp32_accumulate_eager
     cache = _cache_of(layer)
-    return gemm(a, weight_operand(layer, cache), host_alpha(layer, cache), bias, out_dtype)
+    if torch.compiler.is_compiling():  # alpha stays a tensor: one graph serves layers of different alphas
+        return _bf16_gemm_fp32_accumulate_scaled(a, weight_operand(layer, cache), layer.alpha, bias, out_dtype)
+    return _bf16_gemm_fp32_accumulate_eager(a, weight_operand(layer, cache), host_alpha(layer, cache), bias,
+                                            out_dtype)
 
 
 # ----------------------------------------------------------------------------------------------------

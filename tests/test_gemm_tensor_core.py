@@ -191,9 +191,10 @@ def test_tensor_core_close_to_reference_cpu():
 def test_gemm_op_opcheck_cpu():
     a = dequantize_to_bf16(*exact_grid_activations(5, 64, seed=3))
     w = dequantize_to_bf16(*exact_grid_activations(7, 64, seed=4))
-    op = torch.ops.qwen_fp4._bf16_gemm_fp32_accumulate.default
-    torch.library.opcheck(op, (a, w, 0.5, None, torch.bfloat16))
-    torch.library.opcheck(op, (a, w, 0.5, torch.ones(7), torch.float32))
+    op = torch.ops.qwen_fp4._bf16_gemm_fp32_accumulate_scaled.default
+    alpha = torch.tensor([0.5])
+    torch.library.opcheck(op, (a, w, alpha, None, torch.bfloat16))
+    torch.library.opcheck(op, (a, w, alpha, torch.ones(7), torch.float32))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -29,24 +29,45 @@ Both modes compute the library's numerics contract for the segment: ``mode="fuse
 either declines, the unfused chain runs and the decline is counted), and ``mode="unfused"`` through
 ``resnorm`` + the FFN input layer's quantizer (``nvfp4_quantize`` / ``fp8_quantize``). They write the same
 bytes.
+
+torch.compile: a converted forward mutates no Python state. Eager calls count each segment's path in the
+block's :class:`StreamStats`; while torch.compile traces a forward, each segment's path is noted once per
+trace in the conversion's :class:`CompiledPaths` (a trace-time call, :func:`_note_compiled`), so compiled
+calls run no Python bookkeeping and guard on nothing that changes from call to call. The blocks' forwards
+read only values that are equal in every block of a conversion (mode, allow_cpu, the spec, the segment
+keys, the conversion's key), so diffusers' regional compilation compiles one block for all of them.
+
+Loaded state: each converted block re-derives, after ``load_state_dict``, what the conversion decided from
+values a checkpoint can change (whether q/k/v share one quantization), and refuses, before anything is
+copied, values it cannot serve (two Linears that read one quantized activation with different input scales,
+an input scale that is not a positive normal fp32), naming the key.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
+import itertools
 import logging
 import math
 import re
+import threading
 import types
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from .. import FP8Linear, NVFP4Linear, last_decline_reason, resnorm, try_fused_resnorm_quant
-from .. import try_fused_gelu_tanh_fp8_quantize, try_fused_norm_modulate_quant_fp8, try_fused_resnorm_quant_fp8
+from .. import FP8Linear, NVFP4Linear, resnorm
+from .._fused_common import Decline
+from ..fused_path import serve_fused_resnorm_quant
+from ..fused_path_fp8 import serve_fused_gelu_tanh_fp8_quantize, serve_fused_norm_modulate_quant_fp8
+from ..fused_path_fp8 import serve_fused_resnorm_quant_fp8
+from ..recipe import global_scale_numerator
 from ..linear_fp8 import FP8_ALIGNMENT, is_fp8_linear_shape
+from ..reference import E4M3_MAX
 from ..env import resolve_fast_math
 from ..gemm import BACKENDS
 from ..validation import WIDTH_RULE, is_supported_width
@@ -162,12 +183,51 @@ class StreamStats:
         self.decline_reasons.clear()
 
 
+class CompiledPaths:
+    """The paths the segments take in the graphs torch.compile traced, per segment key ("img", "txt.attn",
+    ...): a set of "fused", "unfused" or a decline reason's value. Written while a graph is traced (once per
+    trace, whatever the number of blocks it serves), never by a compiled call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: Dict[str, set] = {}
+
+    def note(self, segment: str, path: str) -> None:
+        with self._lock:
+            self._paths.setdefault(segment, set()).add(path)
+
+    def snapshot(self) -> Dict[str, List[str]]:
+        with self._lock:
+            return {k: sorted(v) for k, v in sorted(self._paths.items())}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._paths.clear()
+
+
+#: Conversion key -> its CompiledPaths, for the trace-time notes (which can only pass constants).
+_COMPILED_PATHS: "weakref.WeakValueDictionary[str, CompiledPaths]" = weakref.WeakValueDictionary()
+_conversion_ids = itertools.count()
+
+
+@torch.compiler.assume_constant_result
+def _note_compiled(conversion_key: str, segment: str, path: str) -> bool:
+    """Called by dynamo while it traces a converted forward (its result is a constant of the graph, so a
+    compiled call never runs it): notes the segment's path for ``fused_path_stats``."""
+    record = _COMPILED_PATHS.get(conversion_key)
+    if record is not None:
+        record.note(segment, path)
+    return True
+
+
 class BlockState:
     """Per block: the spec, the mode, the original Linear layers (for restore) and the statistics. A plain
-    object, not a module: the original layers stay out of ``state_dict`` and ``.to()``."""
+    object, not a module: the original layers stay out of ``state_dict`` and ``.to()``. What a converted
+    forward reads of it (``spec``, ``mode``, ``allow_cpu``, the keys of ``stats``, ``conversion_key``) is equal
+    in every block of one conversion, so one compiled block serves all of them."""
 
     def __init__(self, name: str, spec: ModelSpec, mode: str, allow_cpu: bool,
-                 originals: Dict[str, Optional[torch.nn.Linear]]):
+                 originals: Dict[str, Optional[torch.nn.Linear]], conversion_key: str = ""):
         self.name = name
         self.spec = spec
         self.mode = mode
@@ -175,6 +235,8 @@ class BlockState:
         self.originals = originals  # block-relative module name -> the nn.Linear it replaced (None: freed)
         self.stats = {s.name: StreamStats() for s in spec.streams}
         self.forward = None  # the bound method installed on the block
+        self.conversion_key = conversion_key
+        self.hooks: List[Any] = []  # the load_state_dict hook handles (removed by restore)
 
 
 @dataclass
@@ -203,6 +265,9 @@ class DiTConversion:
     linears: Union[str, Tuple[str, ...]]
     format: str
     segments_per_forward: int
+    #: What torch.compile traced (see :func:`fused_path_stats`); not compared or printed with the record.
+    compiled: CompiledPaths = field(default_factory=CompiledPaths, compare=False, repr=False)
+    hooks: List[Any] = field(default_factory=list, compare=False, repr=False)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -463,18 +528,27 @@ def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, 
 _logged_fallbacks: set = set()
 
 
-def _count(state: BlockState, segment: str, stats: StreamStats, result: Any) -> None:
-    """Counts a fused-mode call of one segment: fused, or a fallback with the gate's reason (logged once)."""
-    if result is not None:
+def _served(state: BlockState, segment: str, stats: StreamStats, outcome: Any) -> Any:
+    """The result of one segment's call: a fused gate's outcome (its result, or None for a Decline), or None
+    for the unfused mode (``outcome`` None). Counted in ``stats`` in eager mode (a decline's reason logged
+    once); while torch.compile traces, noted once for the trace (:func:`_note_compiled`) instead."""
+    declined = isinstance(outcome, Decline)
+    path = "unfused" if outcome is None else outcome.reason.value if declined else "fused"
+    if torch.compiler.is_compiling():
+        _note_compiled(state.conversion_key, segment, path)
+    elif outcome is None:
+        stats.unfused += 1
+    elif not declined:
         stats.fused += 1
-        return
-    reason = str(last_decline_reason())
-    stats.fallback += 1
-    stats.decline_reasons[reason] += 1
-    if reason not in _logged_fallbacks and not torch.compiler.is_compiling():
-        _logged_fallbacks.add(reason)
-        logger.info("%s block %s (%s): the fused path declined (%s); running the unfused chain (same bytes). "
-                    "See fused_path_stats(model).", state.spec.label, state.name, segment, reason)
+    else:
+        stats.fallback += 1
+        stats.decline_reasons[path] += 1
+        if path not in _logged_fallbacks:
+            _logged_fallbacks.add(path)
+            logger.info("%s block %s (%s): the fused path declined (%s: %s); running the unfused chain (same "
+                        "bytes). See fused_path_stats(model).", state.spec.label, state.name, segment, path,
+                        outcome.detail)
+    return None if declined else outcome
 
 
 def attention_input(block: torch.nn.Module, stream: str, x: Tensor, scale: Tensor, shift: Tensor, *,
@@ -496,13 +570,11 @@ def attention_input(block: torch.nn.Module, stream: str, x: Tensor, scale: Tenso
         raise TypeError(f"the converted {state.spec.label} block needs bfloat16 activations, got {x.dtype}")
     if not x.is_contiguous():
         x = x.contiguous()
-    result = None
+    outcome = None
     if state.mode == "fused":
-        result = try_fused_norm_modulate_quant_fp8(x, scale, shift, first.input_scale, norm=norm,
-                                                   modulate_index=index, allow_cpu=state.allow_cpu)
-        _count(state, key, stats, result)
-    else:
-        stats.unfused += 1
+        outcome = serve_fused_norm_modulate_quant_fp8(x, scale, shift, first.input_scale, norm=norm,
+                                                      modulate_index=index, allow_cpu=state.allow_cpu)
+    result = _served(state, key, stats, outcome)
     if result is None:
         zero_gate = torch.zeros(scale.shape, dtype=scale.dtype, device=scale.device)
         y, _ = resnorm(x, torch.zeros_like(x), None, zero_gate, scale, shift, float(norm.eps), weight=norm.weight,
@@ -521,12 +593,10 @@ def _gelu_ffn(block: torch.nn.Module, state: BlockState, spec: StreamSpec, ffn: 
     net = ffn.net
     if stats is not None and not net[1].training:  # net[1]: Dropout, the identity in eval
         fc2 = net[2]
-        q = None
+        outcome = None
         if state.mode == "fused":
-            q = try_fused_gelu_tanh_fp8_quantize(h, fc2.input_scale, allow_cpu=state.allow_cpu)
-            _count(state, key, stats, q)
-        else:
-            stats.unfused += 1
+            outcome = serve_fused_gelu_tanh_fp8_quantize(h, fc2.input_scale, allow_cpu=state.allow_cpu)
+        q = _served(state, key, stats, outcome)
         if q is not None:
             hidden = fc2(q)
             for module in net[3:]:
@@ -563,17 +633,15 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
     stats = state.stats[stream]
 
     fp8 = isinstance(fc1, FP8Linear)
-    result = None
+    outcome = None
     if state.mode == "fused":
         if fp8:
-            result = try_fused_resnorm_quant_fp8(residual, x, gate, scale, shift, fc1.input_scale, bias=bias,
-                                                 norm=norm, modulate_index=index, allow_cpu=state.allow_cpu)
+            outcome = serve_fused_resnorm_quant_fp8(residual, x, gate, scale, shift, fc1.input_scale, bias=bias,
+                                                    norm=norm, modulate_index=index, allow_cpu=state.allow_cpu)
         else:
-            result = try_fused_resnorm_quant(residual, x, gate, scale, shift, fc1, bias=bias, norm=norm,
-                                             modulate_index=index, allow_cpu=state.allow_cpu)
-        _count(state, stream, stats, result)
-    else:
-        stats.unfused += 1
+            outcome = serve_fused_resnorm_quant(residual, x, gate, scale, shift, fc1, bias=bias, norm=norm,
+                                                modulate_index=index, allow_cpu=state.allow_cpu)
+    result = _served(state, stream, stats, outcome)
     if result is not None:
         quantized, residual_out = result[0], result[1]
     else:
@@ -649,6 +717,7 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any,
     selected = set(amax)
 
     converted = []
+    conversion_key = f"{spec.model_class}:{next(_conversion_ids)}"
     others = _linear_only_blocks(model, spec, linears)
     for name, block in found + others:
         segment = any(block is b for _, b in found)
@@ -669,13 +738,19 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any,
             originals[rel] = layer if keep_original else None
         if not segment and not new_layers:  # a list of names that has none of this block's layers
             continue
-        state = BlockState(name, spec, mode, allow_cpu, originals)
+        state = BlockState(name, spec, mode, allow_cpu, originals, conversion_key)
         if not segment:
             state.stats = {}
         elif format == "fp8":
-            state.stats.update({key: StreamStats() for key in _fp8_segments(block, spec, new_layers, amax, name)})
+            state.stats.update({key: StreamStats() for key in _fp8_segments(block, spec, new_layers)})
         converted.append((name, block, state, new_layers, segment))
 
+    record = DiTConversion(
+        mode=mode, fast_math=fast_math, allow_cpu=allow_cpu, input_amax=dict(amax), diffusers_version=version,
+        block_names=[n for n, _ in found], kept_original=keep_original, model_type=spec.model_class,
+        linears=linears, format=format,
+        segments_per_forward=sum(len(state.stats) for _, _, state, _, _ in converted))
+    _COMPILED_PATHS[conversion_key] = record.compiled
     for name, block, state, new_layers, segment in converted:
         for rel, layer in new_layers.items():
             _set_submodule(block, rel, layer)
@@ -683,32 +758,126 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any,
         if segment:
             state.forward = types.MethodType(spec.block_forward, block)
             block.forward = state.forward
-    setattr(model, MODEL_ATTR, DiTConversion(
-        mode=mode, fast_math=fast_math, allow_cpu=allow_cpu, input_amax=dict(amax), diffusers_version=version,
-        block_names=[n for n, _ in found], kept_original=keep_original, model_type=spec.model_class,
-        linears=linears, format=format,
-        segments_per_forward=sum(len(state.stats) for _, _, state, _, _ in converted)))
+        state.hooks = [block.register_load_state_dict_pre_hook(_check_block_state_dict),
+                       block.register_load_state_dict_post_hook(functools.partial(_rederive_block, model=model))]
+    record.hooks = [model.register_load_state_dict_pre_hook(_check_model_state_dict)]
+    setattr(model, MODEL_ATTR, record)
     return model
 
 
-def _fp8_segments(block: torch.nn.Module, spec: ModelSpec, new_layers: Mapping[str, torch.nn.Module],
-                  amax: Mapping[str, float], name: str) -> List[str]:
-    """The FP8-only segments of a converted block: ``"<stream>.attn"`` where the stream's ``attn_norm`` is a
-    LayerNorm and every Linear of its ``attn_inputs`` is FP8 with one input amax (one quantized activation serves them all; a checkpoint's
-    differing input scales keep each Linear's own quantization), ``"<stream>.gelu"`` where a tanh-GELU
-    FeedForward's second Linear is FP8."""
+def _attn_shares_input(block: torch.nn.Module, stream: StreamSpec, layers: Mapping[str, Any]) -> bool:
+    """Whether the stream's q/k/v (``attn_inputs``) can read one E4M3 activation: its ``attn_norm`` is a
+    LayerNorm, each of them is an FP8Linear, and their input scales are equal (a checkpoint's differing input
+    scales keep each Linear's own quantization). Reads the scales' values (a synchronisation: conversion and
+    load only)."""
+    attn = stream.attn_inputs
+    if not attn or not isinstance(getattr(block, stream.attn_norm, None), torch.nn.LayerNorm):
+        return False
+    if not all(isinstance(layers.get(n), FP8Linear) for n in attn):
+        return False
+    first = layers[attn[0]].input_scale
+    return all(torch.equal(layers[n].input_scale.to(first.device), first) for n in attn[1:])
+
+
+def _fp8_segments(block: torch.nn.Module, spec: ModelSpec, new_layers: Mapping[str, torch.nn.Module]) -> List[str]:
+    """The FP8-only segments of a converted block: ``"<stream>.attn"`` where :func:`_attn_shares_input`,
+    ``"<stream>.gelu"`` where a tanh-GELU FeedForward's second Linear is FP8."""
     keys = []
     for s in spec.streams:
-        attn = s.attn_inputs
-        if attn and isinstance(getattr(block, s.attn_norm, None), torch.nn.LayerNorm) and \
-                all(isinstance(new_layers.get(n), FP8Linear) for n in attn) and \
-                len({amax[f"{name}.{n}"] for n in attn}) == 1:
+        if _attn_shares_input(block, s, new_layers):
             keys.append(f"{s.name}.attn")
         fc2 = s.output_linear()
         if fc2 is not None and isinstance(new_layers.get(fc2), FP8Linear) and \
                 getattr(getattr(block, s.ffn).net[0], "approximate", None) == "tanh":
             keys.append(f"{s.name}.gelu")
     return keys
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Loaded state
+# ------------------------------------------------------------------------------------------------------------
+
+#: The input-scale buffer of each quantized layer type (the value its activations are quantized with).
+_INPUT_SCALE = {NVFP4Linear: "input_global_scale", FP8Linear: "input_scale"}
+
+
+def _incoming(state_dict: Mapping[str, Any], key: str, current: Tensor) -> Tensor:
+    """The value ``key`` will hold after the load: the state dict's, else the current one (a partial load)."""
+    value = state_dict.get(key)
+    return value if isinstance(value, Tensor) else current
+
+
+def _check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any], prefix: str,
+                            *_args: Any) -> None:
+    """A converted block's load_state_dict pre-hook (before anything is copied): every quantized layer's input
+    scale a positive, normal fp32 (FP8) or positive, finite (NVFP4), and the layers that read one quantized
+    activation (a SwiGLU's proj and gate_layer) one input scale. ValueError naming the key otherwise."""
+    state = getattr(block, STATE_ATTR, None)
+    if state is None:
+        return
+    for rel, layer in block.named_modules():
+        buffer = _INPUT_SCALE.get(type(layer))
+        if buffer is None:
+            continue
+        key = f"{prefix}{rel}.{buffer}"
+        value = _incoming(state_dict, key, getattr(layer, buffer)).detach().float().reshape(-1)
+        v = float(value[0]) if value.numel() == 1 else float("nan")
+        normal = math.isfinite(v) and v >= torch.finfo(torch.float32).tiny
+        if not normal:
+            raise ValueError(f"{key} must be one positive, normal, finite fp32 value (an activation scale), got "
+                             f"{value.tolist()}: the load is refused, nothing was copied into this block")
+    for stream in state.spec.streams if state.stats else ():
+        names = stream.input_linears()
+        if len(names) < 2:
+            continue
+        layers = [block.get_submodule(n) for n in names]
+        keys = [f"{prefix}{n}.{_INPUT_SCALE[type(m)]}" for n, m in zip(names, layers)]
+        values = [_incoming(state_dict, k, getattr(m, _INPUT_SCALE[type(m)])).detach().float().reshape(-1).cpu()
+                  for k, m in zip(keys, layers)]
+        if not all(torch.equal(values[0], v) for v in values[1:]):
+            raise ValueError(f"{keys[1]} ({values[1].tolist()}) differs from {keys[0]} ({values[0].tolist()}): "
+                             "the two layers read one quantized activation, so they need one input scale; the "
+                             "load is refused, nothing was copied into this block")
+
+
+def _check_model_state_dict(model: torch.nn.Module, state_dict: Mapping[str, Any], prefix: str,
+                            *_args: Any) -> None:
+    """The converted model's load_state_dict pre-hook: every converted block's check
+    (:func:`_check_block_state_dict`) before any block is loaded, so a refused load changes nothing."""
+    for name, block in model.named_modules():
+        if isinstance(getattr(block, STATE_ATTR, None), BlockState):
+            _check_block_state_dict(block, state_dict, f"{prefix}{name}.")
+
+
+def _rederive_block(block: torch.nn.Module, _incompatible_keys: Any, *, model: torch.nn.Module) -> None:
+    """A converted block's load_state_dict post-hook: re-derive what the conversion decided from loaded values
+    (the ``"<stream>.attn"`` segments: q/k/v share one quantization only while their input scales are equal)
+    and bring the conversion record up to date (``input_amax``, ``segments_per_forward``)."""
+    state = getattr(block, STATE_ATTR, None)
+    record = getattr(model, MODEL_ATTR, None)
+    if state is None or record is None or not state.stats:
+        return
+    layers = dict(block.named_modules())
+    if any(t.device.type == "meta" for t in block.buffers()):
+        return
+    for stream in state.spec.streams:
+        key = f"{stream.name}.attn"
+        shares = _attn_shares_input(block, stream, layers)
+        if shares and key not in state.stats:
+            state.stats[key] = StreamStats()
+        elif not shares and key in state.stats:
+            del state.stats[key]
+            logger.info("%s: %s's q/k/v input scales differ after the load: each keeps its own quantization",
+                        state.name, stream.name)
+    for full in record.input_amax:
+        if full.startswith(state.name + "."):
+            layer = model.get_submodule(full)
+            if isinstance(layer, FP8Linear):
+                record.input_amax[full] = float(layer.input_scale.float().item()) * E4M3_MAX
+            elif isinstance(layer, NVFP4Linear):
+                record.input_amax[full] = (global_scale_numerator(layer.nvfp4_4over6_code)
+                                           / float(layer.input_global_scale.float().item()))
+    record.segments_per_forward = sum(len(st.stats) for _, _, st in converted_blocks(model))
 
 
 def _set_submodule(root: torch.nn.Module, dotted: str, module: torch.nn.Module) -> None:
@@ -736,7 +905,11 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
     for name, block, state in found:
         if vars(block).get("forward") is not state.forward and state.forward is not None:
             raise ValueError(f"{name}.forward was replaced after the conversion (a hook?): remove that first")
+    for handle in info.hooks:
+        handle.remove()
     for _, block, state in found:
+        for handle in state.hooks:
+            handle.remove()
         for rel, original in state.originals.items():
             current = block.get_submodule(rel)
             if isinstance(current, NVFP4Linear):  # follow a model.to(device) made after the conversion
@@ -760,10 +933,13 @@ def set_mode(model: torch.nn.Module, mode: str) -> None:
 
 
 def fused_path_stats(model: torch.nn.Module, *, per_block: bool = False, reset: bool = False) -> Dict[str, Any]:
-    """How the converted blocks' segments ran since the conversion (or the last reset): {"fused": n, "unfused":
-    n, "fallback": n, "decline_reasons": {reason: n}} summed over blocks and segments, plus "blocks": {name:
-    {segment: StreamStats}} with ``per_block=True`` (segments: each stream's name, and with FP8
-    "<stream>.attn" / "<stream>.gelu"). ``reset=True`` zeroes the counters (after reading them)."""
+    """How the converted blocks' segments ran: {"fused": n, "unfused": n, "fallback": n, "decline_reasons":
+    {reason: n}}, eager calls since the conversion (or the last reset) summed over blocks and segments;
+    "compiled": {segment: [paths]}, the paths ("fused", "unfused" or a decline reason) each segment takes in
+    the graphs torch.compile traced (noted when a graph is traced: compiled calls are not counted, since a
+    compiled forward mutates no Python state); plus "blocks": {name: {segment: StreamStats}} with
+    ``per_block=True`` (segments: each stream's name, and with FP8 "<stream>.attn" / "<stream>.gelu").
+    ``reset=True`` zeroes the eager counters (after reading them); the compiled paths stay, as the graphs do."""
     total = {"fused": 0, "unfused": 0, "fallback": 0, "decline_reasons": collections.Counter()}
     per = {}
     for name, _, state in converted_blocks(model):
@@ -781,6 +957,7 @@ def fused_path_stats(model: torch.nn.Module, *, per_block: bool = False, reset: 
             for s in state.stats.values():
                 s.reset()
     total["decline_reasons"] = dict(total["decline_reasons"])
+    total["compiled"] = getattr(model, MODEL_ATTR).compiled.snapshot()
     if per_block:
         total["blocks"] = per
     return total
