@@ -17,9 +17,13 @@ from .api import check_fp8_input_scale, empty_resnorm_quant_fp8_outputs, fp8_qua
 from .api import gelu_tanh_fp8_quantize, gelu_tanh_fp8_quantize_out
 from .api import norm_modulate_quant, norm_modulate_quant_fp8, norm_modulate_quant_fp8_out
 from .api import resnorm_quant_fp8, resnorm_quant_fp8_out
+from ._fused_common import Decline
 from .fused_path import DeclineReason, last_decline_detail, last_decline_reason, try_fused_resnorm_quant
+from .fused_path import serve_fused_resnorm_quant
 from .fused_path_fp8 import try_fused_gelu_tanh_fp8_quantize, try_fused_norm_modulate_quant_fp8
 from .fused_path_fp8 import try_fused_resnorm_quant_fp8
+from .fused_path_fp8 import serve_fused_gelu_tanh_fp8_quantize, serve_fused_norm_modulate_quant_fp8
+from .fused_path_fp8 import serve_fused_resnorm_quant_fp8
 from .gemm import apply_nvfp4_gemm_prequantized
 from .launch import LaunchOptions, launch_options, set_launch_options
 from .layout import sf_offset_128x4
@@ -40,4 +44,7 @@ __all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "sf
            "resnorm_quant_fp8", "resnorm_quant_fp8_out", "fp8_quantize", "fp8_quantize_out", "norm_modulate_quant",
            "norm_modulate_quant_fp8", "norm_modulate_quant_fp8_out", "empty_resnorm_quant_fp8_outputs",
            "check_fp8_input_scale", "FP8Linear", "try_fused_resnorm_quant_fp8", "gelu_tanh_fp8_quantize",
-           "gelu_tanh_fp8_quantize_out", "try_fused_norm_modulate_quant_fp8", "try_fused_gelu_tanh_fp8_quantize"]
+           "gelu_tanh_fp8_quantize_out", "try_fused_norm_modulate_quant_fp8", "try_fused_gelu_tanh_fp8_quantize",
+           # the gates that return their Decline (compile-safe reasons, kept by the call site)
+           "Decline", "serve_fused_resnorm_quant", "serve_fused_resnorm_quant_fp8",
+           "serve_fused_norm_modulate_quant_fp8", "serve_fused_gelu_tanh_fp8_quantize"]

@@ -289,7 +289,8 @@ def test_control_without_parallel_config_fails_tolerance(ranks, name):
 def test_every_shard_fused_no_fallback(ranks, name):
     for rank, r in enumerate(_case(ranks, name)):
         n = r["segments"]
-        assert r["stats"] == {"fused": n, "unfused": 0, "fallback": 0, "decline_reasons": {}}, (rank, r["stats"])
+        assert r["stats"] == {"fused": n, "unfused": 0, "fallback": 0, "decline_reasons": {},
+                              "compiled": {}}, (rank, r["stats"])
         assert r["unfused_stats"]["unfused"] == n, (rank, r["unfused_stats"])
         assert r["fused_equals_unfused"], f"rank {rank}: fused and unfused bytes differ under sharding"
 

@@ -120,7 +120,8 @@ def fused_then_unfused(model, inp, segments: int, *, unfused_runs: int = 1) -> t
     qd.set_mode(model, "fused")
     fused = run(model, inp)
     stats = qd.fused_path_stats(model, reset=True)
-    assert stats == {"fused": segments, "unfused": 0, "fallback": 0, "decline_reasons": {}}, stats
+    assert stats == {"fused": segments, "unfused": 0, "fallback": 0, "decline_reasons": {},
+                     "compiled": {}}, stats
     qd.set_mode(model, "unfused")
     unfused = run(model, inp)
     for _ in range(unfused_runs - 1):
@@ -155,7 +156,8 @@ def test_fused_equals_unfused_and_restore_cpu(small_models, zero_cond_t, batch, 
         assert isinstance(model.transformer_blocks[0].img_mlp.net[0].proj, NVFP4Linear)
         fused = run(model, inp)
         stats = qd.fused_path_stats(model, reset=True)
-        assert stats == {"fused": 2 * SMALL_LAYERS, "unfused": 0, "fallback": 0, "decline_reasons": {}}, stats
+        assert stats == {"fused": 2 * SMALL_LAYERS, "unfused": 0, "fallback": 0, "decline_reasons": {},
+                     "compiled": {}}, stats
 
         qd.set_mode(model, "unfused")
         unfused = run(model, inp)

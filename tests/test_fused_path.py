@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import device
+from qwen_resnorm_fp4.fused_path import reset_decline_log
 from qwen_resnorm_fp4 import fused_path as fused_mod
 from qwen_resnorm_fp4.env import ALL_VARS
 from qwen_resnorm_fp4.fused_path import DeclineReason as R
@@ -482,11 +483,38 @@ def test_compile_fullgraph_cpu():
     assert q.last_decline_reason() is None
     for a, b in zip(eager, got):
         assert torch.equal(a, b)
-    # a decline inside compiled code returns None and is recorded
+    # a decline inside compiled code returns None and records nothing (compiled code mutates no Python state)
+    reset_decline_log()
     assert compiled(kw["residual"], kw["x"].half(), kw["gate"], kw["scale"], kw["shift"]) is None
-    assert q.last_decline_reason() is R.UNSUPPORTED_DTYPE
-    assert compiled(*args) is not None and q.last_decline_reason() is None
+    assert q.last_decline_reason() is None
+    assert compiled(*args) is not None
+    # the serve_ form returns the Decline itself, compiled too
+    serve = torch.compile(lambda *a: q.serve_fused_resnorm_quant(*a, fc1, norm=ln, allow_cpu=True),
+                          fullgraph=True, backend="aot_eager")
+    declined = serve(kw["residual"], kw["x"].half(), kw["gate"], kw["scale"], kw["shift"])
+    assert isinstance(declined, q.Decline) and declined.reason is R.UNSUPPORTED_DTYPE, declined
+    assert not isinstance(serve(*args), q.Decline)
     torch._dynamo.reset()
+
+
+def test_last_decline_reason_is_per_thread():
+    import threading
+    kw, extra, fc1 = block()
+    args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"], fc1)
+    assert q.try_fused_resnorm_quant(*args) is None  # CPU tensors without allow_cpu
+    assert q.last_decline_reason() is R.CPU_TENSORS
+    seen = {}
+
+    def other():
+        seen["before"] = q.last_decline_reason()
+        seen["result"] = q.try_fused_resnorm_quant(*args, allow_cpu=True)
+        seen["after"] = q.last_decline_reason()
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen["before"] is None and seen["result"] is not None and seen["after"] is None
+    assert q.last_decline_reason() is R.CPU_TENSORS  # the other thread's success did not clear this one's
 
 
 def test_compile_reads_env_at_trace_time(monkeypatch):
@@ -495,7 +523,7 @@ def test_compile_reads_env_at_trace_time(monkeypatch):
     args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"])
     monkeypatch.setenv("QWEN_FP4_DISABLE", "1")
     compiled = torch.compile(_block_fn(fc1, None, allow_cpu=True), fullgraph=True, backend="aot_eager")
-    assert compiled(*args) is None and q.last_decline_reason() is R.DISABLED_BY_ENV
+    assert compiled(*args) is None
     monkeypatch.delenv("QWEN_FP4_DISABLE")
     torch._dynamo.reset()  # the switch is read when tracing: recompile to pick up the change
     assert compiled(*args) is not None
