@@ -4,6 +4,7 @@ transformer" and "FP8"). GPU only; needs diffusers.
 
     python benchmarks/bench_model.py --out DIR --check-targets   # NVFP4 and FP8, "all" and "fc1"
     python benchmarks/bench_model.py --quick --check-targets     # FP8, linears="all" only, 3 timed forwards
+    python benchmarks/bench_model.py --peers --out DIR           # compiled: ours against BF16 and torchao FP8
 
 A real-width ``QwenImageTransformer2DModel`` (24 heads of 128: width 3072, random weights, ``--layers`` blocks)
 at 6889 and 10209 image tokens, without and with ``zero_cond_t`` (diffusers 0.42's edit mode: the image
@@ -192,6 +193,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help='judge the FP8 issue\'s goal (format="fp8", linears="all", fused: <= 0.80x BF16, rel err <= 1%%, '
                         "fused == unfused, no fallback, at 6889 and 10209 tokens with and without zero_cond_t), "
                         "print PASS/FAIL each, exit 1 if any fails")
+    p.add_argument("--peers", action="store_true",
+                   help="instead: ours compiled against BF16 eager / compiled and torchao FP8 compiled (batch 1; "
+                        "writes bench_model_peers.{csv,md}; needs torchao)")
+    p.add_argument("--variants", type=harness.choice_list(PEER_NAMES, "variants"), default=None,
+                   help="with --peers: comma-separated subset of " + ",".join(PEER_NAMES) + " (default all)")
     harness.add_out_argument(p)
     return p
 
@@ -276,8 +282,195 @@ def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequen
     return rows
 
 
+# ------------------------------------------------------------------------------------------------------------
+# --peers: the converted model against what a user would run instead, compiled
+# ------------------------------------------------------------------------------------------------------------
+
+#: The variants of ``--peers``, in run order: (name, what it is). Peers: BF16 eager and compiled, torchao's
+#: dynamic FP8 (per row, per tensor) on the same Linears compiled; ours (format="fp8", linears="all",
+#: mode="fused") eager, compiled whole (fullgraph), by regions (diffusers' compile_repeated_blocks), and
+#: compiled whole with CUDA graphs ("reduce-overhead") and with "max-autotune"; ours in NVFP4 compiled whole.
+PEER_VARIANTS = (
+    ("bf16_eager", "BF16, eager"),
+    ("bf16_compiled", "BF16, torch.compile(model)"),
+    ("torchao_fp8_row_compiled", "torchao Float8DynamicActivationFloat8WeightConfig(PerRow()), compiled"),
+    ("torchao_fp8_tensor_compiled", "torchao Float8DynamicActivationFloat8WeightConfig(PerTensor()), compiled"),
+    ("ours_eager", 'ours fp8 "all" fused, eager'),
+    ("ours_compiled", 'ours fp8 "all" fused, torch.compile(model, fullgraph=True)'),
+    ("ours_regional", 'ours fp8 "all" fused, model.compile_repeated_blocks(fullgraph=True)'),
+    ("ours_reduce_overhead", 'ours fp8 "all" fused, torch.compile(fullgraph=True, mode="reduce-overhead")'),
+    ("ours_max_autotune", 'ours fp8 "all" fused, torch.compile(fullgraph=True, mode="max-autotune")'),
+    ("ours_nvfp4_compiled", 'ours nvfp4 "all" fused, torch.compile(model, fullgraph=True)'),
+)
+PEER_NAMES = tuple(n for n, _ in PEER_VARIANTS)
+PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "over_torchao_row", "compile_s",
+               "graphs", "rel_err_vs_bf16", "fused_equals_unfused", "compiled_paths"]
+
+
+def _torchao_model(model: torch.nn.Module, names: Sequence[str], granularity: str) -> torch.nn.Module:
+    """A copy of the BF16 model with torchao's dynamic FP8 (activation and weight) on the Linears ``names``."""
+    import copy
+
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
+
+    twin = copy.deepcopy(model)
+    wanted = set(names)
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow() if granularity == "row" else PerTensor())
+    quantize_(twin, config, filter_fn=lambda m, fqn: fqn in wanted and isinstance(m, torch.nn.Linear))
+    return twin
+
+
+def _ours_model(model: torch.nn.Module, fmt: str, calibration: List[Dict[str, Any]]) -> torch.nn.Module:
+    """A converted copy of the BF16 model (format ``fmt``, linears="all", mode="fused")."""
+    import copy
+
+    from qwen_resnorm_fp4.integrations import diffusers as qd
+
+    twin = copy.deepcopy(model)
+    return qd.convert_transformer(twin, format=fmt, linears="all", mode="fused", calibration_inputs=calibration,
+                                  keep_original=False)
+
+
+def _peer_callable(variant: str, model: torch.nn.Module) -> Callable[..., Any]:
+    """How the variant runs the model: eager, compiled whole, or by regions (compiled in place)."""
+    if variant.endswith("_eager"):
+        return model
+    if variant == "ours_regional":
+        model.compile_repeated_blocks(fullgraph=True)
+        return model
+    if variant.startswith("ours"):
+        mode = {"ours_reduce_overhead": "reduce-overhead", "ours_max_autotune": "max-autotune"}.get(variant)
+        return torch.compile(model, fullgraph=True, mode=mode)
+    return torch.compile(model)  # the peers as a user compiles them
+
+
+def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Sequence[str], layers: int,
+                  text_len: int, reps: int, warmup: int, flush: torch.Tensor, log=print) -> List[Dict[str, Any]]:
+    """Every variant of one model (``zero_cond_t`` off or on) at every token count, one variant at a time
+    (dynamo reset between variants, so no variant inherits another's graphs or recompile budget). Per
+    variant and token count: the forward time (:func:`timing.flushed_per_call_us`, median of ``reps``), the
+    compile time (the first call's wall time less one timed forward), the graphs dynamo compiled for it
+    (one per shape, or a second, dynamic one), the relative error against the BF16 eager output; for ours
+    compiled whole, fused == unfused under compile and the segments' compiled paths."""
+    import time
+
+    import torch._dynamo as dynamo
+    from qwen_resnorm_fp4.integrations import diffusers as qd
+
+    model = build_model(layers, zero_cond_t)
+    inputs = {t: model_inputs(1, image_shapes(t, zero_cond_t), text_len, seed=t) for t in tokens_list}
+    with torch.no_grad():
+        reference = {t: model(**inp)[0].float() for t, inp in inputs.items()}
+    names = None
+    rows: List[Dict[str, Any]] = []
+    for variant in variants:
+        dynamo.reset()
+        dynamo.utils.counters.clear()
+        if variant.startswith("ours"):
+            fmt = "nvfp4" if "nvfp4" in variant else "fp8"
+            subject = _ours_model(model, fmt, list(inputs.values()))
+        elif variant.startswith("torchao"):
+            if names is None:
+                names = qd.linear_names(model, "all", "fp8")
+            subject = _torchao_model(model, names, "row" if "_row_" in variant else "tensor")
+        else:
+            subject = model
+        run = _peer_callable(variant, subject)
+        for t, inp in inputs.items():
+            with torch.no_grad():
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                out = run(**inp)[0].float()
+                torch.cuda.synchronize()
+                first_s = time.perf_counter() - start
+                ms = timing.flushed_per_call_us(lambda: run(**inp), reps, warmup, flush) / 1e3
+                row = {"variant": variant, "tokens": t, "zero_cond_t": zero_cond_t, "ms": ms,
+                       "compile_s": 0.0 if variant.endswith("_eager") else max(first_s - ms / 1e3, 0.0),
+                       "graphs": int(dynamo.utils.counters["stats"]["unique_graphs"]),
+                       "rel_err_vs_bf16": ((out - reference[t]).norm() / reference[t].norm()).item()}
+                if variant == "ours_compiled":
+                    qd.set_mode(subject, "unfused")
+                    unfused = run(**inp)[0].float()
+                    qd.set_mode(subject, "fused")
+                    again = run(**inp)[0].float()
+                    row["fused_equals_unfused"] = results.outputs_equal(out, unfused) and \
+                        results.outputs_equal(out, again)
+                if variant.startswith("ours") and variant != "ours_eager":
+                    row["compiled_paths"] = "; ".join(f"{k}: {'/'.join(v)}" for k, v in
+                                                      qd.fused_path_stats(subject)["compiled"].items())
+            rows.append(row)
+            log(f"{'zct ' if zero_cond_t else ''}{t} tokens {variant}: {ms:.2f} ms, compile {row['compile_s']:.1f} s, "
+                f"graphs {row['graphs']}, rel err {row['rel_err_vs_bf16']:.4f}"
+                + (f", fused == unfused {row['fused_equals_unfused']}" if "fused_equals_unfused" in row else "")
+                + (f", compiled paths {row['compiled_paths']}" if row.get("compiled_paths") else ""))
+        del run, subject
+        torch.cuda.empty_cache()
+    dynamo.reset()
+    for r in rows:
+        base = {(x["tokens"], x["variant"]): x["ms"] for x in rows if x["zero_cond_t"] == r["zero_cond_t"]}
+        r["over_bf16_eager"] = r["ms"] / base[(r["tokens"], "bf16_eager")] if (r["tokens"], "bf16_eager") in base \
+            else float("nan")
+        row_ao = base.get((r["tokens"], "torchao_fp8_row_compiled"))
+        r["over_torchao_row"] = r["ms"] / row_ao if row_ao else float("nan")
+    return rows
+
+
+def peers_table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """The ``--peers`` markdown table, one line per variant, token count and zero_cond_t."""
+    columns = ("image tokens", "zero_cond_t", "variant", "ms", "x BF16 eager", "x torchao row compiled",
+               "compile s", "graphs", "rel err vs BF16", "fused == unfused (compiled)")
+    return results.markdown_table(columns, (
+        (r["tokens"], "yes" if r["zero_cond_t"] else "no", r["variant"], f"{r['ms']:.2f}",
+         results.fmt(r.get("over_bf16_eager"), ".3f"), results.fmt(r.get("over_torchao_row"), ".3f"),
+         f"{r['compile_s']:.1f}", r["graphs"], f"{r['rel_err_vs_bf16']:.4f}",
+         results.yes_no(r["fused_equals_unfused"]) if "fused_equals_unfused" in r else "")
+        for r in rows))
+
+
+def peers_main(args: argparse.Namespace) -> int:
+    """``--peers``: :func:`measure_peers` for each zero_cond_t; writes bench_model_peers.{csv,md}. Fails (exit
+    status 1) when ours compiled is not fused == unfused, or a compiled variant of ours ran a segment unfused
+    or declined."""
+    tokens_list = args.tokens or list(DEFAULT_TOKENS)
+    zero_cond = ZERO_COND_T[args.zero_cond_t]
+    error = argument_error(tokens_list, zero_cond)
+    if error is not None:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 2
+    if (rc := harness.refuse_without_gpu(PROG)) is not None:
+        return rc
+    harness.compile_for_many_shapes()
+    variants = args.variants or list(PEER_NAMES)
+    reps, warmup = args.reps, args.warmup
+    header = harness.run_header() + [
+        f"QwenImageTransformer2DModel, {args.layers} blocks, 24 heads x 128 (width 3072), random weights, batch 1, "
+        f"{args.text_len} text tokens; forward time, CUDA events, median of {reps} after {warmup} (cold L2); "
+        "compile s: the first call's wall time less one forward; graphs: dynamo's graphs for the variant so far; "
+        "rel err: Frobenius, against the BF16 eager output", *(f"{n}: {d}" for n, d in PEER_VARIANTS if n in variants)]
+    print("\n".join(header))
+    flush = timing.l2_flush_buffer()
+    rows: List[Dict[str, Any]] = []
+    for zct in zero_cond:
+        rows += measure_peers(zct, tokens_list, variants, args.layers, args.text_len, reps, warmup, flush,
+                              log=lambda line: print(line, flush=True))
+        torch.cuda.empty_cache()
+    lines = peers_table_lines(rows)
+    print("\n".join(lines))
+    results.write_report(args.out, f"{PROG}_peers", rows, [f"# {PROG} --peers", ""] + [f"- {h}" for h in header]
+                         + [""] + lines, PEER_FIELDS)
+    failures = [f"{r['tokens']} tokens{' zct' if r['zero_cond_t'] else ''} {r['variant']}: "
+                + ("fused != unfused under compile" if r.get("fused_equals_unfused") is False
+                   else f"compiled paths {r['compiled_paths']}")
+                for r in rows if r.get("fused_equals_unfused") is False
+                or (r.get("compiled_paths") is not None and any(
+                    p != "fused" for seg in r["compiled_paths"].split("; ") for p in seg.split(": ")[1].split("/")))]
+    return results.exit_status(failures, "the converted model under torch.compile")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.peers:
+        return peers_main(args)
     tokens_list = args.tokens or list(DEFAULT_TOKENS)
     zero_cond = ZERO_COND_T[args.zero_cond_t]
     formats = args.formats or ([GOAL_FORMAT] if args.quick else list(FORMATS))
@@ -291,7 +484,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return rc
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
-    qd.hide_unimportable_flashinfer()  # diffusers' models import next to a headers-only flashinfer
     header = harness.run_header() + [
         f"QwenImageTransformer2DModel, {args.layers} blocks, 24 heads x 128 (width 3072), random weights, "
         f"{args.text_len} text tokens; forward time, CUDA events, median of {reps} after {warmup} (cold L2); "

@@ -221,3 +221,50 @@ def test_load_state_dict_refuses_a_bad_input_scale(bad):
     sd[key] = torch.full_like(sd[key], bad)
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         model.load_state_dict(sd)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GPU: inductor, real width
+# ------------------------------------------------------------------------------------------------------------
+
+
+def real_width_qwen_image(fmt: str, zero_cond_t: bool):
+    """A real-width Qwen-Image (24 heads x 128) of one block on the GPU, converted (linears="all")."""
+    from diffusers import QwenImageTransformer2DModel
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = QwenImageTransformer2DModel(
+            patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), zero_cond_t=zero_cond_t)
+    model = model.to(torch.bfloat16).eval()
+    inputs = [make_inputs(1, 77, zero_cond_t, small=False, seed=s, device="cuda") for s in (1, 2)]
+    qd.convert_transformer(model, format=fmt, linears="all", calibration_inputs=inputs[:1])
+    return model, inputs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
+def test_gpu_inductor_compiles_once_fused_equals_unfused(fmt, zero_cond_t):
+    """Inductor, fullgraph: one graph for repeated forwards of one shape; every segment fused in the compiled
+    graph; fused == unfused bit for bit under compile; CUDA graphs ("reduce-overhead") give the compiled
+    bytes; close to the eager forward (inductor fuses the model's own glue differently)."""
+    model, inputs = real_width_qwen_image(fmt, zero_cond_t)
+    inp = inputs[0]
+    eager = run(model, inp)
+    compiled = torch.compile(model, fullgraph=True)
+    fused = compiled_runs(model, inp, compiled, runs=3)
+    assert all(torch.equal(fused[0], t) for t in fused)
+    stats = qd.fused_path_stats(model)
+    assert stats["compiled"] and all(p == ["fused"] for p in stats["compiled"].values()), stats["compiled"]
+    assert ((fused[0].float() - eager.float()).norm() / eager.float().norm()).item() < 1e-2
+    qd.set_mode(model, "unfused")
+    with torch.no_grad():
+        unfused = compiled(**inp)[0]
+    assert torch.equal(unfused, fused[0]), "fused != unfused under torch.compile"
+    qd.set_mode(model, "fused")
+    torch._dynamo.reset()
+    graphs = torch.compile(model, fullgraph=True, mode="reduce-overhead")
+    replayed = [t.clone() for t in compiled_runs(model, inp, graphs, runs=4)]
+    assert all(torch.equal(t, fused[0]) for t in replayed)

@@ -583,11 +583,23 @@ def attention_input(block: torch.nn.Module, stream: str, x: Tensor, scale: Tenso
     return result
 
 
+@torch.library.custom_op("qwen_fp4::_gelu_tanh_eager", mutates_args=())
+def _gelu_tanh_eager(h: Tensor) -> Tensor:
+    """PyTorch's own GELU(tanh) kernel as one opaque op: what ``gelu_tanh_fp8_quantize`` equals bit for bit.
+    Under torch.compile inductor would generate its own GELU, whose last bit can differ."""
+    return torch.nn.functional.gelu(h, approximate="tanh")
+
+
+@_gelu_tanh_eager.register_fake
+def _gelu_tanh_eager_fake(h: Tensor) -> Tensor:
+    return torch.empty_like(h)
+
+
 def _gelu_ffn(block: torch.nn.Module, state: BlockState, spec: StreamSpec, ffn: torch.nn.Module,
               h: Tensor) -> Tensor:
     """A GELU FeedForward after its first Linear (``h``: its bf16 output): the model's own modules, or, for a
-    ``"<stream>.gelu"`` segment, GELU + the second Linear's quantization in one pass (fused) or as the model
-    writes it (unfused), the same bytes."""
+    ``"<stream>.gelu"`` segment, GELU + the second Linear's quantization in one pass (fused) or PyTorch's GELU
+    kernel then the Linear's own quantization (unfused or declined), the same bytes, compiled too."""
     key = f"{spec.name}.gelu"
     stats = state.stats.get(key)
     net = ffn.net
@@ -597,11 +609,10 @@ def _gelu_ffn(block: torch.nn.Module, state: BlockState, spec: StreamSpec, ffn: 
         if state.mode == "fused":
             outcome = serve_fused_gelu_tanh_fp8_quantize(h, fc2.input_scale, allow_cpu=state.allow_cpu)
         q = _served(state, key, stats, outcome)
-        if q is not None:
-            hidden = fc2(q)
-            for module in net[3:]:
-                hidden = module(hidden)
-            return hidden
+        hidden = fc2(q) if q is not None else fc2(_gelu_tanh_eager(h))
+        for module in net[3:]:
+            hidden = module(hidden)
+        return hidden
     hidden = net[0].gelu(h)
     for module in net[1:]:
         hidden = module(hidden)
