@@ -540,7 +540,7 @@ def _fake_model(monkeypatch, change=None):
         return rows
 
     _fake_gpu(monkeypatch)
-    qd = types.SimpleNamespace(hide_unimportable_flashinfer=lambda: None)
+    qd = types.SimpleNamespace()
     monkeypatch.setitem(sys.modules, "qwen_resnorm_fp4.integrations.diffusers", qd)
     import qwen_resnorm_fp4.integrations as integrations
     monkeypatch.setattr(integrations, "diffusers", qd, raising=False)

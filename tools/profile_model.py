@@ -40,7 +40,6 @@ def main() -> int:
     args = p.parse_args()
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
-    qd.hide_unimportable_flashinfer()
     model = bench_model.build_model(args.layers, args.zero_cond_t)
     inp = bench_model.model_inputs(1, bench_model.image_shapes(args.tokens, args.zero_cond_t), 128, seed=0)
     with torch.inference_mode():

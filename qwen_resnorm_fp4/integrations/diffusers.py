@@ -121,36 +121,6 @@ def check_diffusers_version(version: Optional[str] = None, *, allow_untested_ver
     return version
 
 
-def hide_unimportable_flashinfer() -> bool:
-    """Tell diffusers that ``flashinfer`` is unavailable when it is installed but does not import; call it
-    before importing diffusers' models. Returns True when it did so.
-
-    diffusers imports ``flashinfer`` with every model when the package is installed (its BFL quantizer).
-    Installed without its dependencies (headers only, as this project's build installs it), that import fails
-    and so does every diffusers model import. A conversion never needs this (its model is already imported),
-    so nothing calls it implicitly. Where flashinfer imports, or diffusers' quantizers are already imported, it
-    changes nothing. (This library's own FlashInfer GEMM path checks its import separately.)"""
-    if importlib.util.find_spec("diffusers") is None or importlib.util.find_spec("flashinfer") is None:
-        return False
-    if "diffusers.quantizers.bfl.utils" in sys.modules or "flashinfer" in sys.modules:
-        return False
-    try:
-        import flashinfer  # noqa: F401
-        return False
-    except Exception as e:  # noqa: BLE001 - any import failure means diffusers would fail the same way
-        err = e
-    try:
-        import diffusers.utils.import_utils as iu
-    except Exception:  # noqa: BLE001 - diffusers itself broken: nothing to work around
-        return False
-    if getattr(iu, "_flashinfer_available", False):
-        iu._flashinfer_available = False
-        logger.warning("flashinfer is installed but does not import (%s: %s); told diffusers it is unavailable so "
-                       "that its models import", type(err).__name__, err)
-        return True
-    return False
-
-
 # ------------------------------------------------------------------------------------------------------------
 # Public API
 # ------------------------------------------------------------------------------------------------------------
@@ -326,5 +296,5 @@ def calibrate_input_amax(model: torch.nn.Module, calibration_inputs: Any,
 __all__ = ["convert_transformer", "convert_qwen_image_transformer", "convert_qwen_image21_transformer",
            "convert_flux_transformer", "convert_wan_transformer", "restore_transformer", "set_mode",
            "conversion_info", "fused_path_stats", "linear_names", "calibrate_input_amax",
-           "check_diffusers_version", "diffusers_version", "hide_unimportable_flashinfer", "DiTConversion",
+           "check_diffusers_version", "diffusers_version", "DiTConversion",
            "StreamStats", "SPECS", "SUPPORTED_DIFFUSERS", "TESTED_DIFFUSERS_VERSIONS", "MODES", "LINEARS", "FORMATS"]
