@@ -246,25 +246,35 @@ def real_width_qwen_image(fmt: str, zero_cond_t: bool):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
-def test_gpu_inductor_compiles_once_fused_equals_unfused(fmt, zero_cond_t):
-    """Inductor, fullgraph: one graph for repeated forwards of one shape; every segment fused in the compiled
-    graph; fused == unfused bit for bit under compile; CUDA graphs ("reduce-overhead") give the compiled
-    bytes; close to the eager forward (inductor fuses the model's own glue differently)."""
+def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
+    """The CUDA kernels as traced (``aot_eager``: the graph's own ops, no code generation): one graph for repeated
+    forwards, every segment fused in it, the eager bytes, and fused == unfused bit for bit."""
     model, inputs = real_width_qwen_image(fmt, zero_cond_t)
     inp = inputs[0]
     eager = run(model, inp)
-    compiled = torch.compile(model, fullgraph=True)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     fused = compiled_runs(model, inp, compiled, runs=3)
-    assert all(torch.equal(fused[0], t) for t in fused)
-    stats = qd.fused_path_stats(model)
-    assert stats["compiled"] and all(p == ["fused"] for p in stats["compiled"].values()), stats["compiled"]
-    assert ((fused[0].float() - eager.float()).norm() / eager.float().norm()).item() < 1e-2
+    assert all(torch.equal(t, eager) for t in fused)
+    assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
     qd.set_mode(model, "unfused")
     with torch.no_grad():
-        unfused = compiled(**inp)[0]
-    assert torch.equal(unfused, fused[0]), "fused != unfused under torch.compile"
-    qd.set_mode(model, "fused")
-    torch._dynamo.reset()
-    graphs = torch.compile(model, fullgraph=True, mode="reduce-overhead")
-    replayed = [t.clone() for t in compiled_runs(model, inp, graphs, runs=4)]
-    assert all(torch.equal(t, fused[0]) for t in replayed)
+        assert torch.equal(compiled(**inp)[0], eager), "fused != unfused under torch.compile"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_gpu_inductor_compiles_once(fmt):
+    """Inductor, fullgraph, default and "reduce-overhead" (CUDA graphs): one graph for repeated forwards of
+    one shape, every segment fused in it, each graph's forwards the same bytes, close to eager. (Inductor's
+    own code for the model's glue is not bit-reproducible from one compilation to the next on an H200, so
+    bytes are compared within a compilation; across modes, by ``aot_eager`` above.)"""
+    model, inputs = real_width_qwen_image(fmt, False)
+    inp = inputs[0]
+    eager = run(model, inp).float()
+    for mode in (None, "reduce-overhead"):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, mode=mode)
+        outs = [t.clone() for t in compiled_runs(model, inp, compiled, runs=4)]
+        assert all(torch.equal(outs[0], t) for t in outs), mode
+        assert ((outs[0].float() - eager).norm() / eager.norm()).item() < 1e-2, mode
+    assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
