@@ -237,10 +237,17 @@ class FP8Linear(torch.nn.Module):
                               error_msgs):
         """Load a ModelOpt FP8 export's keys as written: a 0-dim ``weight_scale`` / ``input_scale`` (or an
         [N, 1] per-channel ``weight_scale``) fits the buffers; a weight that is not E4M3 is refused (loading
-        would quantize it silently)."""
+        would quantize it silently), and so is an ``input_scale`` that is not one positive, normal fp32
+        (:func:`~qwen_resnorm_fp4.check_fp8_input_scale`), before anything is copied."""
         w = state_dict.get(prefix + "weight")
         if isinstance(w, Tensor) and w.dtype != torch.float8_e4m3fn:
             raise TypeError(f"{prefix}weight must be float8_e4m3fn (a ModelOpt FP8 export), got {w.dtype}")
+        s_in = state_dict.get(prefix + "input_scale")
+        if isinstance(s_in, Tensor) and s_in.device.type != "meta":
+            try:  # the value rule the layer was built under: a refused scale would make every output NaN
+                api.check_fp8_input_scale(s_in.detach().to(torch.float32).reshape(1))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{prefix}input_scale: {e}") from None
         for name in ("weight_scale", "input_scale"):
             t = state_dict.get(prefix + name)
             buf = getattr(self, name)

@@ -263,3 +263,15 @@ def test_any_multiple_of_16():
     assert np.array_equal(a_q.view(torch.uint8).numpy(), e4m3_byte_oracle(x.float()).reshape(3, 80))
     assert_one_rounding_of(layer(x), gemm_oracle(a_q, layer.weight, layer.weight_scale, layer.input_scale,
                                                  layer.bias))
+
+
+@pytest.mark.parametrize("bad", [0.0, -2.0, float("inf"), float("nan"), 1e-40])
+def test_load_state_dict_refuses_a_bad_input_scale_and_keeps_the_layer(bad):
+    layer = FP8Linear.from_linear(torch.nn.Linear(32, 48).bfloat16(), 2.0)
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    sd = layer.state_dict()
+    sd["input_scale"] = torch.tensor(bad)
+    sd["weight_scale"] = sd["weight_scale"] * 2
+    with pytest.raises(ValueError, match="input_scale"):
+        layer.load_state_dict(sd)
+    assert all(torch.equal(v, layer.state_dict()[k]) for k, v in before.items())
