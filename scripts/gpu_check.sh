@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check: the test suite (GPU tests included), and optionally the benchmark, Nsight Compute and
-# compute-sanitizer, with logs in $OUT (default ./gpu_logs). By default it runs from the checkout, which
+# The GPU check: the test suite's exhaustive sweep (every test and every parametrization, GPU tests included:
+# pytest --exhaustive, tests/conftest.py), and optionally the benchmark, Nsight Compute and compute-sanitizer,
+# with logs in $OUT (default ./gpu_logs). By default it runs from the checkout, which
 # must hold the in-place build (the README's quickstart, or a qwen_resnorm_fp4/_C*.so copied in); with
 # WHEEL=path it installs that wheel and runs everything against the installed package instead.
 #
@@ -8,9 +9,12 @@
 #                             [sanitizer] [emulation]
 #                                                                                              (default: tests)
 #   PYTEST_ARGS="-m gpu" bash scripts/gpu_check.sh tests
-#   PYTEST_WORKERS=12 bash scripts/gpu_check.sh tests   (pytest-xdist workers sharing the GPU: the whole suite, about
-#                                                       4,100 tests, runs past 9 minutes in one process on an H200)
-#   PYTEST_K="not exhaustively" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
+#   EXHAUSTIVE=0 bash scripts/gpu_check.sh tests        (the default tier instead: the README's `python -m pytest
+#                                                       tests -q`, a representative case of every behaviour)
+#   PYTEST_WORKERS=4 bash scripts/gpu_check.sh tests    (pytest-xdist workers sharing the GPU: the exhaustive sweep,
+#                                                       about 4,100 tests, is about twice the default's GPU work; few
+#                                                       workers, each takes CPU threads and GPU memory)
+#   PYTEST_K="not real_width" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
 #   WHEEL=dist/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests bench
 #   BASELINE_WHEEL=old.whl bash scripts/gpu_check.sh bench     (this checkout's benchmark of old.whl first, then of
 #                                                              this build, same machine, same arguments: before/after;
@@ -19,8 +23,8 @@
 #   PER_TOKEN_ARGS, GEMM_ARGS, FP8_ARGS, FP8_LINEAR_ARGS, MODEL_ARGS pass options), against the package the tests use
 #   EMULATION_WHEEL=emu.whl bash scripts/gpu_check.sh emulation   (the Blackwell emulation wheel, built elsewhere with
 #                       QWEN_FP4_EMULATE_BLACKWELL=1, installed into /tmp/emulation_site: the blackwell_emulation
-#                       tests, then the whole suite against it (EMULATION_FULL=0: not); PYTEST_WORKERS as for
-#                       tests; logs emulation_*.txt/log)
+#                       tests, then the whole suite against it (EMULATION_FULL=0: not); EXHAUSTIVE and
+#                       PYTEST_WORKERS as for tests; logs emulation_*.txt/log)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 # wheel paths relative to where the script was started (the stages run from elsewhere)
@@ -32,6 +36,8 @@ mkdir -p "$OUT"
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(tests)
 export PYTHONUNBUFFERED=1
 status=0
+# The tier of the test stages: the exhaustive sweep unless EXHAUSTIVE=0 (the default tier, as the README runs it).
+if [ "${EXHAUSTIVE:-1}" = 0 ]; then TIER=(); else TIER=(--exhaustive); fi
 
 if [ -n "${WHEEL:-}" ]; then
   bash "$REPO/scripts/install_wheel.sh" "$WHEEL" || { echo "installing $WHEEL failed"; exit 2; }
@@ -59,8 +65,9 @@ for stage in "${stages[@]}"; do
   case "$stage" in
     tests)
       # -rfEs: the failures' names in the summary; -n N (pytest-xdist, where installed) runs workers side by side
-      python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEs --durations=15 --junitxml="$OUT/gpu_tests.xml" \
-        ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
+      python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEs --durations=30 --junitxml="$OUT/gpu_tests.xml" \
+        ${TIER[@]+"${TIER[@]}"} ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
+        | tee "$OUT/gpu_tests.log" || status=1 ;;
     bench)
       if [ -n "${BASELINE_WHEEL:-}" ]; then
         rm -rf /tmp/baseline && python3 -m pip install -q --no-deps --no-index --target /tmp/baseline "$BASELINE_WHEEL" \
@@ -110,10 +117,11 @@ for stage in "${stages[@]}"; do
        python3 -c "import qwen_resnorm_fp4.info as i, sys; sys.exit(0 if i.build_info()['blackwell_emulation'] else 1)" \
          || { echo "$EMULATION_WHEEL is not an emulation build"; exit 1; }
        python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEs -m blackwell_emulation --durations=10 \
-         ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} 2>&1 | tee "$OUT/emulation_tests.log"; rc=${PIPESTATUS[0]}
+         ${TIER[@]+"${TIER[@]}"} ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} 2>&1 | tee "$OUT/emulation_tests.log"; rc=${PIPESTATUS[0]}
        [ "${EMULATION_FULL:-1}" = 0 ] && exit $rc  # EMULATION_FULL=0: the blackwell_emulation tests only
-       python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEs --durations=15 ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} \
-         ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/emulation_full.log"; exit $(( rc || PIPESTATUS[0] ))) \
+       python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEs --durations=15 ${TIER[@]+"${TIER[@]}"} \
+         ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
+         | tee "$OUT/emulation_full.log"; exit $(( rc || PIPESTATUS[0] ))) \
          || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac

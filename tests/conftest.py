@@ -16,8 +16,15 @@ Fixtures and markers
 - ``@pytest.mark.blackwell``: skipped unless the GPU is a Blackwell (capability 10.x-12.x);
   ``@pytest.mark.blackwell_emulation``: skipped unless the emulation build (QWEN_FP4_EMULATE_BLACKWELL=1) is
   loaded. Both also take ``gpu``'s rule.
+- ``exhaustive``: a case of an exhaustive sweep, deselected unless the run asks for the sweep (``--exhaustive``,
+  ``QWEN_FP4_TEST_EXHAUSTIVE=1``, or a ``-m`` expression that names ``exhaustive``); ``sweep(...)`` below puts
+  it on the parametrizations outside the representative subset. docs/testing.md lists what is behind it.
 
 Helpers
+- ``sweep(argnames, values, default)``: ``pytest.mark.parametrize`` in two tiers: ``default`` (a subset of
+  ``values``) runs by default, the other values are marked ``exhaustive``.
+- ``exhaustive_run()``: whether this session runs the exhaustive sweep (for settings chosen at import).
+- ``HANG_GUARD_S``: the timeout of the suite's subprocesses: a guard against a hang, never a time budget.
 - ``make_inputs(B, S, D, form, param_dtype, seed, ...)``: a dict of op arguments (see its docstring).
 - ``op_args(inp, op)``: the positional argument tuple of ``torch.ops.qwen_fp4.<op>`` for such a dict.
 - ``e2m1_code_oracle(v)``, ``e2m1_codes_oracle(tensor)``: E2M1 code by brute force (nearest of 8 magnitudes).
@@ -34,8 +41,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from fractions import Fraction
-from typing import Dict, Optional, Sequence
+from pathlib import Path
+from typing import Dict, Iterable, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -425,6 +434,107 @@ def layer_norm_f64(inp: Dict[str, object]):
 
 
 # ----------------------------------------------------------------------------------------------------
+# Tiers: the default run (a representative case of every behaviour) and the exhaustive sweep
+# ----------------------------------------------------------------------------------------------------
+
+#: Set to "1" to run the exhaustive sweep, as ``--exhaustive`` does.
+EXHAUSTIVE_VAR = "QWEN_FP4_TEST_EXHAUSTIVE"
+EXHAUSTIVE_MARKER = "exhaustive"
+_EXHAUSTIVE_HELP = ("a case of an exhaustive sweep (every width, row count, scale, ...): deselected unless the run "
+                    "asks for the sweep (--exhaustive, QWEN_FP4_TEST_EXHAUSTIVE=1, or -m naming 'exhaustive')")
+#: The timeout of every subprocess the tests start: a guard that turns a hang into a failure, not a time limit
+#: (a loaded machine may take minutes where an idle one takes seconds).
+HANG_GUARD_S = 1800
+
+_EXHAUSTIVE_RUN: Optional[bool] = None  # set by pytest_configure
+_DESELECTED_KEY = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--exhaustive", action="store_true", default=False,
+                     help="also run the exhaustive sweeps (tests marked 'exhaustive'; by default only the "
+                          f"representative cases run). The same as {EXHAUSTIVE_VAR}=1.")
+
+
+def _exhaustive_requested(config) -> bool:
+    """--exhaustive, QWEN_FP4_TEST_EXHAUSTIVE=1, or a -m expression naming the marker (which then selects)."""
+    if config.getoption("exhaustive", False) or os.environ.get(EXHAUSTIVE_VAR, "").strip() == "1":
+        return True
+    return bool(re.search(rf"\b{EXHAUSTIVE_MARKER}\b", config.getoption("markexpr", "") or ""))
+
+
+def pytest_configure(config) -> None:
+    global _EXHAUSTIVE_RUN
+    config.addinivalue_line("markers", f"{EXHAUSTIVE_MARKER}: {_EXHAUSTIVE_HELP}")
+    _EXHAUSTIVE_RUN = _exhaustive_requested(config)
+
+
+def exhaustive_run() -> bool:
+    """Whether this session runs the exhaustive sweep (--exhaustive / QWEN_FP4_TEST_EXHAUSTIVE=1 / -m exhaustive);
+    for what a test module decides at import (hypothesis' example counts). False outside a pytest session."""
+    if _EXHAUSTIVE_RUN is not None:
+        return _EXHAUSTIVE_RUN
+    return os.environ.get(EXHAUSTIVE_VAR, "").strip() == "1"
+
+
+def sweep(argnames, values: Iterable, default: Iterable, *, ids=None):
+    """``pytest.mark.parametrize(argnames, values, ids=ids)`` in two tiers: the values in ``default``, the
+    representative cases, run in every session; the others are marked ``exhaustive`` and run only in the
+    exhaustive sweep. ``default`` must be a subset of ``values`` (checked), so the sweep always holds the
+    default. With several argnames each value is a tuple of them, as for parametrize."""
+    names = [n.strip() for n in argnames.split(",")] if isinstance(argnames, str) else list(argnames)
+    values, default = list(values), list(default)
+    missing = [d for d in default if not any(d is v or d == v for v in values)]
+    if missing or not default:
+        raise ValueError(f"sweep({argnames!r}): the default {default!r} must be a non-empty subset of the values "
+                         f"{values!r} (missing {missing!r})")
+    params = []
+    for v in values:
+        in_default = any(v is d or v == d for d in default)
+        args = tuple(v) if len(names) > 1 else (v,)
+        params.append(pytest.param(*args, marks=() if in_default else (pytest.mark.exhaustive,)))
+    return pytest.mark.parametrize(argnames, params, ids=ids)
+
+
+def _named_node_ids(config) -> set:
+    """The node ids named on the command line (path::name[params]), relative to the rootdir like item.nodeid:
+    such a test runs whatever its tier (a failure's rerun command names it)."""
+    named = set()
+    for arg in config.args:
+        if "::" not in arg:
+            continue
+        path, rest = arg.split("::", 1)
+        try:
+            rel = Path(path).resolve().relative_to(config.rootpath).as_posix()
+        except ValueError:
+            rel = path
+        named.add(f"{rel}::{rest}")
+    return named
+
+
+def _select_tier(config, items) -> None:
+    """Outside the exhaustive sweep, deselect the tests marked exhaustive (unless named on the command line)."""
+    if _exhaustive_requested(config):
+        return
+    named = _named_node_ids(config)
+    kept, dropped = [], []
+    for item in items:
+        (dropped if item.get_closest_marker(EXHAUSTIVE_MARKER) and item.nodeid not in named else kept).append(item)
+    config.stash[_DESELECTED_KEY] = len(dropped)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def _tier_line(config) -> str:
+    if _exhaustive_requested(config):
+        return "tests: the exhaustive sweep (every case; the default run deselects those marked exhaustive)"
+    n = config.stash.get(_DESELECTED_KEY, None)  # None: collected elsewhere (pytest-xdist workers)
+    left_out = f"{n} cases of the exhaustive sweeps deselected" if n is not None else "the exhaustive sweeps left out"
+    return f"tests: the default tier ({left_out}; --exhaustive or {EXHAUSTIVE_VAR}=1 runs them too)"
+
+
+# ----------------------------------------------------------------------------------------------------
 # The seed fixture
 # ----------------------------------------------------------------------------------------------------
 
@@ -503,6 +613,7 @@ def _marker_skip_reasons() -> Dict[str, Optional[str]]:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    _select_tier(config, items)
     reasons = None
     for item in items:
         marked = [m for m in ("gpu", "blackwell", "blackwell_emulation") if item.get_closest_marker(m)]
@@ -540,6 +651,7 @@ def _what_runs() -> tuple:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
+    terminalreporter.write_line(_tier_line(terminalreporter.config))
     terminalreporter.write_line(_what_runs()[0])
 
 

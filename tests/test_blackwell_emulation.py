@@ -14,6 +14,7 @@ import torch
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import info
 from qwen_resnorm_fp4.layout import round_up
+from conftest import sweep
 from reliability_utils import (as_bits, block_inputs, capture_graph, extra_kwargs, first_difference, resnorm_args,
                                special_values_y)
 
@@ -29,6 +30,11 @@ def _restore_launch_options():
 
 DIMS = (64, 1536, 2048, 3072, 4096, 5120, 8192, 16384)
 ROWS = (1, 17, 127, 128, 129, 255, 2048, 4113)
+# The default run's subset (the rest: the exhaustive sweep, which scripts/gpu_check.sh's emulation stage runs):
+# the smallest width, a generic one, the tuned widths and the largest; one row, the split kernel with a partial
+# scale tile, the many-rows threshold and an odd many-rows count.
+DEFAULT_DIMS = (64, 1536, 3072, 5120, 16384)
+DEFAULT_ROWS = (1, 129, 2048, 4113)
 
 
 
@@ -107,8 +113,8 @@ def test_switch_selects_the_kernels(monkeypatch):
 
 
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
-@pytest.mark.parametrize("cols", DIMS)
-@pytest.mark.parametrize("rows", ROWS)
+@sweep("cols", DIMS, DEFAULT_DIMS)
+@sweep("rows", ROWS, DEFAULT_ROWS)
 def test_rows_and_widths(monkeypatch, rows, cols, fast, seed):
     if cols >= 8192 and rows not in (1, 129, 2048):
         pytest.skip("D >= 8192: a subset of the row counts keeps the suite short")
@@ -124,8 +130,8 @@ def test_split_kernel_boundary(monkeypatch, cols, fast, seed):
 
 
 # 4 x 13 rows: the split kernel; 4 x 65: one CTA per row, fewer than 2048 rows; 4 x 513: the many-rows kernels.
-@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
-@pytest.mark.parametrize("bias,affine", ((False, False), (True, False), (False, True), (True, True)))
+@sweep("fast", (True, False), (True,), ids=("fast", "exact"))
+@sweep("bias,affine", ((False, False), (True, False), (False, True), (True, True)), ((False, False), (True, True)))
 @pytest.mark.parametrize("param_dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
 @pytest.mark.parametrize("form", ("shared", "batch", "indexed"))
 @pytest.mark.parametrize("rows,cols", ((4 * 13, 3072), (4 * 65, 5120), (4 * 513, 3072), (4 * 513, 5120)),
@@ -207,7 +213,7 @@ FOUR_OVER_SIX_CODES = (1, 3, 5, 17, 21)
 
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 @pytest.mark.parametrize("code", FOUR_OVER_SIX_CODES)
-@pytest.mark.parametrize("rows,cols", ((1, 64), (17, 3072), (129, 5120), (2048, 3072), (4113, 16384)))
+@sweep("rows,cols", ((1, 64), (17, 3072), (129, 5120), (2048, 3072), (4113, 16384)), ((129, 5120), (4113, 16384)))
 def test_4over6_rows_and_widths(monkeypatch, rows, cols, code, fast, seed):
     config = q.recipe.nvfp4_4over6_from_code(code)
     kw = block_inputs(rows, cols, device="cuda", generate_on_device=True, seed=seed, form="batch",
@@ -224,7 +230,7 @@ def test_4over6_rows_and_widths(monkeypatch, rows, cols, code, fast, seed):
 
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 @pytest.mark.parametrize("code", FOUR_OVER_SIX_CODES)
-@pytest.mark.parametrize("gs", (1.0, 448 * 6 / 3.0, 1e-20, 1e20, 0.0, float("inf")))
+@sweep("gs", (1.0, 448 * 6 / 3.0, 1e-20, 1e20, 0.0, float("inf")), (448 * 6 / 3.0, 1e-20, 0.0, float("inf")))
 def test_4over6_special_values_and_global_scales(monkeypatch, gs, code, fast, seed):
     rows, cols = 600, 1024
     y = special_values_y(rows, cols, seed)

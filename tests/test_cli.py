@@ -2,7 +2,8 @@
 install description it prints (qwen_resnorm_fp4.info). The benchmarks themselves: tests/test_benchmarks.py.
 
 The subprocesses run from the repository root with CUDA hidden, so they import this source tree and take
-the CPU paths on any machine.
+the CPU paths on any machine. Their timeout is the suite's hang guard (conftest.HANG_GUARD_S), not a time
+budget: nothing here depends on how fast a (possibly loaded) machine runs them.
 """
 
 from __future__ import annotations
@@ -18,16 +19,28 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
+from conftest import HANG_GUARD_S
 from qwen_resnorm_fp4 import cli, env, info
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = HANG_GUARD_S) -> subprocess.CompletedProcess:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-m", "qwen_resnorm_fp4", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def cli_here(monkeypatch, capfd, *args: str):
+    """(exit status, stdout, stderr) of the command line run in this process (no process of its own to start),
+    a benchmark's child process with CUDA hidden, running this checkout's benchmarks/ whether the package
+    imported here is the checkout's or an installed one."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv(cli.BENCHMARKS_DIR_VAR, str(ROOT / "benchmarks"))
+    status = cli.main(list(args))
+    out, err = capfd.readouterr()
+    return status, out, err
 
 
 def test_info_text():
@@ -78,18 +91,22 @@ def test_demo_cpu():
     assert p.stdout.count("byte-exact: yes") == 2, p.stdout
 
 
-def test_demo_default_runs_as_the_readme_says():
-    """`python -m qwen_resnorm_fp4 demo` with no arguments (the README's quickstart line)."""
-    p = run_cli("demo")
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert p.stdout.count("byte-exact: yes") == 2, p.stdout
+def test_demo_default_runs_as_the_readme_says(monkeypatch, capsys):
+    """`python -m qwen_resnorm_fp4 demo` with no arguments (the README's quickstart line), as on a machine without
+    a GPU (the CPU reference at its default size), run in this process: test_demo_cpu starts the command line's
+    own process; the demo's time per call is printed, never checked."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert f"{cli.CPU_DEFAULT_IMAGE_ROWS} image rows instead of 4096" in out, out
+    assert out.count("byte-exact: yes") == 2, out
 
 
-def test_demo_cpu_json():
-    p = run_cli("demo", "--device", "cpu", "--rows-image", "32", "--rows-text", "5", "--dim", "128", "--reps", "1",
-                "--json")
-    assert p.returncode == 0, p.stdout + p.stderr
-    doc = json.loads(p.stdout)
+def test_demo_cpu_json(monkeypatch, capfd):
+    status, out, err = cli_here(monkeypatch, capfd, "demo", "--device", "cpu", "--rows-image", "32", "--rows-text",
+                                "5", "--dim", "128", "--reps", "1", "--json")
+    assert status == 0, out + err
+    doc = json.loads(out)  # --json: the JSON document alone on stdout
     assert [s["stream"] for s in doc["streams"]] == ["image", "text"]
     for s in doc["streams"]:
         assert s["byte_exact"]
@@ -168,7 +185,7 @@ def run_from(cwd: Path, pythonpath: Optional[str], *args: str, extra_env=None) -
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     return subprocess.run([sys.executable, "-m", "qwen_resnorm_fp4", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=180)
+                          text=True, timeout=HANG_GUARD_S)
 
 
 def test_the_cli_imports_no_benchmark():
@@ -177,7 +194,8 @@ def test_the_cli_imports_no_benchmark():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('bench_fused', 'timing', 'results', 'harness', 'peers') or '.bench' in m))")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "[]", p.stdout + p.stderr
 
 
@@ -195,21 +213,37 @@ def test_bench_help_from_the_checkout():
 
 
 @pytest.mark.parametrize("command", sorted(cli.BENCHMARKS))
-def test_each_bench_command_help(command):
-    p = run_cli(command, "--help")
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "--out" in p.stdout
+def test_each_bench_command_runs_its_script(command, monkeypatch):
+    """Each benchmark command runs its own script of the checkout's benchmarks/ in a child process of this
+    interpreter, with the arguments as given and this package importable there, and exits with the child's
+    status. (Each script's --help: tests/test_benchmarks.py; the whole command as processes, the child
+    included: test_bench_help_from_the_checkout and the tests below.)"""
+    calls = []
+
+    def child(argv, env):
+        calls.append((argv, env))
+        return 7
+
+    monkeypatch.setattr(cli.subprocess, "call", child)
+    monkeypatch.setenv(cli.BENCHMARKS_DIR_VAR, str(ROOT / "benchmarks"))
+    assert cli.main([command, "--help", "--out", "x"]) == 7
+    ((argv, env),) = calls
+    script = (ROOT / "benchmarks" / cli.BENCHMARKS[command]).resolve()
+    assert argv == [sys.executable, str(script), "--help", "--out", "x"]
+    package_parent = str(Path(cli.__file__).resolve().parent.parent)
+    on_path = env.get("PYTHONPATH", "").split(os.pathsep) + [str(Path(p or ".").resolve()) for p in sys.path[1:]]
+    assert package_parent in on_path  # the child imports the package this command line runs
 
 
-def test_bench_on_cpu_exits_2():
-    p = run_cli("bench", "--quick")
-    assert p.returncode == 2, p.stdout + p.stderr
-    assert "GPU only" in p.stderr
+def test_bench_on_cpu_exits_2(monkeypatch, capfd):
+    status, out, err = cli_here(monkeypatch, capfd, "bench", "--quick")
+    assert status == 2, out + err
+    assert "GPU only" in err
 
 
-def test_bench_option_errors_are_the_benchmarks():
-    p = run_cli("bench", "--reps", "0")
-    assert p.returncode == 2 and "argument --reps: expected a positive integer" in p.stderr, p.stderr
+def test_bench_option_errors_are_the_benchmarks(monkeypatch, capfd):
+    status, out, err = cli_here(monkeypatch, capfd, "bench", "--reps", "0")
+    assert status == 2 and "argument --reps: expected a positive integer" in err, err
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The test suite's own rules (tests/conftest.py): which marked tests skip on which machine, and the seed."""
+"""The test suite's own rules (tests/conftest.py): which marked tests skip on which machine, the seed, and the
+tiers (the default run and the exhaustive sweep)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,72 @@ def test_seed_fixture_seeds_torch_and_follows_the_variable(seed, monkeypatch):
     monkeypatch.setenv(conftest.SEED_VAR, "twelve")
     with pytest.raises(pytest.UsageError, match=conftest.SEED_VAR):
         conftest._draw_seed()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tiers: the default run and the exhaustive sweep
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_sweep_marks_the_values_outside_the_default_exhaustive():
+    params = conftest.sweep("a", (1, 2, 3), (1, 3)).args[1]
+    assert [p.values for p in params] == [(1,), (2,), (3,)]
+    assert [[m.name for m in p.marks] for p in params] == [[], [conftest.EXHAUSTIVE_MARKER], []]
+    pairs = conftest.sweep("a, b", [(1, 2), (3, 4)], [(3, 4)]).args[1]
+    assert [p.values for p in pairs] == [(1, 2), (3, 4)]
+    assert [len(p.marks) for p in pairs] == [1, 0]
+    for default in ((5,), ()):  # the default is a non-empty subset of the values: the sweep always holds it
+        with pytest.raises(ValueError, match="non-empty subset"):
+            conftest.sweep("a", (1, 2), default)
+
+
+class _Item:
+    def __init__(self, nodeid: str, exhaustive: bool):
+        self.nodeid, self.exhaustive = nodeid, exhaustive
+
+    def get_closest_marker(self, name):
+        return object() if name == conftest.EXHAUSTIVE_MARKER and self.exhaustive else None
+
+
+class _Config:
+    def __init__(self, rootpath, *, exhaustive=False, markexpr="", args=()):
+        self.options = {"exhaustive": exhaustive, "markexpr": markexpr}
+        self.args, self.rootpath, self.stash = list(args), rootpath, pytest.Stash()
+        self.deselected = []
+        self.hook = type("Hook", (), {"pytest_deselected": lambda _, items: self.deselected.extend(items)})()
+
+    def getoption(self, name, default=None):
+        return self.options.get(name, default)
+
+
+def test_the_default_tier_deselects_the_exhaustive_cases_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv(conftest.EXHAUSTIVE_VAR, raising=False)
+
+    def run(**kw):
+        items = [_Item("tests/t.py::f[1]", False), _Item("tests/t.py::f[2]", True), _Item("tests/t.py::g", False)]
+        config = _Config(tmp_path, **kw)
+        conftest._select_tier(config, items)
+        return [i.nodeid for i in items], [i.nodeid for i in config.deselected], conftest._tier_line(config)
+
+    kept, dropped, line = run()
+    assert kept == ["tests/t.py::f[1]", "tests/t.py::g"] and dropped == ["tests/t.py::f[2]"]
+    assert "default tier (1 cases" in line and "--exhaustive" in line
+    for asked in (dict(exhaustive=True), dict(markexpr="gpu and exhaustive"), dict(markexpr="not exhaustive")):
+        kept, dropped, line = run(**asked)  # -m naming the marker selects by itself
+        assert len(kept) == 3 and dropped == [], asked
+    monkeypatch.setenv(conftest.EXHAUSTIVE_VAR, "1")
+    kept, dropped, line = run()
+    assert len(kept) == 3 and line.startswith("tests: the exhaustive sweep")
+    monkeypatch.delenv(conftest.EXHAUSTIVE_VAR)
+    # a case named on the command line with its parameters runs whatever its tier (a failure's rerun command)
+    kept, _, _ = run(args=[str(tmp_path / "tests" / "t.py") + "::f[2]"])
+    assert kept == ["tests/t.py::f[1]", "tests/t.py::f[2]", "tests/t.py::g"]
+    assert not conftest._exhaustive_requested(_Config(tmp_path, markexpr="gpu and not slow"))
+
+
+def test_this_session_holds_only_its_tier(request):
+    """In this very session: the exhaustive cases were collected only if the run asked for them (or named them)."""
+    marked = [i for i in request.session.items if i.get_closest_marker(conftest.EXHAUSTIVE_MARKER)]
+    if not conftest._exhaustive_requested(request.config):
+        assert not set(i.nodeid for i in marked) - conftest._named_node_ids(request.config)
+    assert conftest.exhaustive_run() == conftest._exhaustive_requested(request.config)

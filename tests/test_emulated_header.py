@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import HANG_GUARD_S
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "emulated_flashinfer_header.py"
 if not TOOL.is_file():
@@ -154,6 +156,6 @@ def test_emulation_build_refuses_blackwell_targets():
     env = dict(os.environ, QWEN_FP4_EMULATE_BLACKWELL="1", QWEN_FP4_CUDA_ARCHS="90a;100f")
     env.pop("QWEN_FP4_NO_CUDA", None)
     proc = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG_GUARD_S)
     assert proc.returncode != 0
     assert "QWEN_FP4_CUDA_ARCHS=90a" in proc.stderr + proc.stdout

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import qwen_resnorm_fp4 as q
+from conftest import HANG_GUARD_S
 from qwen_resnorm_fp4 import env, info
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +36,8 @@ def _options_at_import(**variables) -> str:
     child_env.update({k: v for k, v in variables.items() if v is not None})
     child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), child_env.get("PYTHONPATH", "")])
     code = "import qwen_resnorm_fp4 as q; print(tuple(q.launch_options()))"
-    out = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True,
+                         timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

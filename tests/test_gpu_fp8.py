@@ -21,18 +21,25 @@ from qwen_resnorm_fp4 import reference
 from qwen_resnorm_fp4.rcp_approx import rcp_approx_f32
 from qwen_resnorm_fp4.testing import gpu_div_full_rcp
 from reliability_utils import Y_ULPS_BOUND, capture_graph, y_ulps
-from conftest import make_inputs
+from conftest import make_inputs, sweep
 
 pytestmark = pytest.mark.gpu
 
 SCALES = (0.005, 0.03125, 0.4263392984867096, 0.4754464328289032, 1.0)
 DIMS = (16, 48, 64, 1536, 3072, 3088, 5120, 16384)
 ROWS = (1, 17, 129, 2048, 4113)
+# The default run's subset (the rest: the exhaustive sweep): widths below 64 and not a multiple of 64 (48, 3088),
+# the smallest NVFP4 width, the tuned width and the largest; one row, the many-rows threshold and an odd count.
+DEFAULT_DIMS = (48, 64, 3072, 3088, 16384)
+DEFAULT_ROWS = (1, 2048, 4113)
 
 
 def _random_scales(n: int, seed: int) -> list:
     g = torch.Generator().manual_seed(seed)
     return [float(v) for v in torch.exp(torch.empty(n).uniform_(-14, 8, generator=g))]
+
+
+RANDOM_SCALES = tuple(_random_scales(24, 7))
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -60,7 +67,7 @@ def _every_bf16(device="cuda") -> torch.Tensor:
     return torch.arange(1 << 16, dtype=torch.int32, device=device).to(torch.int16).view(torch.bfloat16)
 
 
-@pytest.mark.parametrize("s", SCALES + tuple(_random_scales(24, 7)))
+@sweep("s", SCALES + RANDOM_SCALES, SCALES + RANDOM_SCALES[:2])
 def test_fp8_quantize_bytes_equal_the_rule(s):
     """Every bf16 bit pattern (ties, saturation, subnormals, inf, NaN, signs) and random activations."""
     scale = torch.tensor([s], device="cuda")
@@ -80,20 +87,26 @@ def test_fp8_quantize_any_shape(shape):
     assert torch.equal(_bytes(out), _bytes(got))
 
 
-def test_cpu_inverse_scale_equals_the_gpu(seed):
+# Each group of 2^23 mantissas costs seconds of CPU time (the model runs on the CPU, as the CPU ops use it): the
+# default run takes one binade of normal inverses and the one whose inverses are subnormal.
+@sweep("group", ("listed_and_random", 120, 127, 128, 253, 254, "subnormal"), ("listed_and_random", 127, 254))
+def test_cpu_inverse_scale_equals_the_gpu(group, seed):
     """The CPU's inverse (reference.fp8_inverse_scale, i.e. rcp_approx_f32) == div.full.f32(1, s) on the GPU,
     bit for bit: the listed scales, random ones, and every mantissa at exponents -7, 0, 1, the two largest
     (253, 254: the inverse is subnormal) and 0 (subnormal s, which the ops refuse: rcp_approx_f32 itself)."""
     m = torch.arange(1 << 23, dtype=torch.int64)
-    scales = [torch.tensor(SCALES + tuple(_random_scales(1 << 16, seed)), dtype=torch.float32)]
-    scales += [((e << 23) | m).to(torch.int32).view(torch.float32) for e in (120, 127, 128, 253, 254)]
-    for s in scales:
-        cpu = reference.fp8_inverse_scale(s)
-        gpu = gpu_div_full_rcp(s.cuda()).cpu()
-        assert torch.equal(cpu.view(torch.int32), gpu.view(torch.int32))
-    subnormal = m[1:].to(torch.int32).view(torch.float32)
-    assert torch.equal(rcp_approx_f32(subnormal).view(torch.int32),
-                       gpu_div_full_rcp(subnormal.cuda()).cpu().view(torch.int32))
+    if group == "subnormal":
+        subnormal = m[1:].to(torch.int32).view(torch.float32)
+        assert torch.equal(rcp_approx_f32(subnormal).view(torch.int32),
+                           gpu_div_full_rcp(subnormal.cuda()).cpu().view(torch.int32))
+        return
+    if group == "listed_and_random":
+        s = torch.tensor(SCALES + tuple(_random_scales(1 << 16, seed)), dtype=torch.float32)
+    else:
+        s = ((group << 23) | m).to(torch.int32).view(torch.float32)
+    cpu = reference.fp8_inverse_scale(s)
+    gpu = gpu_div_full_rcp(s.cuda()).cpu()
+    assert torch.equal(cpu.view(torch.int32), gpu.view(torch.int32))
 
 
 @pytest.mark.parametrize("s", [0.0, -0.0, -1.0, float("inf"), float("nan"), 1e-40])
@@ -117,17 +130,24 @@ def _check_fused(inp, s, eps=1e-6):
     return y, r, y_bf16
 
 
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("D", DIMS)
+@sweep("rows", ROWS, DEFAULT_ROWS)
+@sweep("D", DIMS, DEFAULT_DIMS)
 def test_fused_equals_unfused(D, rows, seed):
     s = SCALES[seed % len(SCALES)]
     inp = _inputs(1, rows, D, seed=seed, bias=False)
     _check_fused(inp, s)
 
 
-@pytest.mark.parametrize("case", ["shared", "batch", "token", "token_strided", "indexed_int32", "indexed_int64",
-                                  "indexed_bool", "fp32_affine_bias", "expand_shared", "expand_batch"])
-@pytest.mark.parametrize("D,S", [(3072, 1100), (3088, 300), (48, 4113)])
+MODULATION_CASES = ("shared", "batch", "token", "token_strided", "indexed_int32", "indexed_int64", "indexed_bool",
+                    "fp32_affine_bias", "expand_shared", "expand_batch")
+MODULATION_SHAPES = ((3072, 1100), (3088, 300), (48, 4113))
+# The CPU reference below costs seconds at 2 x 1100 x 3072: by default every case at the two smaller shapes and
+# four at the tuned width (the rest: the exhaustive sweep).
+MODULATION_DEFAULT = ([(c, 3072, 1100) for c in ("shared", "token_strided", "indexed_int32", "fp32_affine_bias")]
+                      + [(c, d, s) for d, s in MODULATION_SHAPES[1:] for c in MODULATION_CASES])
+
+
+@sweep("case,D,S", [(c, d, s) for d, s in MODULATION_SHAPES for c in MODULATION_CASES], MODULATION_DEFAULT)
 def test_modulation_forms(case, D, S, seed):
     form = {"token_strided": "token", "fp32_affine_bias": "batch"}.get(case, case)
     form = "shared" if case.startswith("expand") else form
@@ -185,7 +205,8 @@ def test_out_variants_and_in_place_residual(seed):
     assert torch.equal(_bytes(out), _bytes(nm)) and torch.equal(_bytes(q.fp8_quantize(out_bf16, scale)), _bytes(nm))
 
 
-@pytest.mark.parametrize("D,rows", [(64, 129), (3072, 17), (3072, 4113), (5120, 2048), (16384, 33)])
+@sweep("D,rows", [(64, 129), (3072, 17), (3072, 4113), (5120, 2048), (16384, 33)],
+       [(64, 129), (3072, 4113), (16384, 33)])
 @pytest.mark.parametrize("form", ["shared", "indexed_int32"])
 def test_norm_modulate_ops_equal_their_unfused_equivalents(D, rows, form, seed):
     inp = _inputs(1, rows, D, form, seed=seed, affine=form == "shared")
@@ -240,7 +261,7 @@ def test_cpu_gelu_table_is_torch_cuda_gelu():
     assert bool(torch.isnan(table[nan]).all()) and bool(torch.isnan(gpu[nan]).all())
 
 
-@pytest.mark.parametrize("s", SCALES + tuple(_random_scales(8, 11)))
+@sweep("s", SCALES + tuple(_random_scales(8, 11)), SCALES)
 def test_gelu_tanh_fp8_quantize_is_gelu_then_quantize_for_every_bf16(s):
     x = _every_bf16()
     scale = torch.tensor([s], device="cuda")

@@ -5,7 +5,8 @@
   the float64 oracle of the dequantized GEMM; the BF16 and the pre-quantized input give the same bytes.
 - torch.compile(fullgraph=True) and CUDA-graph capture/replay give the eager bytes.
 - A real-width Qwen-Image transformer (2 blocks at width 3072, 4096 image tokens, with and without
-  zero_cond_t) converted with format="fp8" (linears "all" and "modelopt"): fused == unfused bit for bit,
+  zero_cond_t) converted with format="fp8" (linears "all" and "modelopt"; two of the four pairs by default, all
+  four in the exhaustive sweep): fused == unfused bit for bit,
   every segment fused, exactly one launch fewer per segment, restore exact; the error against BF16 printed.
 """
 
@@ -17,6 +18,7 @@ import torch
 import qwen_resnorm_fp4 as q
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import FP8Linear
+from conftest import sweep
 from reliability_utils import capture_graph, rel_err
 from test_diffusers_integration import (SKIP_REASON, QwenImageTransformer2DModel, _kernel_names, calibration,
                                         fused_then_unfused, make_inputs, run, sha256)
@@ -119,9 +121,12 @@ def test_modelopt_export_on_cuda_is_not_requantized():
 GPU_LAYERS = 2
 
 
+# Each case builds, converts and runs a real-width model: by default two that take each value of both
+# parameters; the other two in the exhaustive sweep.
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
-@pytest.mark.parametrize("linears", ["all", "modelopt"])
-@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
+@sweep("zero_cond_t,linears", [(False, "all"), (True, "all"), (False, "modelopt"), (True, "modelopt")],
+       [(False, "all"), (True, "modelopt")],
+       ids=lambda v: ("zero_cond_t" if v else "plain") if isinstance(v, bool) else v)
 def test_real_width_qwen_image_fp8_fused_equals_unfused(zero_cond_t, linears, capsys):
     torch.manual_seed(0)
     with torch.device("cuda"):

@@ -31,6 +31,7 @@ from qwen_resnorm_fp4 import reference, testing
 from qwen_resnorm_fp4.layout import round_up
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
 from qwen_resnorm_fp4.testing import gpu_rcp
+from conftest import HANG_GUARD_S, sweep
 from reliability_utils import (Y_ULPS_BOUND, block_inputs, capture_graph, logical_scales, padding_scale_bytes,
                                special_values_y, y_ulps)
 
@@ -38,6 +39,11 @@ pytestmark = pytest.mark.gpu
 
 ROWS = (1, 17, 127, 128, 129, 1024, 4096, 4608, 6889)
 DIMS = (64, 1024, 3072, 5120, 16384)
+# The default run's representative subset (the rest: the exhaustive sweep, conftest.sweep): one row, the split
+# kernel with a partial scale tile (129 <= SMs on an H200), the one-CTA few-rows kernels (1024), the many-rows
+# kernels at 4096 and at an odd count (6889); the smallest width, the two tuned widths, the largest.
+DEFAULT_ROWS = (1, 129, 1024, 4096, 6889)
+DEFAULT_DIMS = (64, 3072, 5120, 16384)
 RESULTS = []  # (case, differing fraction, max ulps) for the report printed at the end
 
 
@@ -97,8 +103,8 @@ def run_case(rows, cols, fast, seed: int, **opts):
     return kw
 
 
-@pytest.mark.parametrize("cols", DIMS)
-@pytest.mark.parametrize("rows", ROWS)
+@sweep("cols", DIMS, DEFAULT_DIMS)
+@sweep("rows", ROWS, DEFAULT_ROWS)
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 def test_rows_and_widths(rows, cols, fast, seed):
     if cols == 16384 and rows not in (1, 129, 4096):
@@ -111,11 +117,13 @@ def _sms() -> int:
 
 
 # 4 x 13 rows: the two-CTAs-per-row kernel on any GPU with 52+ SMs; 4 x 513 rows: the many-rows kernels.
+# Default: every kernel, form and parameter dtype, plain and with bias + affine, fast mode (exact mode: the
+# quantizer's other branch, independent of the modulation, in test_rows_and_widths); the rest in the sweep.
 @pytest.mark.parametrize("rows,cols", ((4 * 13, 3072), (4 * 13, 5120), (4 * 513, 3072)), ids=("split", "split5120", "many"))
 @pytest.mark.parametrize("form", ("shared", "batch", "indexed"))
 @pytest.mark.parametrize("param_dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
-@pytest.mark.parametrize("bias,affine", ((False, False), (True, False), (False, True), (True, True)))
-@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+@sweep("bias,affine", ((False, False), (True, False), (False, True), (True, True)), ((False, False), (True, True)))
+@sweep("fast", (True, False), (True,), ids=("fast", "exact"))
 def test_modulation_forms_and_options(rows, cols, form, param_dtype, bias, affine, fast, seed):
     run_case(rows, cols, fast, seed, batches=4, form=form, param_dtype=param_dtype, bias=bias, affine=affine)
 
@@ -146,12 +154,12 @@ def test_modulate_index_dtypes(index_dtype, seed):
     run_case(2 * 4113, 3072, True, seed, batches=2, form="indexed", index_dtype=index_dtype)
 
 
-@pytest.mark.parametrize("cols", (128, 192, 2048, 4096, 8192, 8256, 12288))
+@sweep("cols", (128, 192, 2048, 4096, 8192, 8256, 12288), (192, 4096, 8256, 12288))
 def test_other_widths(cols, seed):
     run_case(257, cols, True, seed)
 
 
-@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+@sweep("fast", (True, False), (True,), ids=("fast", "exact"))
 @pytest.mark.parametrize("rows, cols", ((2048, 1536), (2048, 2048), (1024, 4096), (4096, 2112)))
 def test_generic_widths_above_one_wave(rows, cols, fast, seed):
     """Rows of the generic widths 1536-4096 beyond one wave of resident CTAs take the staggered kernels
@@ -160,7 +168,7 @@ def test_generic_widths_above_one_wave(rows, cols, fast, seed):
     run_case(rows, cols, fast, seed)
 
 
-@pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
+@sweep("fast", (True, False), (True,), ids=("fast", "exact"))
 @pytest.mark.parametrize("plain", (True, False), ids=("plain", "options"))
 @pytest.mark.parametrize("cols", (1536, 4096))
 @pytest.mark.parametrize("rows", (2047, 2048))
@@ -181,7 +189,7 @@ def test_zero_rows():
 
 
 @pytest.mark.parametrize("cols", (64, 3072, 5120, 16384))
-@pytest.mark.parametrize("rows", (1, 2, 13, 14, 15, 16, 17, 64, 100, 127, 129, 6889))
+@sweep("rows", (1, 2, 13, 14, 15, 16, 17, 64, 100, 127, 129, 6889), (1, 16, 17, 127, 6889))
 def test_padding_scales_zero_on_dirty_memory(rows, cols):
     """The padding rows of the scale tensor (rows .. round_up(rows, 128) - 1) are zeroed by the kernels
     (CTAs after the row CTAs, 8 padding rows each, the last one fewer), whatever the allocator hands out:
@@ -294,7 +302,8 @@ def test_first_launch_inside_graph_capture(rows):
     """).replace("ROWS", str(rows))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(q.__file__))] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=HANG_GUARD_S)
     assert proc.returncode == 0 and "same bytes" in proc.stdout, proc.stdout + proc.stderr
 
 

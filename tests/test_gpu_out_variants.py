@@ -10,6 +10,7 @@ import qwen_resnorm_fp4 as q
 from out_variant_utils import (BROKEN_OUTPUTS, OUTPUTS, assert_bytes_equal, assert_each_output_refused, call_out_op,
                                call_out_wrapper, filled_outputs, full_inputs, functional, on_device, overlap_pairs,
                                with_overlap)
+from conftest import sweep
 from reliability_utils import padding_scale_bytes
 
 pytestmark = pytest.mark.gpu
@@ -17,6 +18,10 @@ pytestmark = pytest.mark.gpu
 OPS = tuple(OUTPUTS)
 DIMS = (64, 3072, 5120, 4096)
 ROWS = (1, 17, 129, 2304)  # 129 <= SMs: the functional fused op's split kernel; 2304: the many-rows shapes
+# The default run's subset (the rest: the exhaustive sweep): a generic and a tuned width, the split kernel and
+# the many-rows shapes.
+DEFAULT_DIMS = (64, 3072)
+DEFAULT_ROWS = (17, 2304)
 
 
 def gpu_inputs(rows, cols, plain, seed=0):
@@ -29,8 +34,8 @@ def gpu_inputs(rows, cols, plain, seed=0):
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("cols", DIMS)
-@pytest.mark.parametrize("rows", ROWS)
+@sweep("cols", DIMS, DEFAULT_DIMS)
+@sweep("rows", ROWS, DEFAULT_ROWS)
 @pytest.mark.parametrize("plain", (True, False), ids=("plain", "full"))
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 def test_out_variant_equals_functional(op, cols, rows, plain, fast):
@@ -43,8 +48,8 @@ def test_out_variant_equals_functional(op, cols, rows, plain, fast):
 
 
 @pytest.mark.parametrize("op", ("resnorm_quant", "resnorm"))
-@pytest.mark.parametrize("cols", DIMS)
-@pytest.mark.parametrize("rows", ROWS)
+@sweep("cols", DIMS, DEFAULT_DIMS)
+@sweep("rows", ROWS, DEFAULT_ROWS)
 @pytest.mark.parametrize("plain", (True, False), ids=("plain", "full"))
 def test_in_place_residual_equals_functional(op, cols, rows, plain):
     inp = gpu_inputs(rows, cols, plain, seed=rows * 3 + cols)

@@ -24,6 +24,7 @@ import torch
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import _library
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
+from conftest import sweep
 from shard_utils import FORMS, full_inputs, shard_inputs, shard_matches_full
 
 pytestmark = [
@@ -42,6 +43,10 @@ GEOMETRIES = {
     "cross-b1": (1, 2600, 1300, 2600),     # 2600 rows (many), shard 1300 (few)
     "cross-split-b1": (1, 2200, 1000, 1100),  # 2200 rows (many), shard 100 (the two-CTAs-a-row kernel)
 }
+# The default run's subset (the rest: the exhaustive sweep): every form and both formats, at a generic and a
+# tuned width, on a split-kernel shard, a many-rows shard of a many-rows call, and a shard of the other class.
+DEFAULT_DIMS = (1536, 3072)
+DEFAULT_GEOMETRIES = ("few-split-b1", "many-b2", "cross-b1")
 EPS = 1e-6
 #: E4M3's largest finite value: the FP8 input scale is amax / 448 (the ModelOpt convention).
 E4M3_MAX = 448.0
@@ -95,8 +100,8 @@ def _cases(fmt: str, full: Dict[str, object], shard: Dict[str, object]):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("D", DIMS)
-@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+@sweep("D", DIMS, DEFAULT_DIMS)
+@sweep("geometry", list(GEOMETRIES), DEFAULT_GEOMETRIES)
 @pytest.mark.parametrize("form", FORMS)
 def test_shard_equals_rows_of_full_gpu(form, geometry, D, fmt):
     B, S, s0, s1 = GEOMETRIES[geometry]

@@ -1,6 +1,6 @@
 """Property-based tests (hypothesis).
 
-CPU, the reference and the CPU ops (100 examples each):
+CPU, the reference and the CPU ops (100 examples each; 500 in the exhaustive sweep):
 - fused == nvfp4_quantize(resnorm(...)) byte for byte, for contiguous, strided and misaligned inputs alike;
 - scale bytes never carry the sign bit for a positive finite global scale (NaN scales are 0x7F);
 - dequantize(quantize(y)) is within one E2M1 half-step of the block scale of y, plus the saturation
@@ -12,10 +12,10 @@ CPU, the reference and the CPU ops (100 examples each):
 - scaling y by 2^k and G by 2^-k leaves packed and scales unchanged (all values stay normal fp32/bf16:
   then every product in the recipe scales exactly; checked to hold, it is not an approximation).
 
-GPU (40 examples, skipped without CUDA): the kernels against the reference over random shapes (rows 1..300,
-D a multiple of 64 up to 4096), per-row magnitudes from bf16 denormals to overflow, injected NaN / Inf /
-zeros / denormals, all-zero rows, every modulation form and option, and global scales from denormal to
-inf (0, negative and NaN included): fused == unfused, residual_out exact, packed/scales exact against the
+GPU (40 examples, 200 in the exhaustive sweep; skipped without CUDA): the kernels against the reference over
+random shapes (rows 1..300, D a multiple of 64 up to 4096), per-row magnitudes from bf16 denormals to overflow,
+injected NaN / Inf / zeros / denormals, all-zero rows, every modulation form and option, and global scales from
+denormal to inf (0, negative and NaN included): fused == unfused, residual_out exact, packed/scales exact against the
 reference quantizer of the GPU's y (fast mode with the GPU's reciprocal), padding rows zero, rows with a
 non-finite r give an all-NaN y row, and y within reliability_utils.Y_ULPS_BOUND (3) bf16 ulps of the
 reference on rows whose mean and variance are far from fp32 overflow (docs/numerics.md explains why y is
@@ -35,15 +35,18 @@ from hypothesis import strategies as st
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import reference
 from qwen_resnorm_fp4.layout import round_up
+from conftest import exhaustive_run
 from reliability_utils import (CUDA_OK, Y_ULPS_BOUND, as_bits, first_difference, logical_scales, padding_scale_bytes,
                                same_bits, y_ulps)
 
-# More examples for a deeper run: QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES / QWEN_FP4_HYPOTHESIS_GPU_EXAMPLES.
-CPU_SETTINGS = settings(max_examples=int(os.environ.get("QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES", "100")), deadline=None,
-                        database=None, print_blob=True,
+# More examples for a deeper run: QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES / QWEN_FP4_HYPOTHESIS_GPU_EXAMPLES; the exhaustive
+# sweep (--exhaustive, tests/conftest.py) takes five times the default's.
+_DEPTH = 5 if exhaustive_run() else 1
+CPU_SETTINGS = settings(max_examples=int(os.environ.get("QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES", 100 * _DEPTH)),
+                        deadline=None, database=None, print_blob=True,
                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-GPU_SETTINGS = settings(max_examples=int(os.environ.get("QWEN_FP4_HYPOTHESIS_GPU_EXAMPLES", "40")), deadline=None,
-                        database=None, print_blob=True,
+GPU_SETTINGS = settings(max_examples=int(os.environ.get("QWEN_FP4_HYPOTHESIS_GPU_EXAMPLES", 40 * _DEPTH)),
+                        deadline=None, database=None, print_blob=True,
                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 FLT_MAX = torch.finfo(torch.float32).max

@@ -1,8 +1,8 @@
 """The SGLang drop-in ``try_fused_scale_residual_norm_scale_shift_nvfp4``: SGLang's parameter list, its return
 value, what it serves (bytes equal to the unfused chain) and what it declines (with the reason kept).
 
-CPU tests run the reference (``allow_cpu=True``). GPU tests (marked gpu): real widths 1536, 3072, 4096, 5120 at
-batch 2, eager, ``torch.compile(fullgraph=True)`` and CUDA-graph capture, each byte-equal to resnorm + quantize.
+CPU tests run the reference (``allow_cpu=True``). GPU tests (marked gpu): real widths 3072 and 5120 (1536 and 4096
+in the exhaustive sweep, tests/conftest.py) at batch 2, eager, ``torch.compile(fullgraph=True)`` and CUDA-graph capture, each byte-equal to resnorm + quantize.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
+from conftest import sweep
 from qwen_resnorm_fp4.integrations.sglang import try_fused_scale_residual_norm_scale_shift_nvfp4 as dropin
 
 #: SGLang's parameter names, in order, read from sglang 0.5.23 (the PyPI wheel),
@@ -187,7 +188,7 @@ def test_fc1_width_mismatch_declines_cpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [1536, 3072, 4096, 5120])
+@sweep("D", [1536, 3072, 4096, 5120], [3072, 5120])  # each case compiles: the tuned widths by default
 def test_gpu_eager_compile_and_graph(D):
     inp = sglang_inputs(2, 77, D, device="cuda", affine=D == 5120, seed=D)
     expected = unfused(inp)
