@@ -14,6 +14,7 @@ traced away by ``torch.compile(fullgraph=True)`` and does nothing on the device 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import threading
 from collections.abc import Mapping
@@ -105,7 +106,17 @@ def public_gate(serve: Callable[..., Any]) -> Callable[..., Any]:
         return public_result(serve(*args, **kwargs))
 
     gate.__name__ = gate.__qualname__ = serve.__name__.replace("serve_fused_", "try_fused_")
-    gate.__annotations__ = {**serve.__annotations__, "return": Optional[Any]}
+    signature = inspect.signature(serve)
+    returns = signature.return_annotation
+    # the result type without Decline (the annotations are strings under `from __future__ import annotations`)
+    result = (returns.replace("Union[", "Optional[", 1).replace(", Decline]", "]") if isinstance(returns, str)
+              else Optional[Any])
+    gate.__signature__ = signature.replace(return_annotation=result)
+    gate.__annotations__ = {**serve.__annotations__, "return": result}
+    gate.__doc__ = (serve.__doc__ or "") + (
+        "\n\n    (The ``try_fused_*`` form: the result or None, the reason kept for :func:`last_decline_reason`; the "
+        "``serve_fused_*`` form returns the :class:`Decline` instead of None.)")
+    del gate.__wrapped__
     return gate
 
 

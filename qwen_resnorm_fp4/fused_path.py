@@ -151,5 +151,6 @@ def serve_fused_resnorm_quant(
 
 try_fused_resnorm_quant = public_gate(serve_fused_resnorm_quant)
 
-__all__ = ["DeclineReason", "try_fused_resnorm_quant", "serve_fused_resnorm_quant", "last_decline_reason", "last_decline_detail",
+__all__ = ["DeclineReason", "try_fused_resnorm_quant", "serve_fused_resnorm_quant", "last_decline_reason",
+           "last_decline_detail",
            "reset_decline_log"]

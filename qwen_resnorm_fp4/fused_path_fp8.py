@@ -68,7 +68,8 @@ def serve_fused_resnorm_quant_fp8(
     Returns:
         ``(y, residual_out)``: y float8_e4m3fn like x (E4M3(clamp(y_bf16 * (1 / input_scale), -448, 448))),
         residual_out bf16 like x; with ``with_bf16``, ``(y, residual_out, y_bf16)``; or ``None`` (see
-        :func:`~qwen_resnorm_fp4.last_decline_reason`).
+        :func:`~qwen_resnorm_fp4.last_decline_reason`); ``serve_fused_resnorm_quant_fp8`` returns the Decline
+        instead of None.
     """
     declined = gate_declined({"x": x, "residual": residual}, allow_cpu)
     if declined is not None:
@@ -109,7 +110,8 @@ def serve_fused_norm_modulate_quant_fp8(
     call of :func:`~qwen_resnorm_fp4.norm_modulate_quant_fp8`; the bytes equal ``fp8_quantize`` of the bf16
     y of ``resnorm(x, zeros, None, zeros, scale, shift, ...)`` (the unfused chain). Arguments as for
     :func:`try_fused_resnorm_quant_fp8` without residual, gate and bias. Returns float8_e4m3fn like x, or
-    ``None`` (see :func:`~qwen_resnorm_fp4.last_decline_reason`)."""
+    ``None`` (``try_fused_*``, see :func:`~qwen_resnorm_fp4.last_decline_reason`) or the Decline
+    (``serve_fused_*``)."""
     declined = gate_declined({"x": x}, allow_cpu)
     if declined is not None:
         return declined
@@ -128,7 +130,8 @@ def serve_fused_gelu_tanh_fp8_quantize(h: Tensor, input_scale: Tensor, *,
     :class:`~qwen_resnorm_fp4.FP8Linear`, or None: :func:`~qwen_resnorm_fp4.gelu_tanh_fp8_quantize` of the
     first Linear's bf16 output ``h`` with the second's ``input_scale`` (the bytes of
     ``fc2.quantize_input(F.gelu(h, approximate="tanh"))`` on the GPU). Returns float8_e4m3fn like h, or
-    ``None`` (see :func:`~qwen_resnorm_fp4.last_decline_reason`)."""
+    ``None`` (``try_fused_*``, see :func:`~qwen_resnorm_fp4.last_decline_reason`) or the Decline
+    (``serve_fused_*``)."""
     declined = gate_declined({"h": h}, allow_cpu)
     if declined is not None:
         return declined

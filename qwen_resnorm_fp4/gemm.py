@@ -229,7 +229,8 @@ def _bf16_gemm_fp32_accumulate_scaled(a: Tensor, w: Tensor, alpha: Tensor, bias:
                                       out_dtype: torch.dtype) -> Tensor:
     """round_to_out_dtype(fp32(acc * alpha) (+ bias)) with alpha the layer's fp32 [1] buffer on the device: the
     form torch.compile traces (a host float would be a per-layer constant, so every layer would need its own
-    graph). The same bits as the eager form: the contract of both is that formula."""
+    graph). The eager form (cuBLAS's epilogue, bf16 out) computes the same formula; where cuBLAS picks another
+    summation order for an fp32 output, the two can differ in the last bit of the sum."""
     with _fp32_reductions():
         acc = _mm_fp32_out(a, w.t()) if a.is_cuda else torch.mm(a.float(), w.float().t())
     out = acc * alpha.float()

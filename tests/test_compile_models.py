@@ -115,7 +115,44 @@ def test_regional_compilation_compiles_one_block(case, fmt):
     for out in compiled_runs(model, inp, model):
         assert torch.equal(out, eager)
     assert not counters["graph_break"], dict(counters["graph_break"])
-    assert counters["stats"]["unique_graphs"] >= 1
+    block_classes = {type(m).__name__ for m in model.modules()} & set(model._repeated_blocks)
+    assert counters["stats"]["unique_graphs"] == len(block_classes), (counters["stats"], block_classes)
+
+
+def test_conversions_of_one_class_share_the_compiled_blocks():
+    """Two conversions of one model class (Wan 2.2's two transformers), and convert -> restore -> convert again:
+    the blocks compiled for one serve the other, no recompile; both report the compiled paths."""
+    first, inp = converted("qwen_image", "fp8")
+    second, _ = converted("qwen_image", "fp8")
+    first.compile_repeated_blocks(fullgraph=True, backend="aot_eager")
+    second.compile_repeated_blocks(fullgraph=True, backend="aot_eager")
+    compiled_runs(first, inp, first, runs=1)
+    compiled_runs(second, inp, second, runs=2)  # error_on_recompile
+    for _ in range(3):
+        qd.restore_transformer(second)
+        qd.convert_transformer(second, format="fp8", linears="all", calibration_inputs=[inp], allow_cpu=True)
+        second.compile_repeated_blocks(fullgraph=True, backend="aot_eager")
+        compiled_runs(second, inp, second, runs=1)
+    assert qd.fused_path_stats(first)["compiled"]["img"] == ["fused"]
+
+
+def test_converted_model_deepcopies():
+    import copy
+
+    model, inp = converted("qwen_image", "fp8")
+    eager = run(model, inp)
+    twin = copy.deepcopy(model)
+    assert torch.equal(run(twin, inp), eager)
+    compiled = torch.compile(twin, fullgraph=True, backend="aot_eager")
+    compiled_runs(twin, inp, compiled, runs=2)
+    assert qd.fused_path_stats(twin)["compiled"]["img"] == ["fused"]
+    # the copy's hooks are its own: restoring the copy leaves the original's load checks in place
+    qd.restore_transformer(twin)
+    sd = model.state_dict()
+    key = "transformer_blocks.0.img_mlp.net.0.proj.input_scale"
+    sd[key] = torch.zeros_like(sd[key])
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        model.load_state_dict(sd)
 
 
 def test_second_resolution_recompiles_at_most_once():
@@ -213,6 +250,26 @@ def test_load_state_dict_refuses_differing_swiglu_scales_and_changes_nothing(fmt
     assert all(torch.equal(before[k], after[k]) for k in before), "a refused load changed the model"
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_load_state_dict_onto_meta_and_assign(fmt):
+    """Loading meta tensors (a model being materialized, ``assign=True``) is not a value to check."""
+    model, _ = converted("qwen_image", fmt)
+    sd = {k: v.to("meta") for k, v in model.state_dict().items()}
+    model.load_state_dict(sd, assign=True)
+    assert all(t.device.type == "meta" for t in model.state_dict().values())
+
+
+def test_load_state_dict_updates_the_amax_of_blocks_without_the_segment():
+    """FLUX.1's single-stream blocks (linears="all" only): their layers' recorded input amax follows a load."""
+    model, inputs = CASES["flux"]()
+    qd.convert_transformer(model, format="fp8", linears="all", calibration_inputs=inputs, allow_cpu=True)
+    name = next(n for n in qd.conversion_info(model).input_amax if n.startswith("single_transformer_blocks."))
+    sd = model.state_dict()
+    sd[f"{name}.input_scale"] = sd[f"{name}.input_scale"] * 2
+    model.load_state_dict(sd)
+    assert qd.conversion_info(model).input_amax[name] == pytest.approx(float(sd[f"{name}.input_scale"]) * 448.0)
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), 1e-45])
 def test_load_state_dict_refuses_a_bad_input_scale(bad):
     model, _ = converted("qwen_image", "fp8")
@@ -254,11 +311,14 @@ def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
     eager = run(model, inp)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     fused = compiled_runs(model, inp, compiled, runs=3)
-    assert all(torch.equal(t, eager) for t in fused)
+    assert all(torch.equal(t, fused[0]) for t in fused)
+    if fmt == "fp8":  # NVFP4's traced tensor-core GEMM sums with an fp32 output: last bits may differ from eager
+        assert torch.equal(fused[0], eager)
+    assert ((fused[0].float() - eager.float()).norm() / eager.float().norm()).item() < 1e-3
     assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
     qd.set_mode(model, "unfused")
     with torch.no_grad():
-        assert torch.equal(compiled(**inp)[0], eager), "fused != unfused under torch.compile"
+        assert torch.equal(compiled(**inp)[0], fused[0]), "fused != unfused under torch.compile"
 
 
 @pytest.mark.gpu

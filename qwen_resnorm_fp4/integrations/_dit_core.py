@@ -25,7 +25,7 @@ Their unfused modes (``resnorm`` of (x, 0, gate 0) then ``fp8_quantize``; ``F.ge
 quantization) write the same bytes.
 
 Both modes compute the library's numerics contract for the segment: ``mode="fused"`` through
-``try_fused_resnorm_quant`` (``format="nvfp4"``) or ``try_fused_resnorm_quant_fp8`` (``format="fp8"``; where
+``serve_fused_resnorm_quant`` (``format="nvfp4"``) or ``serve_fused_resnorm_quant_fp8`` (``format="fp8"``; where
 either declines, the unfused chain runs and the decline is counted), and ``mode="unfused"`` through
 ``resnorm`` + the FFN input layer's quantizer (``nvfp4_quantize`` / ``fp8_quantize``). They write the same
 bytes.
@@ -35,7 +35,7 @@ block's :class:`StreamStats`; while torch.compile traces a forward, each segment
 trace in the conversion's :class:`CompiledPaths` (a trace-time call, :func:`_note_compiled`), so compiled
 calls run no Python bookkeeping and guard on nothing that changes from call to call. The blocks' forwards
 read only values that are equal in every block of a conversion (mode, allow_cpu, the spec, the segment
-keys, the conversion's key), so diffusers' regional compilation compiles one block for all of them.
+keys), so diffusers' regional compilation compiles one block for all of them.
 
 Loaded state: each converted block re-derives, after ``load_state_dict``, what the conversion decided from
 values a checkpoint can change (whether q/k/v share one quantization), and refuses, before anything is
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import logging
 import math
 import re
@@ -183,51 +182,63 @@ class StreamStats:
         self.decline_reasons.clear()
 
 
+#: The live conversions' CompiledPaths by model class, for the trace-time notes (which can pass constants
+#: only), and the lock of both.
+_COMPILED_PATHS: Dict[str, "weakref.WeakSet[CompiledPaths]"] = {}
+_COMPILED_LOCK = threading.Lock()
+
+
 class CompiledPaths:
     """The paths the segments take in the graphs torch.compile traced, per segment key ("img", "txt.attn",
     ...): a set of "fused", "unfused" or a decline reason's value. Written while a graph is traced (once per
-    trace, whatever the number of blocks it serves), never by a compiled call."""
+    trace, whatever the number of blocks it serves), never by a compiled call. Dynamo keeps one cache per
+    code object, so a block forward traced for one conversion of a model class serves every conversion of
+    that class whose blocks read the same values: a trace is noted in every live conversion of the class."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, model_class: str) -> None:
+        self.model_class = model_class
         self._paths: Dict[str, set] = {}
+        self._join()
+
+    def _join(self) -> None:
+        with _COMPILED_LOCK:
+            _COMPILED_PATHS.setdefault(self.model_class, weakref.WeakSet()).add(self)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"model_class": self.model_class, "_paths": {k: set(v) for k, v in self._paths.items()}}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:  # a copy (deepcopy, pickle) is a live conversion too
+        self.__dict__.update(state)
+        self._join()
 
     def note(self, segment: str, path: str) -> None:
-        with self._lock:
-            self._paths.setdefault(segment, set()).add(path)
+        self._paths.setdefault(segment, set()).add(path)
 
     def snapshot(self) -> Dict[str, List[str]]:
-        with self._lock:
+        with _COMPILED_LOCK:
             return {k: sorted(v) for k, v in sorted(self._paths.items())}
-
-    def clear(self) -> None:
-        with self._lock:
-            self._paths.clear()
-
-
-#: Conversion key -> its CompiledPaths, for the trace-time notes (which can only pass constants).
-_COMPILED_PATHS: "weakref.WeakValueDictionary[str, CompiledPaths]" = weakref.WeakValueDictionary()
-_conversion_ids = itertools.count()
 
 
 @torch.compiler.assume_constant_result
-def _note_compiled(conversion_key: str, segment: str, path: str) -> bool:
+def _note_compiled(model_class: str, segment: str, path: str) -> bool:
     """Called by dynamo while it traces a converted forward (its result is a constant of the graph, so a
-    compiled call never runs it): notes the segment's path for ``fused_path_stats``."""
-    record = _COMPILED_PATHS.get(conversion_key)
-    if record is not None:
-        record.note(segment, path)
+    compiled call never runs it): notes the segment's path for ``fused_path_stats`` in every live conversion
+    of ``model_class``. Its arguments are equal in every block and conversion of a class (no guard of the
+    traced forward can differ between them)."""
+    with _COMPILED_LOCK:
+        for record in list(_COMPILED_PATHS.get(model_class, ())):
+            record.note(segment, path)
     return True
 
 
 class BlockState:
     """Per block: the spec, the mode, the original Linear layers (for restore) and the statistics. A plain
     object, not a module: the original layers stay out of ``state_dict`` and ``.to()``. What a converted
-    forward reads of it (``spec``, ``mode``, ``allow_cpu``, the keys of ``stats``, ``conversion_key``) is equal
-    in every block of one conversion, so one compiled block serves all of them."""
+    forward reads of it (``spec``, ``mode``, ``allow_cpu``, the keys of ``stats``) is equal in every block of
+    one conversion, so one compiled block serves all of them."""
 
     def __init__(self, name: str, spec: ModelSpec, mode: str, allow_cpu: bool,
-                 originals: Dict[str, Optional[torch.nn.Linear]], conversion_key: str = ""):
+                 originals: Dict[str, Optional[torch.nn.Linear]]):
         self.name = name
         self.spec = spec
         self.mode = mode
@@ -235,8 +246,9 @@ class BlockState:
         self.originals = originals  # block-relative module name -> the nn.Linear it replaced (None: freed)
         self.stats = {s.name: StreamStats() for s in spec.streams}
         self.forward = None  # the bound method installed on the block
-        self.conversion_key = conversion_key
-        self.hooks: List[Any] = []  # the load_state_dict hook handles (removed by restore)
+        #: The ids of its load_state_dict hooks, (pre, post): removed by restore (ids, not handles, so that a
+        #: copy of the model removes its own).
+        self.hook_ids: Tuple[Optional[int], Optional[int]] = (None, None)
 
 
 @dataclass
@@ -250,8 +262,10 @@ class DiTConversion:
     448 * 6 / amax; FP8: input_scale amax / 448);
     diffusers_version; block_names: the converted blocks' module names; kept_original: whether restore works;
     segments_per_forward: how many fused-path segments one forward runs (what ``fused_path_stats`` counts:
-    each block's FFN segments, plus with FP8 its ``"<stream>.attn"`` and ``"<stream>.gelu"`` segments).
-    Every field is set by the conversion (no defaults: a record always names its model).
+    each block's FFN segments, plus with FP8 its ``"<stream>.attn"`` and ``"<stream>.gelu"`` segments);
+    compiled: the paths of the segments in the graphs torch.compile traced (``fused_path_stats``); hook_id:
+    the id of the model's load_state_dict pre-hook. Every field is set by the conversion (no defaults: a
+    record always names its model).
     """
 
     mode: str
@@ -265,9 +279,8 @@ class DiTConversion:
     linears: Union[str, Tuple[str, ...]]
     format: str
     segments_per_forward: int
-    #: What torch.compile traced (see :func:`fused_path_stats`); not compared or printed with the record.
-    compiled: CompiledPaths = field(default_factory=CompiledPaths, compare=False, repr=False)
-    hooks: List[Any] = field(default_factory=list, compare=False, repr=False)
+    compiled: CompiledPaths = field(compare=False, repr=False)
+    hook_id: Optional[int] = field(compare=False, repr=False)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -535,7 +548,7 @@ def _served(state: BlockState, segment: str, stats: StreamStats, outcome: Any) -
     declined = isinstance(outcome, Decline)
     path = "unfused" if outcome is None else outcome.reason.value if declined else "fused"
     if torch.compiler.is_compiling():
-        _note_compiled(state.conversion_key, segment, path)
+        _note_compiled(state.spec.model_class, segment, path)
     elif outcome is None:
         stats.unfused += 1
     elif not declined:
@@ -583,11 +596,14 @@ def attention_input(block: torch.nn.Module, stream: str, x: Tensor, scale: Tenso
     return result
 
 
-@torch.library.custom_op("qwen_fp4::_gelu_tanh_eager", mutates_args=())
-def _gelu_tanh_eager(h: Tensor) -> Tensor:
-    """PyTorch's own GELU(tanh) kernel as one opaque op: what ``gelu_tanh_fp8_quantize`` equals bit for bit.
-    Under torch.compile inductor would generate its own GELU, whose last bit can differ."""
+def _gelu_tanh(h: Tensor) -> Tensor:
+    """PyTorch's own GELU(tanh) kernel: what ``gelu_tanh_fp8_quantize`` equals bit for bit."""
     return torch.nn.functional.gelu(h, approximate="tanh")
+
+
+#: :func:`_gelu_tanh` as one opaque op, for traced code: inductor would generate its own GELU, whose last bit
+#: can differ from PyTorch's kernel.
+_gelu_tanh_eager = torch.library.custom_op("qwen_fp4::_gelu_tanh_eager", _gelu_tanh, mutates_args=())
 
 
 @_gelu_tanh_eager.register_fake
@@ -609,7 +625,9 @@ def _gelu_ffn(block: torch.nn.Module, state: BlockState, spec: StreamSpec, ffn: 
         if state.mode == "fused":
             outcome = serve_fused_gelu_tanh_fp8_quantize(h, fc2.input_scale, allow_cpu=state.allow_cpu)
         q = _served(state, key, stats, outcome)
-        hidden = fc2(q) if q is not None else fc2(_gelu_tanh_eager(h))
+        if q is None:  # PyTorch's GELU kernel; as one op when traced, so that inductor does not regenerate it
+            q = _gelu_tanh_eager(h) if torch.compiler.is_compiling() else _gelu_tanh(h)
+        hidden = fc2(q)
         for module in net[3:]:
             hidden = module(hidden)
         return hidden
@@ -728,7 +746,6 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any,
     selected = set(amax)
 
     converted = []
-    conversion_key = f"{spec.model_class}:{next(_conversion_ids)}"
     others = _linear_only_blocks(model, spec, linears)
     for name, block in found + others:
         segment = any(block is b for _, b in found)
@@ -749,7 +766,7 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any,
             originals[rel] = layer if keep_original else None
         if not segment and not new_layers:  # a list of names that has none of this block's layers
             continue
-        state = BlockState(name, spec, mode, allow_cpu, originals, conversion_key)
+        state = BlockState(name, spec, mode, allow_cpu, originals)
         if not segment:
             state.stats = {}
         elif format == "fp8":
@@ -760,8 +777,8 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any,
         mode=mode, fast_math=fast_math, allow_cpu=allow_cpu, input_amax=dict(amax), diffusers_version=version,
         block_names=[n for n, _ in found], kept_original=keep_original, model_type=spec.model_class,
         linears=linears, format=format,
-        segments_per_forward=sum(len(state.stats) for _, _, state, _, _ in converted))
-    _COMPILED_PATHS[conversion_key] = record.compiled
+        segments_per_forward=sum(len(state.stats) for _, _, state, _, _ in converted),
+        compiled=CompiledPaths(spec.model_class), hook_id=None)
     for name, block, state, new_layers, segment in converted:
         for rel, layer in new_layers.items():
             _set_submodule(block, rel, layer)
@@ -769,9 +786,9 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any,
         if segment:
             state.forward = types.MethodType(spec.block_forward, block)
             block.forward = state.forward
-        state.hooks = [block.register_load_state_dict_pre_hook(_check_block_state_dict),
-                       block.register_load_state_dict_post_hook(functools.partial(_rederive_block, model=model))]
-    record.hooks = [model.register_load_state_dict_pre_hook(_check_model_state_dict)]
+        state.hook_ids = (block.register_load_state_dict_pre_hook(_check_block_state_dict).id,
+                          block.register_load_state_dict_post_hook(functools.partial(_rederive_block, model=model)).id)
+    record.hook_id = model.register_load_state_dict_pre_hook(_check_model_state_dict).id
     setattr(model, MODEL_ATTR, record)
     return model
 
@@ -821,8 +838,9 @@ def _incoming(state_dict: Mapping[str, Any], key: str, current: Tensor) -> Tenso
 def _check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any], prefix: str,
                             *_args: Any) -> None:
     """A converted block's load_state_dict pre-hook (before anything is copied): every quantized layer's input
-    scale a positive, normal fp32 (FP8) or positive, finite (NVFP4), and the layers that read one quantized
-    activation (a SwiGLU's proj and gate_layer) one input scale. ValueError naming the key otherwise."""
+    scale one positive, normal, finite fp32, and the layers that read one quantized activation (a SwiGLU's proj
+    and gate_layer) one input scale. ValueError naming the key otherwise. Values on the meta device (a model
+    being materialized) are not checked."""
     state = getattr(block, STATE_ATTR, None)
     if state is None:
         return
@@ -831,7 +849,10 @@ def _check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any
         if buffer is None:
             continue
         key = f"{prefix}{rel}.{buffer}"
-        value = _incoming(state_dict, key, getattr(layer, buffer)).detach().float().reshape(-1)
+        raw = _incoming(state_dict, key, getattr(layer, buffer))
+        if raw.device.type == "meta":  # no value yet (a model being materialized)
+            continue
+        value = raw.detach().float().reshape(-1)
         v = float(value[0]) if value.numel() == 1 else float("nan")
         normal = math.isfinite(v) and v >= torch.finfo(torch.float32).tiny
         if not normal:
@@ -842,9 +863,13 @@ def _check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any
         if len(names) < 2:
             continue
         layers = [block.get_submodule(n) for n in names]
+        if not all(type(m) in _INPUT_SCALE for m in layers):
+            continue
         keys = [f"{prefix}{n}.{_INPUT_SCALE[type(m)]}" for n, m in zip(names, layers)]
-        values = [_incoming(state_dict, k, getattr(m, _INPUT_SCALE[type(m)])).detach().float().reshape(-1).cpu()
-                  for k, m in zip(keys, layers)]
+        raws = [_incoming(state_dict, k, getattr(m, _INPUT_SCALE[type(m)])) for k, m in zip(keys, layers)]
+        if any(r.device.type == "meta" for r in raws):
+            continue
+        values = [r.detach().float().reshape(-1).cpu() for r in raws]
         if not all(torch.equal(values[0], v) for v in values[1:]):
             raise ValueError(f"{keys[1]} ({values[1].tolist()}) differs from {keys[0]} ({values[0].tolist()}): "
                              "the two layers read one quantized activation, so they need one input scale; the "
@@ -866,12 +891,10 @@ def _rederive_block(block: torch.nn.Module, _incompatible_keys: Any, *, model: t
     and bring the conversion record up to date (``input_amax``, ``segments_per_forward``)."""
     state = getattr(block, STATE_ATTR, None)
     record = getattr(model, MODEL_ATTR, None)
-    if state is None or record is None or not state.stats:
+    if state is None or record is None or any(t.device.type == "meta" for t in block.buffers()):
         return
     layers = dict(block.named_modules())
-    if any(t.device.type == "meta" for t in block.buffers()):
-        return
-    for stream in state.spec.streams:
+    for stream in state.spec.streams if state.stats else ():
         key = f"{stream.name}.attn"
         shares = _attn_shares_input(block, stream, layers)
         if shares and key not in state.stats:
@@ -916,11 +939,10 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
     for name, block, state in found:
         if vars(block).get("forward") is not state.forward and state.forward is not None:
             raise ValueError(f"{name}.forward was replaced after the conversion (a hook?): remove that first")
-    for handle in info.hooks:
-        handle.remove()
+    model._load_state_dict_pre_hooks.pop(info.hook_id, None)
     for _, block, state in found:
-        for handle in state.hooks:
-            handle.remove()
+        block._load_state_dict_pre_hooks.pop(state.hook_ids[0], None)
+        block._load_state_dict_post_hooks.pop(state.hook_ids[1], None)
         for rel, original in state.originals.items():
             current = block.get_submodule(rel)
             if isinstance(current, NVFP4Linear):  # follow a model.to(device) made after the conversion

@@ -45,10 +45,7 @@ a block whose ``forward`` is already overridden is refused.
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import re
-import sys
 import warnings
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -61,7 +58,6 @@ from ._dit_core import FORMATS, LINEARS, MODES, DiTConversion, ModelSpec, Stream
 
 Tensor = torch.Tensor
 
-logger = logging.getLogger("qwen_resnorm_fp4")
 
 #: The diffusers releases whose ``QwenImageTransformerBlock.forward`` the converted forward copies.
 SUPPORTED_DIFFUSERS = ">=0.42.1,<0.43"

@@ -45,9 +45,10 @@ returns ``(normalized, quantized, residual_out)``. Its kernel serves only width 
 the same triple, through ``qwen_resnorm_fp4.try_fused_resnorm_quant_fp8``: Hopper and Blackwell, every width
 the op supports, any batch, per-batch and per-token modulation, ``modulate_index`` (a keyword of its own,
 zero_cond_t), an affine LayerNorm, fp32 parameters, ``torch.compile`` and CUDA graphs. It declines what the
-op cannot serve, with the reason in ``qwen_resnorm_fp4.last_decline_reason()``. One kernel writes all three
-(``resnorm_quant_fp8_out`` with its ``y_bf16`` output); only the E4M3 tensor feeds an FP8 FC1, so
-``need_normalized=False`` skips writing the BF16 copy (2 bytes an element) and returns ``None`` in its place.
+op cannot serve, with the reason in ``qwen_resnorm_fp4.last_decline_reason()`` (eager calls, per thread). One
+kernel writes all three (``resnorm_quant_fp8_out`` with its ``y_bf16`` output); only the E4M3 tensor feeds an
+FP8 FC1, so ``need_normalized=False`` skips writing the BF16 copy (2 bytes an element) and returns ``None`` in
+its place.
 The bytes are the same either way.
 """
 
@@ -119,9 +120,10 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     """SGLang's function of this name, served by the fused kernel (see the module docstring).
 
     Returns ``((packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16]), residual_out bf16 like x)`` or
-    ``None`` (then ``qwen_resnorm_fp4.last_decline_reason()`` says why). ``allow_cpu``: run the pure-PyTorch
-    reference on CPU tensors. ``fast_math``: the quantizer's mode (None: the environment). ``nvfp4_4over6``: the
-    block-scale recipe (omitted: the FLASHINFER_NVFP4_4OVER6* environment; None: standard; a config).
+    ``None`` (then, in eager mode, ``qwen_resnorm_fp4.last_decline_reason()`` says why). ``allow_cpu``: run the
+    pure-PyTorch reference on CPU tensors. ``fast_math``: the quantizer's mode (None: the environment).
+    ``nvfp4_4over6``: the block-scale recipe (omitted: the FLASHINFER_NVFP4_4OVER6* environment; None:
+    standard; a config).
     ``modulate_index``: [B, S] (int32, int64 or bool), the zero_cond_t convention: gate, scale and shift are
     then [2B, 1, D] or [2B, D], token (b, s) taking row b where the index is 0 and row B + b elsewhere. Any
     sequence shard serves (x, residual [B, S_local, D] with the index's [B, S_local] columns of that shard).
@@ -170,7 +172,7 @@ def try_fused_scale_residual_norm_scale_shift_fp8(
     on CPU tensors).
 
     Returns ``(normalized bf16 like x, quantized float8_e4m3fn like x, residual_out bf16 like x)`` or ``None``
-    (then ``qwen_resnorm_fp4.last_decline_reason()`` says why)."""
+    (then, in eager mode, ``qwen_resnorm_fp4.last_decline_reason()`` says why)."""
     gate, scale, shift, norm = _sglang_gate_and_norm(gate, scale, shift, weight, bias, norm_type, eps,
                                                      modulate_index)
     result = _q.try_fused_resnorm_quant_fp8(residual, x, gate, scale, shift, _one_element(input_scale), eps=eps,
