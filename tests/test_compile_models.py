@@ -136,13 +136,22 @@ def test_conversions_of_one_class_share_the_compiled_blocks():
     assert qd.fused_path_stats(first)["compiled"]["img"] == ["fused"]
 
 
-def test_converted_model_deepcopies():
+def test_converted_model_deepcopies_and_pickles():
     import copy
+    import io
 
     model, inp = converted("qwen_image", "fp8")
     eager = run(model, inp)
     twin = copy.deepcopy(model)
     assert torch.equal(run(twin, inp), eager)
+    qd.fused_path_stats(model, reset=True)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(run(loaded, inp), eager)
+    assert qd.fused_path_stats(loaded)["fused"] == qd.conversion_info(loaded).segments_per_forward
+    qd.restore_transformer(loaded)
     compiled = torch.compile(twin, fullgraph=True, backend="aot_eager")
     compiled_runs(twin, inp, compiled, runs=2)
     assert qd.fused_path_stats(twin)["compiled"]["img"] == ["fused"]

@@ -51,7 +51,6 @@ import logging
 import math
 import re
 import threading
-import types
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -245,7 +244,7 @@ class BlockState:
         self.allow_cpu = allow_cpu
         self.originals = originals  # block-relative module name -> the nn.Linear it replaced (None: freed)
         self.stats = {s.name: StreamStats() for s in spec.streams}
-        self.forward = None  # the bound method installed on the block
+        self.forward = None  # the forward installed on the block: partial(spec.block_forward, block), picklable
         #: The ids of its load_state_dict hooks, (pre, post): removed by restore (ids, not handles, so that a
         #: copy of the model removes its own).
         self.hook_ids: Tuple[Optional[int], Optional[int]] = (None, None)
@@ -784,7 +783,7 @@ def convert(model: torch.nn.Module, spec: ModelSpec, *, mode: str, linears: Any,
             _set_submodule(block, rel, layer)
         setattr(block, STATE_ATTR, state)
         if segment:
-            state.forward = types.MethodType(spec.block_forward, block)
+            state.forward = functools.partial(spec.block_forward, block)
             block.forward = state.forward
         state.hook_ids = (block.register_load_state_dict_pre_hook(_check_block_state_dict).id,
                           block.register_load_state_dict_post_hook(functools.partial(_rederive_block, model=model)).id)
