@@ -323,7 +323,7 @@ def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
     assert all(torch.equal(t, fused[0]) for t in fused)
     if fmt == "fp8":  # NVFP4's traced tensor-core GEMM sums with an fp32 output: last bits may differ from eager
         assert torch.equal(fused[0], eager)
-    assert ((fused[0].float() - eager.float()).norm() / eager.float().norm()).item() < 1e-3
+    assert ((fused[0].float() - eager.float()).norm() / eager.float().norm()).item() < 1e-2
     assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
     qd.set_mode(model, "unfused")
     with torch.no_grad():
