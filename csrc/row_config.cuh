@@ -42,8 +42,7 @@ struct BlockShape {
 };
 
 // The configuration of the row kernels for one block shape and row-count class (kFewRows: fewer than
-// dispatch_row_config's kManyRows rows). Each policy below is a rule with its reason; docs/performance.md
-// lists the alternatives tried.
+// dispatch_row_config's kManyRows rows). Each policy below is a rule with its reason.
 template <int VectorsPerThread, int FixedCols, int MinCtasPerSm, bool FewRows>
 struct RowConfig : BlockShape<VectorsPerThread, FixedCols, MinCtasPerSm> {
   // The block shape alone, for the kernels no policy below applies to (nvfp4_quantize): one kernel serves

@@ -62,8 +62,10 @@ def is_supported_row_width(cols: int) -> bool:
 
 
 class DeclineReason(str, enum.Enum):
-    """Why :func:`~qwen_resnorm_fp4.fused_path.try_fused_resnorm_quant` returned ``None``. The value is a
-    stable identifier (compare with the member or with the string); :attr:`description` is a sentence."""
+    """Why a fused-path gate did not serve a call: ``try_fused_resnorm_quant``, ``try_fused_resnorm_quant_fp8``,
+    ``try_fused_norm_modulate_quant_fp8`` or ``try_fused_gelu_tanh_fp8_quantize`` returned ``None`` (their
+    ``serve_fused_*`` forms, a :class:`~qwen_resnorm_fp4.Decline` with this reason). The value is a stable
+    identifier (compare with the member or with the string); :attr:`description` is a sentence."""
 
     DISABLED_BY_ENV = "disabled_by_env"
     UNSUPPORTED_RECIPE = "unsupported_recipe"

@@ -67,11 +67,13 @@ def test_python_limits_equal_csrc_limits_h():
 
 
 @pytest.mark.skipif(not CSRC.is_dir(), reason="csrc/ not present (tests run against an installed wheel)")
-def test_ops_cpp_writes_no_limit_of_its_own():
-    """ops.cpp takes every limit it shares with validation.py from op_limits.h: no literal of those values."""
-    text = (CSRC / "ops.cpp").read_text()
-    for literal in ("16384", "1 << 27", "<< 27", "% 64", "<< 31"):
-        assert literal not in text, literal
+def test_host_code_writes_no_limit_of_its_own():
+    """The host checks (op_checks.h) and wrappers (ops.cpp, ops_fp8.cpp) take every limit they share with
+    validation.py from op_limits.h: no literal of those values."""
+    for name in ("op_checks.h", "ops.cpp", "ops_fp8.cpp"):
+        text = (CSRC / name).read_text()
+        for literal in ("16384", "1 << 27", "<< 27", "% 64", "<< 31"):
+            assert literal not in text, (name, literal)
 
 
 def test_width_rule():
