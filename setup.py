@@ -261,11 +261,7 @@ def find_flashinfer(any_version_allowed: bool = True) -> tuple[Path, str, Path |
             tried.append(f"the installed flashinfer-python {version} at {pkg} (not {FLASHINFER_PINNED}; "
                          "QWEN_FP4_FLASHINFER_ANY_VERSION=1 builds against it)")
         else:
-            dist = None
-            if version is not None:
-                dist = Path(str(importlib.metadata.distribution("flashinfer-python").locate_file(""))) / \
-                    f"flashinfer_python-{version}.dist-info" / "licenses" / "LICENSE"
-            return nv, f"flashinfer-python {version} at {pkg}", dist if dist is not None and dist.is_file() else None
+            return nv, f"flashinfer-python {version} at {pkg}", _licence(pkg / "data")
     else:
         tried.append("the installed flashinfer-python package (not installed)")
 

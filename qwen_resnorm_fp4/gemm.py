@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple, Union
 
 import torch
 
@@ -199,8 +199,9 @@ def _mm_fp32_out(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a.float(), b.float())
 
 
-def _scale_bias_cast(acc: Tensor, alpha: float, bias: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
-    """round_to_out_dtype(acc * alpha (+ bias)), in fp32 until the one cast."""
+def _scale_bias_cast(acc: Tensor, alpha: Union[float, Tensor], bias: Optional[Tensor],
+                     out_dtype: torch.dtype) -> Tensor:
+    """round_to_out_dtype(acc * alpha (+ bias)), in fp32 until the one cast (alpha a float or an fp32 tensor)."""
     out = acc * alpha
     if bias is not None:
         out = out + bias.float()
@@ -232,11 +233,8 @@ def _bf16_gemm_fp32_accumulate_scaled(a: Tensor, w: Tensor, alpha: Tensor, bias:
     graph). The eager form (cuBLAS's epilogue, bf16 out) computes the same formula; where cuBLAS picks another
     summation order for an fp32 output, the two can differ in the last bit of the sum."""
     with _fp32_reductions():
-        acc = _mm_fp32_out(a, w.t()) if a.is_cuda else torch.mm(a.float(), w.float().t())
-    out = acc * alpha.float()
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(out_dtype)
+        acc = _mm_fp32_out(a, w.t())
+    return _scale_bias_cast(acc, alpha.float(), bias, out_dtype)
 
 
 @_bf16_gemm_fp32_accumulate_scaled.register_fake

@@ -439,9 +439,7 @@ def layer_norm_f64(inp: Dict[str, object]):
 
 #: Set to "1" to run the exhaustive sweep, as ``--exhaustive`` does.
 EXHAUSTIVE_VAR = "QWEN_FP4_TEST_EXHAUSTIVE"
-EXHAUSTIVE_MARKER = "exhaustive"
-_EXHAUSTIVE_HELP = ("a case of an exhaustive sweep (every width, row count, scale, ...): deselected unless the run "
-                    "asks for the sweep (--exhaustive, QWEN_FP4_TEST_EXHAUSTIVE=1, or -m naming 'exhaustive')")
+EXHAUSTIVE_MARKER = "exhaustive"  # registered with its help in pyproject.toml's [tool.pytest.ini_options]
 #: The timeout of every subprocess the tests start: a guard that turns a hang into a failure, not a time limit
 #: (a loaded machine may take minutes where an idle one takes seconds).
 HANG_GUARD_S = 1800
@@ -465,7 +463,6 @@ def _exhaustive_requested(config) -> bool:
 
 def pytest_configure(config) -> None:
     global _EXHAUSTIVE_RUN
-    config.addinivalue_line("markers", f"{EXHAUSTIVE_MARKER}: {_EXHAUSTIVE_HELP}")
     _EXHAUSTIVE_RUN = _exhaustive_requested(config)
 
 

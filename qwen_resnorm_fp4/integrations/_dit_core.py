@@ -32,10 +32,11 @@ bytes.
 
 torch.compile: a converted forward mutates no Python state. Eager calls count each segment's path in the
 block's :class:`StreamStats`; while torch.compile traces a forward, each segment's path is noted once per
-trace in the conversion's :class:`CompiledPaths` (a trace-time call, :func:`_note_compiled`), so compiled
-calls run no Python bookkeeping and guard on nothing that changes from call to call. The blocks' forwards
-read only values that are equal in every block of a conversion (mode, allow_cpu, the spec, the segment
-keys), so diffusers' regional compilation compiles one block for all of them.
+trace in the :class:`CompiledPaths` of every live conversion of the model class (a trace-time call,
+:func:`_note_compiled`), so compiled calls run no Python bookkeeping and guard on nothing that changes from
+call to call. The blocks' forwards read only values that are equal in every block and every conversion of a
+class (mode, allow_cpu, the spec, the segment keys), so diffusers' regional compilation compiles one block
+for all of them.
 
 Loaded state: each converted block re-derives, after ``load_state_dict``, what the conversion decided from
 values a checkpoint can change (whether q/k/v share one quantization), and refuses, before anything is
@@ -68,7 +69,7 @@ from ..linear_fp8 import FP8_ALIGNMENT, is_fp8_linear_shape
 from ..reference import E4M3_MAX
 from ..env import resolve_fast_math
 from ..gemm import BACKENDS
-from ..validation import WIDTH_RULE, is_supported_width
+from ..validation import WIDTH_RULE, input_scale_value_problem, is_supported_width
 
 Tensor = torch.Tensor
 
@@ -852,9 +853,7 @@ def _check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any
         if raw.device.type == "meta":  # no value yet (a model being materialized)
             continue
         value = raw.detach().float().reshape(-1)
-        v = float(value[0]) if value.numel() == 1 else float("nan")
-        normal = math.isfinite(v) and v >= torch.finfo(torch.float32).tiny
-        if not normal:
+        if value.numel() != 1 or input_scale_value_problem(value) is not None:  # the ops' rule of a scale value
             raise ValueError(f"{key} must be one positive, normal, finite fp32 value (an activation scale), got "
                              f"{value.tolist()}: the load is refused, nothing was copied into this block")
     for stream in state.spec.streams if state.stats else ():
@@ -893,6 +892,7 @@ def _rederive_block(block: torch.nn.Module, _incompatible_keys: Any, *, model: t
     if state is None or record is None or any(t.device.type == "meta" for t in block.buffers()):
         return
     layers = dict(block.named_modules())
+    segments_before = len(state.stats)
     for stream in state.spec.streams if state.stats else ():
         key = f"{stream.name}.attn"
         shares = _attn_shares_input(block, stream, layers)
@@ -910,7 +910,7 @@ def _rederive_block(block: torch.nn.Module, _incompatible_keys: Any, *, model: t
             elif isinstance(layer, NVFP4Linear):
                 record.input_amax[full] = (global_scale_numerator(layer.nvfp4_4over6_code)
                                            / float(layer.input_global_scale.float().item()))
-    record.segments_per_forward = sum(len(st.stats) for _, _, st in converted_blocks(model))
+    record.segments_per_forward += len(state.stats) - segments_before
 
 
 def _set_submodule(root: torch.nn.Module, dotted: str, module: torch.nn.Module) -> None:
