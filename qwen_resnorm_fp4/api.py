@@ -14,7 +14,7 @@ rules).
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
@@ -23,88 +23,45 @@ from .env import resolve_fast_math
 from .layout import round_up
 from .operands import OpArguments
 from .recipe import UNSET, resolve_nvfp4_4over6
-from .validation import dequantize_bf16_problem, dequantize_problem, quantize_out_problem, quantize_problem
-from .validation import require, resnorm_out_problem, resnorm_problem, resnorm_quant_out_problem
-from .validation import resnorm_quant_problem
-from .validation import fp8_quantize_out_problem, fp8_quantize_problem, input_scale_problem
-from .validation import input_scale_value_problem, norm_modulate_quant_fp8_out_problem
-from .validation import norm_modulate_quant_fp8_problem, norm_modulate_quant_problem
-from .validation import resnorm_quant_fp8_out_problem, resnorm_quant_fp8_problem
+from .validation import dequantize_problem, input_scale_problem, input_scale_value_problem, require
 
 Tensor = torch.Tensor
 
 _qwen_fp4 = getattr(torch.ops, ops.NAMESPACE)
-# Each op's overload, looked up once (calling an overload skips the OpOverloadPacket's own dispatch), with
-# where its arguments sit.
-_RESNORM_QUANT = OpArguments(_qwen_fp4.resnorm_quant.default)
-_RESNORM = OpArguments(_qwen_fp4.resnorm.default)
-_NVFP4_QUANTIZE = OpArguments(_qwen_fp4.nvfp4_quantize.default)
-_RESNORM_QUANT_OUT = OpArguments(_qwen_fp4.resnorm_quant_out.default)
-_RESNORM_OUT = OpArguments(_qwen_fp4.resnorm_out.default)
-_NVFP4_QUANTIZE_OUT = OpArguments(_qwen_fp4.nvfp4_quantize_out.default)
-_NVFP4_DEQUANTIZE_BF16 = OpArguments(_qwen_fp4.nvfp4_dequantize_bf16.default)
-_RESNORM_QUANT_FP8 = OpArguments(_qwen_fp4.resnorm_quant_fp8.default)
-_RESNORM_QUANT_FP8_OUT = OpArguments(_qwen_fp4.resnorm_quant_fp8_out.default)
-_FP8_QUANTIZE = OpArguments(_qwen_fp4.fp8_quantize.default)
-_FP8_QUANTIZE_OUT = OpArguments(_qwen_fp4.fp8_quantize_out.default)
-_GELU_TANH_FP8_QUANTIZE = OpArguments(_qwen_fp4.gelu_tanh_fp8_quantize.default)
-_GELU_TANH_FP8_QUANTIZE_OUT = OpArguments(_qwen_fp4.gelu_tanh_fp8_quantize_out.default)
-_NORM_MODULATE_QUANT = OpArguments(_qwen_fp4.norm_modulate_quant.default)
-_NORM_MODULATE_QUANT_FP8 = OpArguments(_qwen_fp4.norm_modulate_quant_fp8.default)
-_NORM_MODULATE_QUANT_FP8_OUT = OpArguments(_qwen_fp4.norm_modulate_quant_fp8_out.default)
+#: Each op of the table with its overload, looked up once (calling an overload skips the OpOverloadPacket's
+#: own dispatch), and where its arguments sit.
+_BOUND = {name: (entry, OpArguments(getattr(_qwen_fp4, name).default))
+          for name, entry in ops.OPS.items() if entry.rules is not None}
 
 
-def _call(op: OpArguments, rules, args: tuple, **rule_options):
-    """The op on its arguments (schema order, defaults resolved), its rules applied once: by its CPU
-    implementation when the call goes there as it is, else here, then the operands prepared."""
-    if op.all_on_cpu(args):
-        return op.op(*args)
-    require(rules(*args, **rule_options))
-    return op.op(*op.prepared(args))
+def _call(name: str, args: tuple, memory: Optional[bool] = None):
+    """The op ``name`` on its arguments (schema order, defaults resolved), its rules applied once: by its CPU
+    implementation when the call goes there as it is, else here (an out-variant's memory rules when
+    ``memory``; None: where its outputs have data), then the operands prepared."""
+    entry, arguments = _BOUND[name]
+    if arguments.all_on_cpu(args):
+        return arguments.op(*args)
+    require(entry.problem(args, memory))
+    return arguments.op(*arguments.prepared(args))
 
 
-def _prepared_call(op: OpArguments, args: tuple):
-    """The op on arguments that already satisfy its rules (a fused path applied them as declines): operands
-    prepared, the op called once, no second check."""
-    return op.op(*op.prepared(args))
+def _prepared_call(name: str) -> Callable[..., Any]:
+    """The op ``name`` on arguments that already satisfy its rules (a fused path applied them as declines):
+    operands prepared, the op called once, no second check."""
+    arguments = _BOUND[name][1]
+
+    def call(*args):
+        return arguments.op(*arguments.prepared(args))
+    call.__name__ = f"call_{name}"
+    call.__doc__ = f"``torch.ops.qwen_fp4.{name}`` on arguments (schema order) that already satisfy its rules."
+    return call
 
 
-def call_resnorm_quant(residual, x, bias, gate, scale, shift, global_scale, eps: float, fast_math: bool,
-                       weight=None, norm_bias=None, modulate_index=None,
-                       nvfp4_4over6_code: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
-    """``torch.ops.qwen_fp4.resnorm_quant`` on arguments that already satisfy its rules (the fused path
-    applied them as declines): operands prepared, the op called once."""
-    return _prepared_call(_RESNORM_QUANT, (residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
-                                           weight, norm_bias, modulate_index, nvfp4_4over6_code))
-
-
-def call_resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, eps: float, weight=None,
-                           norm_bias=None, modulate_index=None) -> Tuple[Tensor, Tensor]:
-    """``torch.ops.qwen_fp4.resnorm_quant_fp8`` on arguments that already satisfy its rules (the FP8 fused
-    path applied them as declines): operands prepared, the op called once."""
-    return _prepared_call(_RESNORM_QUANT_FP8, (residual, x, bias, gate, scale, shift, input_scale, eps, weight,
-                                               norm_bias, modulate_index))
-
-
-def call_resnorm_quant_fp8_out(residual, x, bias, gate, scale, shift, input_scale, eps: float, y, residual_out,
-                               weight=None, norm_bias=None, modulate_index=None, y_bf16=None) -> None:
-    """``torch.ops.qwen_fp4.resnorm_quant_fp8_out`` on arguments that already satisfy its input rules, into
-    outputs the caller just allocated (:func:`empty_resnorm_quant_fp8_outputs`): operands prepared, the op
-    called once."""
-    _prepared_call(_RESNORM_QUANT_FP8_OUT, (residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out,
-                                            weight, norm_bias, modulate_index, y_bf16))
-
-
-def call_norm_modulate_quant_fp8(x, scale, shift, input_scale, eps: float, weight=None, norm_bias=None,
-                                 modulate_index=None) -> Tensor:
-    """``torch.ops.qwen_fp4.norm_modulate_quant_fp8`` on arguments that already satisfy its rules."""
-    return _prepared_call(_NORM_MODULATE_QUANT_FP8, (x, scale, shift, input_scale, eps, weight, norm_bias,
-                                                     modulate_index))
-
-
-def call_gelu_tanh_fp8_quantize(y, input_scale) -> Tensor:
-    """``torch.ops.qwen_fp4.gelu_tanh_fp8_quantize`` on arguments that already satisfy its rules."""
-    return _prepared_call(_GELU_TANH_FP8_QUANTIZE, (y, input_scale))
+call_resnorm_quant = _prepared_call("resnorm_quant")
+call_resnorm_quant_fp8 = _prepared_call("resnorm_quant_fp8")
+call_resnorm_quant_fp8_out = _prepared_call("resnorm_quant_fp8_out")
+call_norm_modulate_quant_fp8 = _prepared_call("norm_modulate_quant_fp8")
+call_gelu_tanh_fp8_quantize = _prepared_call("gelu_tanh_fp8_quantize")
 
 
 def resnorm_quant(
@@ -150,8 +107,7 @@ def resnorm_quant(
 
     Bytes are identical to ``nvfp4_quantize(*resnorm(...))``.
     """
-    return _call(_RESNORM_QUANT, resnorm_quant_problem,
-                 (residual, x, bias, gate, scale, shift, global_scale, eps, resolve_fast_math(fast_math), weight,
+    return _call("resnorm_quant", (residual, x, bias, gate, scale, shift, global_scale, eps, resolve_fast_math(fast_math), weight,
                   norm_bias, modulate_index, resolve_nvfp4_4over6(nvfp4_4over6)))
 
 
@@ -163,7 +119,7 @@ def resnorm(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, s
     y = bf16(fma(LayerNorm(r), 1 + scale, shift)). Arguments as in :func:`resnorm_quant`, except that D may be
     any positive multiple of 16 up to 16384 (as for the FP8 ops).
     """
-    return _call(_RESNORM, resnorm_problem, (residual, x, bias, gate, scale, shift, eps, weight, norm_bias,
+    return _call("resnorm", (residual, x, bias, gate, scale, shift, eps, weight, norm_bias,
                                              modulate_index))
 
 
@@ -172,8 +128,7 @@ def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = 
     """NVFP4-quantize bf16 ``y`` [..., D] with the production recipe (FlashInfer / TensorRT-LLM fp4_quantize,
     128x4 swizzled E4M3 scales). Returns (packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16]).
     ``nvfp4_4over6`` as in :func:`resnorm_quant`."""
-    return _call(_NVFP4_QUANTIZE, quantize_problem,
-                 (y, global_scale, resolve_fast_math(fast_math), resolve_nvfp4_4over6(nvfp4_4over6)))
+    return _call("nvfp4_quantize", (y, global_scale, resolve_fast_math(fast_math), resolve_nvfp4_4over6(nvfp4_4over6)))
 
 
 def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: Optional[int] = None) -> Tensor:
@@ -189,7 +144,7 @@ def dequantize_to_bf16(packed: Tensor, scales: Tensor) -> Tensor:
     E4M3 bytes, uint8 or float8_e4m3fn): ``torch.ops.qwen_fp4.nvfp4_dequantize_bf16``. Exact: these values
     have at most 6 significant bits and lie in [2^-10, 2688] or are zero; the CUDA kernel and the reference
     write the same bytes."""
-    return _call(_NVFP4_DEQUANTIZE_BF16, dequantize_bf16_problem, (packed, scales))
+    return _call("nvfp4_dequantize_bf16", (packed, scales))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -249,10 +204,9 @@ def resnorm_quant_out(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate:
     Returns:
         (packed, scales, residual_out), the given tensors.
     """
-    _call(_RESNORM_QUANT_OUT, resnorm_quant_out_problem,
-          (residual, x, bias, gate, scale, shift, global_scale, eps, resolve_fast_math(fast_math), packed, scales,
+    _call("resnorm_quant_out", (residual, x, bias, gate, scale, shift, global_scale, eps, resolve_fast_math(fast_math), packed, scales,
            residual_out, weight, norm_bias, modulate_index, resolve_nvfp4_4over6(nvfp4_4over6)),
-          memory=_memory_rules())
+          _memory_rules())
     return packed, scales, residual_out
 
 
@@ -262,9 +216,8 @@ def resnorm_out(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tenso
     """:func:`resnorm` writing into the given outputs: y and residual_out bf16 of x's shape, contiguous,
     16-byte aligned, on x's device; residual_out may be ``residual`` itself, as in :func:`resnorm_quant_out`,
     whose rules apply. Returns (y, residual_out), the given tensors."""
-    _call(_RESNORM_OUT, resnorm_out_problem,
-          (residual, x, bias, gate, scale, shift, eps, y, residual_out, weight, norm_bias, modulate_index),
-          memory=_memory_rules())
+    _call("resnorm_out", (residual, x, bias, gate, scale, shift, eps, y, residual_out, weight, norm_bias, modulate_index),
+          _memory_rules())
     return y, residual_out
 
 
@@ -273,9 +226,8 @@ def nvfp4_quantize_out(y: Tensor, global_scale: Tensor, fast_math: Optional[bool
     """:func:`nvfp4_quantize` writing into the given packed and scales (as in :func:`resnorm_quant_out`);
     neither may share memory with y, global_scale or the other. ``nvfp4_4over6`` as in :func:`resnorm_quant`.
     Returns (packed, scales), the given tensors."""
-    _call(_NVFP4_QUANTIZE_OUT, quantize_out_problem,
-          (y, global_scale, resolve_fast_math(fast_math), packed, scales, resolve_nvfp4_4over6(nvfp4_4over6)),
-          memory=_memory_rules())
+    _call("nvfp4_quantize_out", (y, global_scale, resolve_fast_math(fast_math), packed, scales, resolve_nvfp4_4over6(nvfp4_4over6)),
+          _memory_rules())
     return packed, scales
 
 
@@ -315,8 +267,7 @@ def resnorm_quant_fp8(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate:
 
     Bytes are identical to ``fp8_quantize(resnorm(...)[0], input_scale)``.
     """
-    return _call(_RESNORM_QUANT_FP8, resnorm_quant_fp8_problem,
-                 (residual, x, bias, gate, scale, shift, input_scale, eps, weight, norm_bias, modulate_index))
+    return _call("resnorm_quant_fp8", (residual, x, bias, gate, scale, shift, input_scale, eps, weight, norm_bias, modulate_index))
 
 
 def empty_resnorm_quant_fp8_outputs(x: Tensor) -> Tuple[Tensor, Tensor]:
@@ -335,22 +286,21 @@ def resnorm_quant_fp8_out(residual: Tensor, x: Tensor, bias: Optional[Tensor], g
     shape, contiguous, 16-byte aligned, on x's device; residual_out may be ``residual`` itself (the in-place
     update, as in :func:`resnorm_quant_out`). ``y_bf16`` (optional, bf16 like x) also receives resnorm's bf16
     y in the same launch (SGLang's normalized output). Returns (y, residual_out), the given tensors."""
-    _call(_RESNORM_QUANT_FP8_OUT, resnorm_quant_fp8_out_problem,
-          (residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out, weight, norm_bias,
-           modulate_index, y_bf16), memory=_memory_rules())
+    _call("resnorm_quant_fp8_out", (residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out, weight, norm_bias,
+           modulate_index, y_bf16), _memory_rules())
     return y, residual_out
 
 
 def fp8_quantize(y: Tensor, input_scale: Tensor) -> Tensor:
     """Static FP8 (E4M3) quantization of bf16 ``y`` of any shape, element by element, with the rule of
     :func:`resnorm_quant_fp8` (input_scale likewise). Returns float8_e4m3fn of y's shape."""
-    return _call(_FP8_QUANTIZE, fp8_quantize_problem, (y, input_scale))
+    return _call("fp8_quantize", (y, input_scale))
 
 
 def fp8_quantize_out(y: Tensor, input_scale: Tensor, *, out: Tensor) -> Tensor:
     """:func:`fp8_quantize` into ``out`` (float8_e4m3fn of y's shape, contiguous, 16-byte aligned, sharing no
     memory with y or input_scale). Returns out."""
-    _call(_FP8_QUANTIZE_OUT, fp8_quantize_out_problem, (y, input_scale, out), memory=_memory_rules())
+    _call("fp8_quantize_out", (y, input_scale, out), _memory_rules())
     return out
 
 
@@ -360,12 +310,12 @@ def gelu_tanh_fp8_quantize(y: Tensor, input_scale: Tensor) -> Tensor:
     (fp32 opmath, tanhf, rounded to bf16; the CPU implementation reads that GELU from a table of all 65536
     bf16 inputs, so it gives the same bytes). For the second Linear of a GELU FeedForward: ``y`` is the first
     Linear's bf16 output, ``input_scale`` the second's. Returns float8_e4m3fn of y's shape."""
-    return _call(_GELU_TANH_FP8_QUANTIZE, fp8_quantize_problem, (y, input_scale))
+    return _call("gelu_tanh_fp8_quantize", (y, input_scale))
 
 
 def gelu_tanh_fp8_quantize_out(y: Tensor, input_scale: Tensor, *, out: Tensor) -> Tensor:
     """:func:`gelu_tanh_fp8_quantize` into ``out`` (as :func:`fp8_quantize_out`). Returns out."""
-    _call(_GELU_TANH_FP8_QUANTIZE_OUT, fp8_quantize_out_problem, (y, input_scale, out), memory=_memory_rules())
+    _call("gelu_tanh_fp8_quantize_out", (y, input_scale, out), _memory_rules())
     return out
 
 
@@ -376,8 +326,7 @@ def norm_modulate_quant(x: Tensor, scale: Tensor, shift: Tensor, global_scale: T
     """LayerNorm + adaLN modulation + NVFP4 of ``x`` itself, with no residual update (a block's first norm):
     steps 3-8 of :func:`resnorm_quant` on r = x (x's -0 read as +0), in one kernel. Arguments as in
     :func:`resnorm_quant` (D a multiple of 64); returns (packed, scales) as it does."""
-    return _call(_NORM_MODULATE_QUANT, norm_modulate_quant_problem,
-                 (x, scale, shift, global_scale, eps, resolve_fast_math(fast_math), weight, norm_bias,
+    return _call("norm_modulate_quant", (x, scale, shift, global_scale, eps, resolve_fast_math(fast_math), weight, norm_bias,
                   modulate_index, resolve_nvfp4_4over6(nvfp4_4over6)))
 
 
@@ -387,8 +336,7 @@ def norm_modulate_quant_fp8(x: Tensor, scale: Tensor, shift: Tensor, input_scale
     """LayerNorm + adaLN modulation + FP8 (E4M3) of ``x`` itself, no residual update, in one kernel: the
     bytes of ``fp8_quantize(y, input_scale)`` for y the bf16 LayerNorm + modulation of x (steps 3-7 on r = x,
     -0 read as +0). Arguments as in :func:`resnorm_quant_fp8`; returns float8_e4m3fn like x."""
-    return _call(_NORM_MODULATE_QUANT_FP8, norm_modulate_quant_fp8_problem,
-                 (x, scale, shift, input_scale, eps, weight, norm_bias, modulate_index))
+    return _call("norm_modulate_quant_fp8", (x, scale, shift, input_scale, eps, weight, norm_bias, modulate_index))
 
 
 def norm_modulate_quant_fp8_out(x: Tensor, scale: Tensor, shift: Tensor, input_scale: Tensor, eps: float = 1e-6, *,
@@ -396,6 +344,5 @@ def norm_modulate_quant_fp8_out(x: Tensor, scale: Tensor, shift: Tensor, input_s
                                 modulate_index: Optional[Tensor] = None, y_bf16: Optional[Tensor] = None) -> Tensor:
     """:func:`norm_modulate_quant_fp8` into ``y`` (float8_e4m3fn like x, contiguous, 16-byte aligned);
     ``y_bf16`` (optional, bf16 like x) also receives the bf16 y. Returns y."""
-    _call(_NORM_MODULATE_QUANT_FP8_OUT, norm_modulate_quant_fp8_out_problem,
-          (x, scale, shift, input_scale, eps, y, weight, norm_bias, modulate_index, y_bf16), memory=_memory_rules())
+    _call("norm_modulate_quant_fp8_out", (x, scale, shift, input_scale, eps, y, weight, norm_bias, modulate_index, y_bf16), _memory_rules())
     return y

@@ -23,14 +23,12 @@ from .env import resolve_fast_math
 from .recipe import UNSET, global_scale_numerator, nvfp4_4over6_code, resolve_config
 from .gemm import BACKENDS, GemmCache, apply_nvfp4_gemm_prequantized, host_alpha
 from ._linear_common import positive_scalar
+from .constants import FP4_AMAX_SCALE  # global scale = FP4_AMAX_SCALE / amax (4over6 with e4m3_max 256: recipe)
 from .layout import round_up, sf_offsets
 from .validation import WIDTH_RULE, is_supported_width
 
 Tensor = torch.Tensor
 
-#: 448 (E4M3 max) * 6 (E2M1 max): global scale = FP4_AMAX_SCALE / amax, as FlashInfer / TensorRT-LLM define it
-#: (the 4over6 recipes with e4m3_max 256: 256 * 6, recipe.global_scale_numerator).
-FP4_AMAX_SCALE = 448.0 * 6.0
 
 
 def swizzle_scales_128x4(scales: Tensor, rows: int, cols: int) -> Tensor:

@@ -37,7 +37,7 @@ import torch
 
 from . import api
 from ._linear_common import positive_scalar
-from .reference import E4M3_MAX
+from .constants import E4M3_MAX
 
 Tensor = torch.Tensor
 

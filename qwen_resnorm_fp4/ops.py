@@ -1,26 +1,38 @@
-"""The ``qwen_fp4`` op library: the schemas (defined once, here), their fake implementations, their Python
-implementations, and the compiled CUDA kernels.
+"""The ``qwen_fp4`` op table: one entry per op, from which everything about the op is driven.
 
-Every op's Python implementation is its rules (validation.py: TypeError / ValueError naming the argument,
-nothing written on bad input), then the reference (reference.py, which reads any strides). It serves CPU
-tensors, and CUDA tensors too where the compiled library does not (a source tree that was never built), so
-every op runs on every device and no caller chooses between a kernel and the reference. The fakes apply the
-same static rules, so torch.compile refuses bad arguments when it traces. The compiled library
-(_library.py, loaded below once the schemas exist) registers the CUDA kernels, whose own checks
-(csrc/ops.cpp) hold for raw calls.
+An entry (:class:`OpEntry`) holds the op's schema, its rules (a validation.py rule function over the op's
+own arguments), the shapes of its outputs and its reference (reference.py). From the table this module:
+
+- defines each schema in the ``qwen_fp4`` namespace;
+- registers each fake: the static rules (an out-variant's without the memory rules: fake tensors have no
+  data), then outputs of the right shapes (an out-variant returns nothing);
+- registers each Python implementation for CPU tensors, and for CUDA tensors where the compiled library
+  does not serve them (a source tree that was never built): every rule (the memory rules, and the value of
+  ``input_scale`` where the op has one), then the reference. An out-variant's implementation is its
+  functional op's reference, copied into the given outputs once every input has been read (so
+  residual_out may be residual);
+- gives api.py each op's entry: the typed wrappers apply the same rules to CUDA tensors before the op
+  (api.py's ``_call``).
+
+The compiled library (_library.py, loaded below once the schemas exist) registers the CUDA kernels
+(csrc/registration.cpp), whose own checks hold for raw calls. Adding an op: an entry here, its reference,
+its kernel with its host wrapper and registration line, its typed wrapper in api.py, its tests.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from types import MappingProxyType
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from . import _library, reference
+from .constants import FP8_DTYPE
 from .layout import round_up
-from .validation import dequantize_bf16_problem, quantize_out_problem, quantize_problem, require
-from .validation import resnorm_out_problem, resnorm_problem, resnorm_quant_out_problem, resnorm_quant_problem
-from .validation import fp8_quantize_out_problem, fp8_quantize_problem, input_scale_value_problem
+from .validation import Problem, dequantize_bf16_problem, input_scale_value_problem, quantize_out_problem
+from .validation import quantize_problem, require, resnorm_out_problem, resnorm_problem
+from .validation import resnorm_quant_out_problem, resnorm_quant_problem
+from .validation import fp8_quantize_out_problem, fp8_quantize_problem
 from .validation import norm_modulate_quant_fp8_out_problem, norm_modulate_quant_fp8_problem
 from .validation import norm_modulate_quant_problem, resnorm_quant_fp8_out_problem, resnorm_quant_fp8_problem
 
@@ -28,322 +40,244 @@ Tensor = torch.Tensor
 
 NAMESPACE = "qwen_fp4"
 
-SCHEMAS = {
-    "resnorm_quant": (
-        "resnorm_quant(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, "
-        "Tensor global_scale, float eps, bool fast_math, Tensor? weight=None, Tensor? norm_bias=None, "
-        "Tensor? modulate_index=None, int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales, Tensor residual_out)"
-    ),
-    "resnorm": (
-        "resnorm(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, float eps, "
-        "Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None) -> (Tensor y, Tensor residual_out)"
-    ),
-    # nvfp4_4over6_code: the block-scale recipe, 0 (standard) or FlashInfer's packing of NVFP44Over6Config
-    # (qwen_resnorm_fp4/recipe.py); the same last argument in resnorm_quant.
-    "nvfp4_quantize": (
-        "nvfp4_quantize(Tensor y, Tensor global_scale, bool fast_math, int nvfp4_4over6_code=0) "
-        "-> (Tensor packed, Tensor scales)"
-    ),
-    # The out-variants: the same ops writing into caller-provided outputs (the functional ops' outputs, in
-    # their order, after the functional ops' required arguments). residual_out may be residual itself.
-    "resnorm_quant_out": (
-        "resnorm_quant_out(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, "
-        "Tensor global_scale, float eps, bool fast_math, Tensor(a!) packed, Tensor(b!) scales, "
-        "Tensor(c!) residual_out, Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None, "
-        "int nvfp4_4over6_code=0) -> ()"
-    ),
-    "resnorm_out": (
-        "resnorm_out(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, float eps, "
-        "Tensor(a!) y, Tensor(b!) residual_out, Tensor? weight=None, Tensor? norm_bias=None, "
-        "Tensor? modulate_index=None) -> ()"
-    ),
-    "nvfp4_quantize_out": (
-        "nvfp4_quantize_out(Tensor y, Tensor global_scale, bool fast_math, Tensor(a!) packed, Tensor(b!) scales, "
-        "int nvfp4_4over6_code=0) -> ()"
-    ),
-    # NVFP4 -> bf16 [rows, K] of e2m1 * e4m3 block scale (no global scale): exact, the tensor-core GEMM's operand.
-    "nvfp4_dequantize_bf16": "nvfp4_dequantize_bf16(Tensor packed, Tensor scales) -> Tensor",
-    # ---- FP8 (E4M3) output and the no-residual ops (docs/numerics.md, "FP8 (E4M3) output") ----
-    # input_scale: ModelOpt's static FP8 input scale (amax / 448), one fp32 element on x's device. y is
-    # float8_e4m3fn like x. The out-variants' optional y_bf16 receives the bf16 y as well (SGLang's
-    # normalized output).
-    "resnorm_quant_fp8": (
-        "resnorm_quant_fp8(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, "
-        "Tensor input_scale, float eps, Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None) "
-        "-> (Tensor y, Tensor residual_out)"
-    ),
-    "resnorm_quant_fp8_out": (
-        "resnorm_quant_fp8_out(Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift, "
-        "Tensor input_scale, float eps, Tensor(a!) y, Tensor(b!) residual_out, Tensor? weight=None, "
-        "Tensor? norm_bias=None, Tensor? modulate_index=None, Tensor(c!)? y_bf16=None) -> ()"
-    ),
-    # Element-wise, any shape: the FP8 input of a Linear that no norm produces (attention output, GELU output).
-    "fp8_quantize": "fp8_quantize(Tensor y, Tensor input_scale) -> Tensor",
-    "fp8_quantize_out": "fp8_quantize_out(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()",
-    # The same quantization of GELU(tanh)(y) rounded to bf16 (PyTorch's CUDA GELU bit for bit): the FFN's
-    # second Linear input from its first Linear's bf16 output, one pass.
-    "gelu_tanh_fp8_quantize": "gelu_tanh_fp8_quantize(Tensor y, Tensor input_scale) -> Tensor",
-    "gelu_tanh_fp8_quantize_out": "gelu_tanh_fp8_quantize_out(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()",
-    # No residual update (a block's first norm): LayerNorm + modulation of x, then NVFP4 / FP8.
-    "norm_modulate_quant": (
-        "norm_modulate_quant(Tensor x, Tensor scale, Tensor shift, Tensor global_scale, float eps, bool fast_math, "
-        "Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None, int nvfp4_4over6_code=0) "
-        "-> (Tensor packed, Tensor scales)"
-    ),
-    "norm_modulate_quant_fp8": (
-        "norm_modulate_quant_fp8(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, "
-        "Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None) -> Tensor"
-    ),
-    "norm_modulate_quant_fp8_out": (
-        "norm_modulate_quant_fp8_out(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, "
-        "Tensor(a!) y, Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None, "
-        "Tensor(b!)? y_bf16=None) -> ()"
-    ),
-    # The compiled kernels' launch switches (kernel path: 0 auto, 1 portable, 2 blackwell; PDL), set by
-    # qwen_resnorm_fp4.launch only: implemented by the compiled library alone.
-    "_set_launch_options": "_set_launch_options(int kernel_path, bool pdl) -> ()",
-}
+Rules = Callable[..., Optional[Problem]]
 
-_lib = torch.library.Library(NAMESPACE, "DEF")
-for _schema in SCHEMAS.values():
-    _lib.define(_schema)
+
+class OpEntry:
+    """One op of the table.
+
+    Attributes:
+        name: the op's name in the ``qwen_fp4`` namespace.
+        schema: its arguments and returns, as torch.library takes them after the name.
+        rules: the validation.py rule function over the op's arguments in schema order (an out-variant's
+            takes ``memory=``: whether the memory rules apply).
+        outputs: a functional op's fake outputs from its arguments (None for an out-variant).
+        reference: a functional op's Python implementation after the rules (reference.py); an out-variant's,
+            the function that writes its outputs from its arguments (None: :func:`_write_functional`).
+        functional: an out-variant's functional op (whose reference computes what it writes).
+        argument_names: the schema's argument names, in order.
+        reads_scale: the position of ``input_scale``, whose value the Python implementation checks too.
+    """
+
+    __slots__ = ("name", "schema", "rules", "outputs", "reference", "functional", "argument_names", "reads_scale")
+
+    def __init__(self, name: str, schema: str, rules: Optional[Rules], *, outputs: Optional[Callable] = None,
+                 reference: Optional[Callable] = None, functional: Optional[str] = None) -> None:
+        self.name, self.schema, self.rules = name, schema, rules
+        self.outputs, self.reference, self.functional = outputs, reference, functional
+        parsed = torch._C.parse_schema(f"{NAMESPACE}::{name}{schema}")
+        self.argument_names = tuple(a.name for a in parsed.arguments)
+        #: Position of input_scale, whose value the Python implementation also checks (the CUDA kernels check
+        #: it on the device instead: every output byte 0x7F).
+        self.reads_scale = self.argument_names.index("input_scale") if "input_scale" in self.argument_names \
+            else None
+
+    @property
+    def is_out_variant(self) -> bool:
+        return self.functional is not None
+
+    def problem(self, args: Sequence, memory: Optional[bool] = None) -> Optional[Problem]:
+        """The op's static rules on ``args`` (an out-variant's memory rules when ``memory``; None: when its
+        outputs have data)."""
+        return self.rules(*args, memory=memory) if self.is_out_variant else self.rules(*args)
+
+    def __repr__(self) -> str:
+        return f"OpEntry({self.name!r})"
 
 
 # ---------------------------------------------------------------------------------------------------
-# Fakes: the static rules, then outputs of the right shapes (the out-variants write nothing, return nothing)
+# Output shapes of the functional ops (their fakes)
 # ---------------------------------------------------------------------------------------------------
 
 
-def _quant_shapes(like: Tensor) -> Tuple[Tensor, Tensor]:
+def _quantized(like: Tensor) -> Tuple[Tensor, Tensor]:
+    """packed uint8 [M, D/2] and scales uint8 [round_up(M, 128), D/16] for ``like`` [..., D]."""
     d = like.shape[-1]
     rows = like.numel() // d
-    packed = like.new_empty((rows, d // 2), dtype=torch.uint8)
-    scales = like.new_empty((round_up(rows, 128), d // 16), dtype=torch.uint8)
-    return packed, scales
+    return (like.new_empty((rows, d // 2), dtype=torch.uint8),
+            like.new_empty((round_up(rows, 128), d // 16), dtype=torch.uint8))
 
 
-def _like_x(x: Tensor) -> Tensor:
+def _like(x: Tensor) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _fp8_like(t: Tensor) -> Tensor:
-    return torch.empty(t.shape, dtype=torch.float8_e4m3fn, device=t.device)
+    return torch.empty(t.shape, dtype=FP8_DTYPE, device=t.device)
 
 
-@torch.library.register_fake(f"{NAMESPACE}::resnorm_quant")
-def _resnorm_quant_fake(residual, x, *rest):
-    require(resnorm_quant_problem(residual, x, *rest))
-    return (*_quant_shapes(x), _like_x(x))
-
-
-@torch.library.register_fake(f"{NAMESPACE}::resnorm")
-def _resnorm_fake(residual, x, *rest):
-    require(resnorm_problem(residual, x, *rest))
-    return _like_x(x), _like_x(x)
-
-
-@torch.library.register_fake(f"{NAMESPACE}::nvfp4_quantize")
-def _nvfp4_quantize_fake(y, *rest):
-    require(quantize_problem(y, *rest))
-    return _quant_shapes(y)
-
-
-@torch.library.register_fake(f"{NAMESPACE}::resnorm_quant_fp8")
-def _resnorm_quant_fp8_fake(residual, x, *rest):
-    require(resnorm_quant_fp8_problem(residual, x, *rest))
-    return _fp8_like(x), _like_x(x)
-
-
-def _elementwise_fp8_fake(y, input_scale):
-    require(fp8_quantize_problem(y, input_scale))
-    return _fp8_like(y)
-
-
-for _name in ("fp8_quantize", "gelu_tanh_fp8_quantize"):  # element-wise: the same rules and output
-    torch.library.register_fake(f"{NAMESPACE}::{_name}")(_elementwise_fp8_fake)
-
-
-@torch.library.register_fake(f"{NAMESPACE}::norm_modulate_quant")
-def _norm_modulate_quant_fake(x, *rest):
-    require(norm_modulate_quant_problem(x, *rest))
-    return _quant_shapes(x)
-
-
-@torch.library.register_fake(f"{NAMESPACE}::norm_modulate_quant_fp8")
-def _norm_modulate_quant_fp8_fake(x, *rest):
-    require(norm_modulate_quant_fp8_problem(x, *rest))
-    return _fp8_like(x)
-
-
-# The out-variants' fakes: their rules without the memory ones (fake tensors have no data), nothing written.
-OUT_VARIANT_RULES = {
-    "resnorm_quant_out": resnorm_quant_out_problem,
-    "resnorm_out": resnorm_out_problem,
-    "nvfp4_quantize_out": quantize_out_problem,
-    "resnorm_quant_fp8_out": resnorm_quant_fp8_out_problem,
-    "fp8_quantize_out": fp8_quantize_out_problem,
-    "gelu_tanh_fp8_quantize_out": fp8_quantize_out_problem,
-    "norm_modulate_quant_fp8_out": norm_modulate_quant_fp8_out_problem,
-}
-
-
-def _out_variant_fake(rules):
-    def fake(*args):
-        require(rules(*args, memory=False))
-    return fake
-
-
-for _name, _rules in OUT_VARIANT_RULES.items():
-    torch.library.register_fake(f"{NAMESPACE}::{_name}")(_out_variant_fake(_rules))
-
-
-@torch.library.register_fake(f"{NAMESPACE}::nvfp4_dequantize_bf16")
-def _nvfp4_dequantize_bf16_fake(packed, scales):
-    require(dequantize_bf16_problem(packed, scales))
+def _dequantized(packed: Tensor, scales: Tensor) -> Tensor:
     return packed.new_empty((packed.shape[0], packed.shape[1] * 2), dtype=torch.bfloat16)
 
 
 # ---------------------------------------------------------------------------------------------------
-# The Python implementations: the rules (the memory rules too: these tensors have data), then the reference.
-# An out-variant's reference has read every input before the first copy, so residual_out may be residual.
+# The out-variants' writes
 # ---------------------------------------------------------------------------------------------------
 
 
-def _resnorm_quant(*args):
-    require(resnorm_quant_problem(*args))
-    return reference.resnorm_quant(*args)
+def _write(out: Tensor, value: Tensor) -> None:
+    """``value``'s bytes into ``out`` (scales may be float8_e4m3fn where the reference gives uint8: the bytes,
+    not a conversion)."""
+    (out.view(value.dtype) if out.dtype != value.dtype else out).copy_(value.reshape(out.shape))
 
 
-def _resnorm(*args):
-    require(resnorm_problem(*args))
-    return reference.resnorm(*args)
-
-
-def _nvfp4_quantize(*args):
-    require(quantize_problem(*args))
-    return reference.nvfp4_quantize(*args)
-
-
-def _write_quantized(packed: Tensor, scales: Tensor, result: Tuple[Tensor, Tensor]) -> None:
-    """Copies a quantization's (packed, scales) bytes into the caller's outputs (scales may be float8_e4m3fn:
-    its bytes, not a conversion)."""
-    packed.copy_(result[0])
-    scales.view(torch.uint8).copy_(result[1])
-
-
-def _resnorm_quant_out(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math, packed, scales,
-                       residual_out, weight=None, norm_bias=None, modulate_index=None, nvfp4_4over6_code=0):
-    require(resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math, packed,
-                                      scales, residual_out, weight, norm_bias, modulate_index, nvfp4_4over6_code,
-                                      memory=True))
-    *quantized, r = reference.resnorm_quant(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math,
-                                            weight, norm_bias, modulate_index, nvfp4_4over6_code)
-    _write_quantized(packed, scales, quantized)
-    residual_out.copy_(r)
-
-
-def _resnorm_out(residual, x, bias, gate, scale, shift, eps, y, residual_out, weight=None, norm_bias=None,
-                 modulate_index=None):
-    require(resnorm_out_problem(residual, x, bias, gate, scale, shift, eps, y, residual_out, weight, norm_bias,
-                                modulate_index, memory=True))
+def _fp8_rows_into(residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out, weight=None,
+                   norm_bias=None, modulate_index=None, y_bf16=None) -> None:
+    """The FP8 row op's out-variant: its y, its residual_out and (optional) the bf16 y it quantized."""
     y_ref, r = reference.resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
-    y.copy_(y_ref)
-    residual_out.copy_(r)
-
-
-def _nvfp4_quantize_out(y, global_scale, fast_math, packed, scales, nvfp4_4over6_code=0):
-    require(quantize_out_problem(y, global_scale, fast_math, packed, scales, nvfp4_4over6_code, memory=True))
-    _write_quantized(packed, scales, reference.nvfp4_quantize(y, global_scale, fast_math, nvfp4_4over6_code))
-
-
-def _nvfp4_dequantize_bf16(packed, scales):
-    require(dequantize_bf16_problem(packed, scales))
-    return reference.nvfp4_dequantize_bf16(packed, scales)
-
-
-# The FP8 ops' Python implementations also apply input_scale's value rule (it reads the value: the CUDA
-# kernels apply it on the device instead, every output byte 0x7F).
-
-
-def _resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, *rest):
-    require(resnorm_quant_fp8_problem(residual, x, bias, gate, scale, shift, input_scale, *rest)
-            or input_scale_value_problem(input_scale))
-    return reference.resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, *rest)
-
-
-def _resnorm_quant_fp8_out(residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out, weight=None,
-                           norm_bias=None, modulate_index=None, y_bf16=None):
-    require(resnorm_quant_fp8_out_problem(residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out,
-                                          weight, norm_bias, modulate_index, y_bf16, memory=True)
-            or input_scale_value_problem(input_scale))
-    y_ref, r = reference.resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
-    y.copy_(reference.fp8_quantize(y_ref, input_scale))
-    residual_out.copy_(r)
+    _write(y, reference.fp8_quantize(y_ref, input_scale))
+    _write(residual_out, r)
     if y_bf16 is not None:
-        y_bf16.copy_(y_ref)
+        _write(y_bf16, y_ref)
 
 
-def _elementwise_fp8(numerics):
-    """The Python implementations (functional, out-variant) of an element-wise FP8 op whose bytes are
-    ``numerics(y, input_scale)``: fp8_quantize's rules, then the reference."""
-    def functional(y, input_scale):
-        require(fp8_quantize_problem(y, input_scale) or input_scale_value_problem(input_scale))
-        return numerics(y, input_scale)
-
-    def out_variant(y, input_scale, out):
-        require(fp8_quantize_out_problem(y, input_scale, out, memory=True) or input_scale_value_problem(input_scale))
-        out.copy_(numerics(y, input_scale))
-
-    return functional, out_variant
-
-
-_fp8_quantize, _fp8_quantize_out = _elementwise_fp8(reference.fp8_quantize)
-_gelu_tanh_fp8_quantize, _gelu_tanh_fp8_quantize_out = _elementwise_fp8(reference.gelu_tanh_fp8_quantize)
-
-
-def _norm_modulate_quant(*args):
-    require(norm_modulate_quant_problem(*args))
-    return reference.norm_modulate_quant(*args)
-
-
-def _norm_modulate_quant_fp8(x, scale, shift, input_scale, *rest):
-    require(norm_modulate_quant_fp8_problem(x, scale, shift, input_scale, *rest)
-            or input_scale_value_problem(input_scale))
-    return reference.norm_modulate_quant_fp8(x, scale, shift, input_scale, *rest)
-
-
-def _norm_modulate_quant_fp8_out(x, scale, shift, input_scale, eps, y, weight=None, norm_bias=None,
-                                 modulate_index=None, y_bf16=None):
-    require(norm_modulate_quant_fp8_out_problem(x, scale, shift, input_scale, eps, y, weight, norm_bias,
-                                                modulate_index, y_bf16, memory=True)
-            or input_scale_value_problem(input_scale))
+def _fp8_norm_into(x, scale, shift, input_scale, eps, y, weight=None, norm_bias=None, modulate_index=None,
+                   y_bf16=None) -> None:
+    """The FP8 no-residual op's out-variant: its y and (optional) the bf16 y it quantized."""
     y_ref = reference.norm_modulate(x, scale, shift, eps, weight, norm_bias, modulate_index)
-    y.copy_(reference.fp8_quantize(y_ref, input_scale))
+    _write(y, reference.fp8_quantize(y_ref, input_scale))
     if y_bf16 is not None:
-        y_bf16.copy_(y_ref)
+        _write(y_bf16, y_ref)
 
 
-PYTHON_IMPLEMENTATIONS = {
-    "resnorm_quant": _resnorm_quant,
-    "resnorm": _resnorm,
-    "nvfp4_quantize": _nvfp4_quantize,
-    "resnorm_quant_out": _resnorm_quant_out,
-    "resnorm_out": _resnorm_out,
-    "nvfp4_quantize_out": _nvfp4_quantize_out,
-    "nvfp4_dequantize_bf16": _nvfp4_dequantize_bf16,
-    "resnorm_quant_fp8": _resnorm_quant_fp8,
-    "resnorm_quant_fp8_out": _resnorm_quant_fp8_out,
-    "fp8_quantize": _fp8_quantize,
-    "fp8_quantize_out": _fp8_quantize_out,
-    "gelu_tanh_fp8_quantize": _gelu_tanh_fp8_quantize,
-    "gelu_tanh_fp8_quantize_out": _gelu_tanh_fp8_quantize_out,
-    "norm_modulate_quant": _norm_modulate_quant,
-    "norm_modulate_quant_fp8": _norm_modulate_quant_fp8,
-    "norm_modulate_quant_fp8_out": _norm_modulate_quant_fp8_out,
-}
+# ---------------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------------
+
+_ROW_INPUTS = "Tensor residual, Tensor x, Tensor? bias, Tensor gate, Tensor scale, Tensor shift"
+_NORM_PARAMS = "Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_index=None"
+
+_TABLE = (
+    # Gated residual update + LayerNorm + modulation + NVFP4 (numerics: docs/numerics.md, steps 1-8).
+    # nvfp4_4over6_code: 0 (standard) or FlashInfer's packing of NVFP44Over6Config (recipe.py).
+    OpEntry("resnorm_quant",
+            f"({_ROW_INPUTS}, Tensor global_scale, float eps, bool fast_math, {_NORM_PARAMS}, "
+            "int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales, Tensor residual_out)",
+            resnorm_quant_problem, outputs=lambda residual, x, *_: (*_quantized(x), _like(x)),
+            reference=reference.resnorm_quant),
+    # Its bf16 half: y and residual_out (steps 1-7).
+    OpEntry("resnorm", f"({_ROW_INPUTS}, float eps, {_NORM_PARAMS}) -> (Tensor y, Tensor residual_out)",
+            resnorm_problem, outputs=lambda residual, x, *_: (_like(x), _like(x)), reference=reference.resnorm),
+    # The standalone NVFP4 quantizer (step 8), the production recipe.
+    OpEntry("nvfp4_quantize",
+            "(Tensor y, Tensor global_scale, bool fast_math, int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales)",
+            quantize_problem, outputs=lambda y, *_: _quantized(y), reference=reference.nvfp4_quantize),
+    # The out-variants: the functional op's outputs, in order, after its required arguments; residual_out may
+    # be residual itself.
+    OpEntry("resnorm_quant_out",
+            f"({_ROW_INPUTS}, Tensor global_scale, float eps, bool fast_math, Tensor(a!) packed, Tensor(b!) scales, "
+            f"Tensor(c!) residual_out, {_NORM_PARAMS}, int nvfp4_4over6_code=0) -> ()",
+            resnorm_quant_out_problem, functional="resnorm_quant"),
+    OpEntry("resnorm_out",
+            f"({_ROW_INPUTS}, float eps, Tensor(a!) y, Tensor(b!) residual_out, {_NORM_PARAMS}) -> ()",
+            resnorm_out_problem, functional="resnorm"),
+    OpEntry("nvfp4_quantize_out",
+            "(Tensor y, Tensor global_scale, bool fast_math, Tensor(a!) packed, Tensor(b!) scales, "
+            "int nvfp4_4over6_code=0) -> ()",
+            quantize_out_problem, functional="nvfp4_quantize"),
+    # NVFP4 -> bf16 e2m1 * e4m3 block scale (no global scale): exact, the tensor-core GEMM's operand.
+    OpEntry("nvfp4_dequantize_bf16", "(Tensor packed, Tensor scales) -> Tensor", dequantize_bf16_problem,
+            outputs=_dequantized, reference=reference.nvfp4_dequantize_bf16),
+    # FP8 (E4M3) output (docs/numerics.md, "FP8 (E4M3) output"). input_scale: ModelOpt's static scale
+    # (amax / 448), one fp32 element on x's device. The out-variants' optional y_bf16 also receives the bf16 y.
+    OpEntry("resnorm_quant_fp8",
+            f"({_ROW_INPUTS}, Tensor input_scale, float eps, {_NORM_PARAMS}) -> (Tensor y, Tensor residual_out)",
+            resnorm_quant_fp8_problem, outputs=lambda residual, x, *_: (_fp8_like(x), _like(x)),
+            reference=reference.resnorm_quant_fp8),
+    OpEntry("resnorm_quant_fp8_out",
+            f"({_ROW_INPUTS}, Tensor input_scale, float eps, Tensor(a!) y, Tensor(b!) residual_out, "
+            f"{_NORM_PARAMS}, Tensor(c!)? y_bf16=None) -> ()",
+            resnorm_quant_fp8_out_problem, reference=_fp8_rows_into, functional="resnorm_quant_fp8"),
+    # Element-wise, any shape: the FP8 input of a Linear that no norm produces (attention output).
+    OpEntry("fp8_quantize", "(Tensor y, Tensor input_scale) -> Tensor", fp8_quantize_problem,
+            outputs=lambda y, _: _fp8_like(y), reference=reference.fp8_quantize),
+    OpEntry("fp8_quantize_out", "(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()", fp8_quantize_out_problem,
+            functional="fp8_quantize"),
+    # The same of GELU(tanh)(y) rounded to bf16 (PyTorch's CUDA GELU bit for bit): the FFN's second Linear input.
+    OpEntry("gelu_tanh_fp8_quantize", "(Tensor y, Tensor input_scale) -> Tensor", fp8_quantize_problem,
+            outputs=lambda y, _: _fp8_like(y), reference=reference.gelu_tanh_fp8_quantize),
+    OpEntry("gelu_tanh_fp8_quantize_out", "(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()",
+            fp8_quantize_out_problem, functional="gelu_tanh_fp8_quantize"),
+    # No residual update (a block's first norm): LayerNorm + modulation of x, then NVFP4 / FP8.
+    OpEntry("norm_modulate_quant",
+            f"(Tensor x, Tensor scale, Tensor shift, Tensor global_scale, float eps, bool fast_math, {_NORM_PARAMS}, "
+            "int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales)",
+            norm_modulate_quant_problem, outputs=lambda x, *_: _quantized(x), reference=reference.norm_modulate_quant),
+    OpEntry("norm_modulate_quant_fp8",
+            f"(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, {_NORM_PARAMS}) -> Tensor",
+            norm_modulate_quant_fp8_problem, outputs=lambda x, *_: _fp8_like(x),
+            reference=reference.norm_modulate_quant_fp8),
+    OpEntry("norm_modulate_quant_fp8_out",
+            f"(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, Tensor(a!) y, {_NORM_PARAMS}, "
+            "Tensor(b!)? y_bf16=None) -> ()",
+            norm_modulate_quant_fp8_out_problem, reference=_fp8_norm_into, functional="norm_modulate_quant_fp8"),
+    # The compiled kernels' launch switches (kernel path: 0 auto, 1 portable, 2 blackwell; PDL), set by
+    # qwen_resnorm_fp4.launch only: implemented by the compiled library alone.
+    OpEntry("_set_launch_options", "(int kernel_path, bool pdl) -> ()", None),
+)
+
+#: Every op by name (read-only).
+OPS: Mapping[str, OpEntry] = MappingProxyType({entry.name: entry for entry in _TABLE})
+#: Every op's full schema by name.
+SCHEMAS: Mapping[str, str] = MappingProxyType({e.name: f"{e.name}{e.schema}" for e in _TABLE})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Registration, driven by the table
+# ---------------------------------------------------------------------------------------------------
+
+
+def _fake(entry: OpEntry) -> Callable:
+    def fake(*args):
+        require(entry.problem(args, memory=False))
+        return None if entry.is_out_variant else entry.outputs(*args)
+    fake.__name__ = f"{entry.name}_fake"
+    return fake
+
+
+def _write_functional(entry: OpEntry) -> Callable:
+    """An out-variant's writes: its functional op's reference on the functional op's arguments (by name),
+    each result into the out-variant's argument of the same name as that result (``out`` for an unnamed one)."""
+    functional = OPS[entry.functional]
+    parsed = torch._C.parse_schema(SCHEMAS[functional.name])
+    outputs = tuple(r.name or "out" for r in parsed.returns)
+
+    def write(*args):
+        named = dict(zip(entry.argument_names, args))
+        results = functional.reference(*(named[n] for n in functional.argument_names if n in named))
+        results = results if isinstance(results, tuple) else (results,)
+        for name, value in zip(outputs, results):
+            _write(named[name], value)
+    return write
+
+
+def _implementation(entry: OpEntry) -> Callable:
+    body = entry.reference or _write_functional(entry)
+    scale_at = entry.reads_scale
+
+    def implementation(*args):
+        problem = entry.problem(args, memory=True)
+        if problem is None and scale_at is not None:
+            problem = input_scale_value_problem(args[scale_at])
+        require(problem)
+        return body(*args)
+    implementation.__name__ = f"{entry.name}_python"
+    return implementation
+
+
+_lib = torch.library.Library(NAMESPACE, "DEF")
+for _entry in _TABLE:
+    _lib.define(SCHEMAS[_entry.name])
+    if _entry.rules is not None:
+        torch.library.register_fake(f"{NAMESPACE}::{_entry.name}", _fake(_entry), lib=_lib)
 
 _library.load()
-for _name, _impl in PYTHON_IMPLEMENTATIONS.items():
-    _lib.impl(_name, _impl, "CPU")
-    if not _library.has_kernel(_name, "cuda"):  # no compiled library: the reference serves CUDA tensors too
-        _lib.impl(_name, _impl, "CUDA")
+for _entry in _TABLE:
+    if _entry.rules is None:
+        continue
+    _impl = _implementation(_entry)
+    _lib.impl(_entry.name, _impl, "CPU")
+    if not _library.has_kernel(_entry.name, "cuda"):  # no compiled library: the reference serves CUDA tensors too
+        _lib.impl(_entry.name, _impl, "CUDA")
+
+__all__ = ["NAMESPACE", "OpEntry", "OPS", "SCHEMAS"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from .constants import E2M1_MAX, E4M3_MAX, E4M3_MAX_4OVER6_256
 from .env import (FOUR_OVER_SIX_E4M3_256_VAR, FOUR_OVER_SIX_ERR_FAST_MATH_VAR, FOUR_OVER_SIX_ERR_MODE_VAR,
                   FOUR_OVER_SIX_VAR, env_value, flag_enabled)
 
@@ -36,9 +37,9 @@ NVFP4_4OVER6_CODES = frozenset([0] + [NVFP4_4OVER6_ON | e | (m << NVFP4_4OVER6_E
 
 #: The error modes by their code (bits 2-3).
 ERR_MODES = ("MAE", "MSE")
-#: E4M3 maxima a recipe may name; 448 is the format's own (the standard recipe's).
-E4M3_MAXES = (448, 256)
-E2M1_MAX = 6
+#: E4M3 maxima a recipe may name; E4M3_MAX is the format's own (the standard recipe's).
+E4M3_MAXES = (int(E4M3_MAX), int(E4M3_MAX_4OVER6_256))
+_E4M3_MAX, _E4M3_256 = E4M3_MAXES
 
 
 class _Unset:
@@ -80,7 +81,7 @@ class NVFP44Over6Config:
             ``e2m1 * scale / global_scale - y``.
     """
 
-    e4m3_max: int = 448
+    e4m3_max: int = _E4M3_MAX
     err_mode: str = "MAE"
     err_use_fast_math: bool = False
 
@@ -111,7 +112,7 @@ def nvfp4_4over6_code(config: object) -> int:
     if config is None:
         return 0
     c = config_from(config)
-    return (NVFP4_4OVER6_ON | (NVFP4_4OVER6_E4M3_MAX_256 if c.e4m3_max == 256 else 0)
+    return (NVFP4_4OVER6_ON | (NVFP4_4OVER6_E4M3_MAX_256 if c.e4m3_max == _E4M3_256 else 0)
             | (ERR_MODES.index(c.err_mode) << NVFP4_4OVER6_ERR_MODE_SHIFT)
             | (NVFP4_4OVER6_ERR_FAST_MATH if c.err_use_fast_math else 0))
 
@@ -119,7 +120,7 @@ def nvfp4_4over6_code(config: object) -> int:
 def _config_of(code: int) -> Optional[NVFP44Over6Config]:
     if code == 0:
         return None
-    return NVFP44Over6Config(e4m3_max=256 if code & NVFP4_4OVER6_E4M3_MAX_256 else 448,
+    return NVFP44Over6Config(e4m3_max=_E4M3_256 if code & NVFP4_4OVER6_E4M3_MAX_256 else _E4M3_MAX,
                              err_mode=ERR_MODES[(code >> NVFP4_4OVER6_ERR_MODE_SHIFT) & 3],
                              err_use_fast_math=bool(code & NVFP4_4OVER6_ERR_FAST_MATH))
 
@@ -141,7 +142,7 @@ def nvfp4_4over6_from_env() -> Optional[NVFP44Over6Config]:
     if not flag_enabled(FOUR_OVER_SIX_VAR):
         return None
     err_mode = env_value(FOUR_OVER_SIX_ERR_MODE_VAR)
-    return NVFP44Over6Config(e4m3_max=256 if flag_enabled(FOUR_OVER_SIX_E4M3_256_VAR) else 448,
+    return NVFP44Over6Config(e4m3_max=_E4M3_256 if flag_enabled(FOUR_OVER_SIX_E4M3_256_VAR) else _E4M3_MAX,
                              err_mode="MAE" if err_mode is None else err_mode,
                              err_use_fast_math=flag_enabled(FOUR_OVER_SIX_ERR_FAST_MATH_VAR))
 
@@ -167,11 +168,11 @@ def resolve_nvfp4_4over6(setting: object = UNSET) -> int:
 def global_scale_numerator(code: int) -> float:
     """``e4m3_max * 6`` of a recipe code: the numerator of its global-scale rule ``e4m3_max * 6 / amax``
     (448 * 6 for the standard recipe)."""
-    e4m3_max = 256 if code & NVFP4_4OVER6_ON and code & NVFP4_4OVER6_E4M3_MAX_256 else 448
+    e4m3_max = E4M3_MAX_4OVER6_256 if code & NVFP4_4OVER6_ON and code & NVFP4_4OVER6_E4M3_MAX_256 else E4M3_MAX
     return float(e4m3_max * E2M1_MAX)
 
 
 __all__ = ["NVFP44Over6Config", "UNSET", "nvfp4_4over6_code", "nvfp4_4over6_from_code", "nvfp4_4over6_from_env",
            "resolve_config", "resolve_nvfp4_4over6", "global_scale_numerator", "config_from", "NVFP4_4OVER6_CODES",
            "NVFP4_4OVER6_ON", "NVFP4_4OVER6_E4M3_MAX_256", "NVFP4_4OVER6_ERR_MODE_SHIFT", "NVFP4_4OVER6_ERR_FAST_MATH",
-           "NVFP4_4OVER6_KNOWN_BITS", "ERR_MODES", "E4M3_MAXES", "E2M1_MAX"]
+           "NVFP4_4OVER6_KNOWN_BITS", "ERR_MODES", "E4M3_MAXES"]

@@ -25,20 +25,17 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
+from .constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX, FLT_MAX, NVFP4_BLOCK, is_fp8_input_scale
 from .layout import round_up, sf_offsets
 from .rcp_approx import rcp_approx_f32
 from .recipe import NVFP4_4OVER6_ERR_FAST_MATH, NVFP4_4OVER6_ERR_MODE_SHIFT, NVFP4_4OVER6_ON
 
 Tensor = torch.Tensor
 
-FLT_MAX = torch.finfo(torch.float32).max
-E4M3_MAX = 448.0
-BLOCK = 16  # NVFP4 block size along a row
+BLOCK = NVFP4_BLOCK
 #: What the bf16 dequantization writes for a NaN block scale (torch's own fp32 -> bf16 NaN).
 CANONICAL_NAN_BF16 = 0x7FC0
 
-# E2M1 magnitudes by code 0..7; bit 3 is the sign.
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # Rounding boundaries between consecutive codes, and whether a tie there rounds up (to the even code).
 _E2M1_BOUNDARIES = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
@@ -165,12 +162,12 @@ def _nvfp4_standard_blocks(blocks: Tensor, amax: Tensor, g: Tensor, fast_math: b
     """The standard recipe on [rows, K, 16] fp32 blocks: returns (codes uint8 like blocks, scale bytes [rows, K])."""
     f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=blocks.device)  # noqa: E731
     if fast_math:
-        sf = e4m3_satfinite(g * (amax * rcp(f32(6.0))))
+        sf = e4m3_satfinite(g * (amax * rcp(f32(E2M1_MAX))))
         sf_f = e4m3_to_float(sf)
         out_scale = torch.where(sf != 0, rcp(sf_f * rcp(g)), torch.zeros_like(sf_f))
     else:
         nonzero = amax != 0
-        sf = torch.where(nonzero, e4m3_satfinite(amax * (g * (f32(1.0) / f32(6.0)))), torch.zeros_like(amax, dtype=torch.uint8))
+        sf = torch.where(nonzero, e4m3_satfinite(amax * (g * (f32(1.0) / f32(E2M1_MAX)))), torch.zeros_like(amax, dtype=torch.uint8))
         sf_f = e4m3_to_float(sf)
         enc = torch.fmin(f32(1.0) / (sf_f * (f32(1.0) / g)), f32(FLT_MAX))
         out_scale = torch.where(nonzero, enc, torch.zeros_like(enc))
@@ -198,7 +195,7 @@ def _nvfp4_4over6_blocks(blocks: Tensor, amax: Tensor, g: Tensor, fast_math: boo
     (codes [rows, K, 16] uint8, scale bytes [rows, K] uint8)."""
     f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=blocks.device)  # noqa: E731
     # 1. the two candidate scales: amax -> 6 and amax -> 4
-    s6 = g * (amax * rcp(f32(6.0))) if fast_math else (amax / f32(6.0)) * g
+    s6 = g * (amax * rcp(f32(E2M1_MAX))) if fast_math else (amax / f32(E2M1_MAX)) * g
     s4 = s6 * f32(1.5)
     candidates = []
     for s in (s4, s6):
@@ -289,14 +286,11 @@ def nvfp4_dequantize_bf16(packed: Tensor, scales: Tensor) -> Tensor:
 
 #: The E4M3 byte of every element when input_scale is refused (not a positive normal finite fp32): NaN.
 FP8_REFUSED_SCALE_BYTE = 0x7F
-_FLT_MIN = torch.finfo(torch.float32).tiny
-_FLT_MAX = torch.finfo(torch.float32).max
 
 
 def fp8_scale_valid(input_scale: Tensor) -> Tensor:
     """Whether each scale is one the FP8 ops accept: a positive, normal, finite fp32 (bool tensor)."""
-    s = input_scale.float()
-    return (s >= _FLT_MIN) & (s <= _FLT_MAX)
+    return is_fp8_input_scale(input_scale.float())
 
 
 def fp8_inverse_scale(input_scale: Tensor) -> Tensor:

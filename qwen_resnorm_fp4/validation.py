@@ -22,6 +22,7 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from .constants import FP8_DTYPE, is_fp8_input_scale
 from .env import DISABLE_VAR
 from .layout import round_up
 from .recipe import NVFP4_4OVER6_CODES
@@ -81,6 +82,7 @@ class DeclineReason(str, enum.Enum):
     UNSUPPORTED_NORM = "unsupported_norm"
     FC1_NOT_NVFP4 = "fc1_not_nvfp4"
     FC1_WIDTH_MISMATCH = "fc1_width_mismatch"
+    UNSUPPORTED_SCALE = "unsupported_scale"
 
     @property
     def description(self) -> str:
@@ -118,6 +120,7 @@ _DESCRIPTIONS: Dict[DeclineReason, str] = {
         "FC1 is not an NVFP4 layer: not an NVFP4Linear and without in_features and a float32 one-element "
         "input_global_scale on x's device"),
     DeclineReason.FC1_WIDTH_MISMATCH: "FC1's in_features differs from D",
+    DeclineReason.UNSUPPORTED_SCALE: "a static FP8 input_scale is not a positive, normal, finite float32",
 }
 
 
@@ -148,6 +151,12 @@ R = DeclineReason
 # LayerNorm's weight and bias to the norm.
 _VECTOR_SHAPE_REASON = {"bias": R.UNSUPPORTED_SHAPE, "weight": R.UNSUPPORTED_NORM, "norm_bias": R.UNSUPPORTED_NORM}
 _MODULATION = ("gate", "scale", "shift")
+_NO_GATE_MODULATION = ("scale", "shift")
+
+
+def _listed(names: Sequence[str]) -> str:
+    """"gate, scale and shift" / "scale and shift"."""
+    return ", ".join(names[:-1]) + " and " + names[-1]
 _INF = math.inf
 
 
@@ -249,19 +258,22 @@ def _vector_shape_problem(name: str, shape: torch.Size, cols: int) -> Problem:
 
 
 def resnorm_inputs_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index,
-                           cols_multiple: int) -> Optional[Problem]:
+                           cols_multiple: int, *, residual_update: bool = True) -> Optional[Problem]:
     """The rules of the row ops' shared inputs, in the order they are reported: x and residual, D (a positive
     multiple of ``cols_multiple``, at most MAX_COLS) and the row count, the [D] parameters, gate/scale/shift,
-    modulate_index, eps. Each check reads an attribute once; messages are made only for a broken rule."""
+    modulate_index, eps. The no-residual ops pass ``residual_update=False``: residual and gate are not
+    read, and the messages name scale and shift. Each check reads an attribute once; messages are made only for a broken
+    rule."""
     if not isinstance(x, Tensor) or x.dtype is not torch.bfloat16:
         return tensor_problem("x", x, ACTIVATION_DTYPES, None)
     dev = x.device
-    if not isinstance(residual, Tensor) or residual.dtype is not torch.bfloat16 or residual.device != dev:
+    if residual_update and (not isinstance(residual, Tensor) or residual.dtype is not torch.bfloat16
+                                 or residual.device != dev):
         return tensor_problem("residual", residual, ACTIVATION_DTYPES, dev)
     shape = x.shape
     if not shape:
         return Problem(R.UNSUPPORTED_SHAPE, ValueError, "x must have at least one dimension ([..., D])", ())
-    if residual.shape != shape:
+    if residual_update and residual.shape != shape:
         return Problem(R.UNSUPPORTED_SHAPE, ValueError, "residual shape {} must equal x shape {}",
                        (tuple(residual.shape), tuple(shape)))
     cols = shape[-1]
@@ -280,20 +292,21 @@ def resnorm_inputs_problem(residual, x, bias, gate, scale, shift, eps, weight, n
                 if t.shape != (cols,):
                     return _vector_shape_problem(name, t.shape, cols)
 
-    for i, t in enumerate((gate, scale, shift)):
+    names = _MODULATION if residual_update else _NO_GATE_MODULATION
+    for i, t in enumerate((gate, scale, shift) if residual_update else (scale, shift)):
         if not isinstance(t, Tensor) or t.dtype not in PARAM_DTYPES or t.device != dev:
-            return tensor_problem(_MODULATION[i], t, PARAM_DTYPES, dev, not_a_tensor=R.UNSUPPORTED_MODULATION)
+            return tensor_problem(names[i], t, PARAM_DTYPES, dev, not_a_tensor=R.UNSUPPORTED_MODULATION)
         tshape = t.shape
         if i == 0:
             gshape = tshape
             ndim = len(gshape)
             if ndim not in (1, 2, 3) or gshape[-1] != cols:
-                return _modulation_shape_problem("gate", gshape, cols)
+                return _modulation_shape_problem(names[0], gshape, cols)
         elif tshape != gshape:
             if len(tshape) not in (1, 2, 3) or tshape[-1] != cols:
-                return _modulation_shape_problem(_MODULATION[i], tshape, cols)
-            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "gate, scale and shift must have one shape, but "
-                           "gate is {} and {} is {}", (tuple(gshape), _MODULATION[i], tuple(tshape)))
+                return _modulation_shape_problem(names[i], tshape, cols)
+            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "{} must have one shape, but {} is {} and {} is {}",
+                           (_listed(names), names[0], tuple(gshape), names[i], tuple(tshape)))
 
     if modulate_index is not None:
         p = tensor_problem("modulate_index", modulate_index, INDEX_DTYPES, dev)
@@ -304,22 +317,22 @@ def resnorm_inputs_problem(residual, x, bias, gate, scale, shift, eps, weight, n
                            (tuple(modulate_index.shape),))
         b, s = modulate_index.shape
         if ndim != 2 or gshape[0] != 2 * b:
-            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "with modulate_index of shape {}, gate/scale/shift "
-                           "must be [2B, D] = [{}, {}], got {}", (tuple(modulate_index.shape), 2 * b, cols,
-                                                                   tuple(gshape)))
+            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "with modulate_index of shape {}, {} must be "
+                           "[2B, D] = [{}, {}], got {}", (tuple(modulate_index.shape), "/".join(names), 2 * b, cols,
+                                                          tuple(gshape)))
         if b * s != rows:
             return Problem(R.UNSUPPORTED_MODULATION, ValueError, "modulate_index has {}x{} = {} entries but x has {} "
                            "rows", (b, s, b * s, rows))
     elif ndim == 3 and gshape[1] != 1:
         b, s = gshape[0], gshape[1]
         if b * s != rows:
-            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "per-token gate/scale/shift [B, S, D] need B * S "
-                           "= x's rows ({}), got shape {}", (rows, tuple(gshape)))
+            return Problem(R.UNSUPPORTED_MODULATION, ValueError, "per-token {} [B, S, D] need B * S = x's rows "
+                           "({}), got shape {}", ("/".join(names), rows, tuple(gshape)))
     elif ndim >= 2:  # [B, D] or [B, 1, D]
         b = gshape[0]
         if b == 0 or rows % b != 0:
             return Problem(R.UNSUPPORTED_MODULATION, ValueError, "x has {} rows, which does not split into "
-                           "gate.shape[0] = {} batches", (rows, b))
+                           "{}.shape[0] = {} batches", (rows, names[0], b))
 
     return eps_problem(eps)
 
@@ -597,10 +610,6 @@ def quantize_out_problem(y, global_scale, fast_math, packed, scales, nvfp4_4over
 # no-residual NVFP4 op (norm_modulate_quant): the rules above, with input_scale in place of global_scale
 # ---------------------------------------------------------------------------------------------------
 
-#: dtype of the FP8 ops' quantized output.
-FP8_DTYPE = torch.float8_e4m3fn
-#: Smallest input_scale the FP8 ops accept: the smallest normal fp32 (2^-126); the largest is FLT_MAX.
-FP8_INPUT_SCALE_MIN = torch.finfo(torch.float32).tiny
 
 
 def input_scale_problem(input_scale: object, device: torch.device, like: str = "x") -> Optional[Problem]:
@@ -614,8 +623,8 @@ def input_scale_value_problem(input_scale: Tensor) -> Optional[Problem]:
     value, so on CUDA it synchronizes: the CPU implementations apply it on every call, the CUDA kernels
     apply it on the device instead (a refused scale makes every output byte 0x7F, E4M3 NaN)."""
     value = float(input_scale.reshape(()))
-    if not (FP8_INPUT_SCALE_MIN <= value < _INF):  # NaN fails both comparisons
-        return Problem(R.UNSUPPORTED_SHAPE, ValueError, "input_scale must be a positive, normal, finite float32 "
+    if not is_fp8_input_scale(value):
+        return Problem(R.UNSUPPORTED_SCALE, ValueError, "input_scale must be a positive, normal, finite float32 "
                        "(ModelOpt's amax / 448), got {}", (value,))
     return None
 
@@ -634,24 +643,12 @@ def fp8_quantize_problem(y, input_scale) -> Optional[Problem]:
     return input_scale_problem(input_scale, y.device, like="y")
 
 
-def _named_scale(problem: Optional[Problem]) -> Optional[Problem]:
-    """A resnorm rule's problem for the no-residual ops, which check their scale in resnorm's gate slot:
-    the message names scale (and scale/shift) where it named gate."""
-    if problem is None:
-        return None
-    template = problem.template.replace("gate, scale and shift", "scale and shift").replace(
-        "gate/scale/shift", "scale/shift").replace("gate.shape", "scale.shape").replace("but gate is", "but scale is")
-    args = tuple("scale" if a == "gate" else a for a in problem.args)
-    return problem._replace(template=template, args=args)
-
-
 def norm_modulate_inputs_problem(x, scale, shift, eps, weight, norm_bias, modulate_index,
                                  cols_multiple: int) -> Optional[Problem]:
     """The rules of the no-residual ops' inputs (no residual, no gate, no bias): those of
-    :func:`resnorm_inputs_problem` with x as the residual and scale in the gate's place, D a multiple of
-    ``cols_multiple``."""
-    return _named_scale(resnorm_inputs_problem(x, x, None, scale, scale, shift, eps, weight, norm_bias,
-                                               modulate_index, cols_multiple))
+    :func:`resnorm_inputs_problem` without residual and gate, D a multiple of ``cols_multiple``."""
+    return resnorm_inputs_problem(None, x, None, None, scale, shift, eps, weight, norm_bias, modulate_index,
+                                  cols_multiple, residual_update=False)
 
 
 def norm_modulate_quant_problem(x, scale, shift, global_scale, eps, fast_math=None, weight=None, norm_bias=None,
@@ -724,7 +721,7 @@ def norm_modulate_quant_fp8_out_problem(x, scale, shift, input_scale, eps, y, we
     return memory_problem(outputs, inputs)
 
 
-__all__ += ["FP8_DTYPE", "FP8_INPUT_SCALE_MIN", "input_scale_problem",
+__all__ += ["input_scale_problem",
             "input_scale_value_problem", "resnorm_quant_fp8_problem", "fp8_quantize_problem",
             "norm_modulate_inputs_problem", "norm_modulate_quant_problem",
             "norm_modulate_quant_fp8_problem", "resnorm_quant_fp8_out_problem", "fp8_quantize_out_problem",

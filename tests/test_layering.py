@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "qwen_resnorm_fp4"
 #: Layer of each module of the core (lower layers first). integrations/, the command line and the benchmarks
 #: sit above all of them.
 LAYERS = {
-    "env": 0, "layout": 0, "_argtypes": 0, "_library": 0, "rcp_approx": 0,
+    "constants": 0, "env": 0, "layout": 0, "_argtypes": 0, "_library": 0, "rcp_approx": 0,
     "recipe": 1, "device": 1,
     "validation": 2,
     "reference": 3,
