@@ -4,7 +4,8 @@ Tensor inputs go contiguous and 16-byte aligned, so that the kernels can use vec
 needed; while torch.compile traces, alignment is unknowable: contiguity only). gate, scale and shift go as
 they are where the CUDA op reads them in place (stride 1 in the last dimension, 16-byte aligned rows:
 :func:`~qwen_resnorm_fp4.validation.modulation_layout_problem`). global_scale and input_scale (each read with
-one scalar load) and the outputs an out-variant is given go as they are; eps goes as a float.
+one scalar load) and the outputs an out-variant is given go as they are; modulate_index (read element by
+element) goes contiguous, at any alignment; eps goes as a float.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 MODULATION_ARGUMENTS = ("gate", "scale", "shift")
 #: The arguments that always go as they are (besides an out-variant's outputs).
 AS_GIVEN_ARGUMENTS = ("global_scale", "input_scale")
+#: The arguments the kernels read element by element: contiguous, never copied for alignment.
+ELEMENT_ARGUMENTS = ("modulate_index",)
 
 
 def aligned(t: Tensor) -> Tensor:
@@ -60,7 +63,7 @@ class OpArguments:
 
     def __init__(self, op: torch._ops.OpOverload) -> None:
         self.op = op
-        inputs, optional, modulation, floats, required_tensors = [], [], [], [], []
+        inputs, optional, modulation, floats, required_tensors, elements = [], [], [], [], [], []
         for i, a in enumerate(op._schema.arguments):
             kind = str(a.type)
             written = a.alias_info is not None and a.alias_info.is_write
@@ -74,11 +77,14 @@ class OpArguments:
                 continue
             if a.name in MODULATION_ARGUMENTS:
                 modulation.append(i)
+            elif a.name in ELEMENT_ARGUMENTS:
+                elements.append(i)
             elif kind == "Tensor":
                 inputs.append(i)
             else:
                 optional.append(i)
         self.inputs, self.optional, self.modulation = tuple(inputs), tuple(optional), tuple(modulation)
+        self.elements = tuple(elements)
         self.floats, self.required_tensors = tuple(floats), tuple(required_tensors)
         self.optional_tensors = tuple(i for i, a in enumerate(op._schema.arguments)
                                       if str(a.type) == "Optional[Tensor]")
@@ -94,6 +100,9 @@ class OpArguments:
                 out[i] = prepare(out[i])
         for i in self.modulation:
             out[i] = modulation_operand(out[i], prepare)
+        for i in self.elements:
+            if out[i] is not None:
+                out[i] = out[i].contiguous()
         for i in self.floats:
             out[i] = float(out[i])
         return out

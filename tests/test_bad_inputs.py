@@ -533,3 +533,24 @@ def test_wrappers_check_first_then_call_the_op_once(monkeypatch, op, dev):
         monkeypatch.undo()
     sync_all()
     assert same_bytes(call(op, "wrapper", kw), want)
+
+
+def test_modulate_index_is_never_copied_for_alignment():
+    """modulate_index is read element by element: a contiguous index at an odd offset goes to the op as it is
+    (no clone for alignment); a non-contiguous one is made contiguous."""
+    from qwen_resnorm_fp4 import api
+
+    arguments = api._BOUND["resnorm_quant"][1]
+    at = arguments.op._schema.arguments
+    index_at = [i for i, a in enumerate(at) if a.name == "modulate_index"][0]
+    base = torch.zeros(1 + 2 * 8, dtype=torch.bool)
+    odd = base[1:].view(2, 8)  # 1 byte past an aligned start
+    kw = good("cpu")
+    args = [kw.get(a.name, a.default_value if a.has_default_value() else None) for a in at]
+    args[index_at] = odd
+    prepared = arguments.prepared(args)
+    assert prepared[index_at] is odd
+    strided = torch.zeros(8, 2, dtype=torch.int32).t()
+    args[index_at] = strided
+    prepared = arguments.prepared(args)
+    assert prepared[index_at].is_contiguous() and torch.equal(prepared[index_at], strided)
