@@ -188,7 +188,7 @@ def check_lines(rows: List[Dict[str, object]]) -> List[str]:
         parts = [f"{k} {results.yes_no(r.get(k))}" for k in required_checks(r)]
         if "flashinfer_y_differs_frac" in r:
             parts.append(f"FlashInfer's y differs from resnorm's in {100 * r['flashinfer_y_differs_frac']:.2f}% of "
-                         "elements (not judged)")
+                         "elements (a measurement, not a check)")
         lines.append(f"rows={r['rows']}: " + ("; ".join(parts) if parts else "nothing of this build's to check"))
     return lines
 

@@ -1,14 +1,15 @@
-"""The one results writer of the benchmarks, and the byte checks every benchmark is judged by.
+"""The one results writer of the benchmarks, and their correctness checks.
 
 A benchmark's results are a list of flat rows (dicts), one per case. :func:`write_report` writes them as
 ``<name>.csv`` (one column per field), ``<name>.md`` (the lines given: header, tables, notes) and, given a
 :class:`Plot`, ``<name>.png`` (needs matplotlib; skipped with a note otherwise). :func:`markdown_table`
 and :func:`fmt` make the tables.
 
-Byte checks: every benchmarked case records each check it made as a boolean field (e.g.
+Correctness checks: every benchmarked case records each check it made as a boolean field (e.g.
 ``"byte_exact": torch.equal(...)`` through :func:`outputs_equal`). :func:`check_failures` lists the cases
 where a required check is False *or missing* (a check that was never made fails), and
-:func:`exit_status` turns failures into a loud message and exit status 1.
+:func:`exit_status` turns failures into a message on stderr and exit status 1. The benchmarks print
+measurements; they do not grade them against goals (those are stated in docs/performance.md's text).
 """
 
 from __future__ import annotations
@@ -53,31 +54,14 @@ def check_failures(rows: Iterable[Row], required: Union[Sequence[str], Callable[
 
 
 def exit_status(failures: Sequence[str], what: str) -> int:
-    """0 when there are no failures, else 1 after printing them to stderr under ``FAIL: <what>``."""
+    """0 when there are no failures, else 1 after printing them to stderr under ``check failed: <what>``
+    (one line per failure, then what the exit status means)."""
     if not failures:
         return 0
-    print(f"FAIL: {what}:\n  " + "\n  ".join(failures), file=sys.stderr)
+    print(f"check failed: {what}:\n  " + "\n  ".join(failures)
+          + "\nexit status 1: a correctness check failed (the measurements were written all the same)",
+          file=sys.stderr)
     return 1
-
-
-Verdict = Tuple[str, str, str]  # (goal, "PASS" / "FAIL" / "SKIP", detail)
-
-
-def verdict_md(title: str, verdicts: Sequence[Verdict]) -> List[str]:
-    """The markdown section of a benchmark's goal verdicts (none: no lines)."""
-    if not verdicts:
-        return []
-    return ["", f"## {title}", ""] + [f"- {v}: {n} ({d})" for n, v, d in verdicts]
-
-
-def print_verdicts(title: str, verdicts: Sequence[Verdict]) -> int:
-    """Prints the verdicts under ``title``; 1 if any FAILs, else 0 (none: prints nothing)."""
-    if not verdicts:
-        return 0
-    print(f"\n{title}:")
-    for n, v, d in verdicts:
-        print(f"  {v}  {n}: {d}")
-    return int(any(v == "FAIL" for _, v, _ in verdicts))
 
 
 def fmt(v: object, spec: str) -> str:

@@ -1,7 +1,7 @@
-"""CPU tests of the FP8 benchmarks (benchmarks/bench_fp8.py, bench_fp8_linear.py) and of bench_model's cases and
-goal: byte models, option parsing, the torch peers, the judging of the FP8 issue's goals, the tables, and each
-main with its measurements faked (the rows reach the report, a failed or missing check fails the run). None
-needs a GPU; the tests that run this build's FP8 ops on the CPU skip where the build has none."""
+"""CPU tests of the FP8 benchmarks (benchmarks/bench_fp8.py, bench_fp8_linear.py) and of bench_model: byte models,
+option parsing, the torch peers, the tables, the correctness checks, and each main with its measurements faked
+(the rows reach the report; a failed or missing check fails the run, a poor figure does not). None needs a GPU;
+the tests that run this build's FP8 ops on the CPU skip where the build has none."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_fp8_options_parse():
                                                 "token,batch"])
     assert args.ops == ["gelu_fp8", "fp8_quantize"] and args.modulation == ["token", "batch"]
     args = bench_fp8.build_parser().parse_args([])
-    assert args.ops == list(bench_fp8.OPS) and args.modulation == ["batch"] and not args.check_targets
+    assert args.ops == list(bench_fp8.OPS) and args.modulation == ["batch"]
 
 
 def test_fp8_refuses_a_build_without_the_ops(monkeypatch, tmp_path, capsys):
@@ -158,7 +158,7 @@ def test_fp8_implementations_on_cpu(op, per_token):
 
 
 # ----------------------------------------------------------------------------------------------------
-# bench_fp8: judging and the report
+# bench_fp8: the byte check and the report
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -174,58 +174,16 @@ def _fp8_row(op="resnorm_quant_fp8", rows=4096, frac=0.93, x_unfused=1.55, x_tor
     return r
 
 
-def _verdicts(rows):
-    return {n: (v, d) for n, v, d in bench_fp8.check_targets(rows)}
-
-
-COPY = "fused >= 90% of a same-bytes copy at rows >= 4096 (graph replay) (batch modulation)"
-OURS = "fused >= 1.5x the unfused chain, ours (resnorm + fp8_quantize), every row count (batch modulation)"
-TORCH = "fused >= 1.5x the unfused chain, torch eager, every row count (batch modulation)"
-EXACT = "byte-exact fused == unfused (ours) everywhere"
-
-
-def test_fp8_targets_pass():
-    rows = [_fp8_row(rows=17, frac=0.1), _fp8_row(rows=4096), _fp8_row(rows=16384, frac=0.97),
-            _fp8_row("fp8_quantize", rows=17), _fp8_row("norm_modulate_quant_fp8")]
-    v = _verdicts(rows)
-    assert set(v) == {COPY, OURS, TORCH, EXACT} and all(x == "PASS" for x, _ in v.values()), v
-    assert "D=3072 4096 rows 93.0%" in v[COPY][1] and "17 rows" not in v[COPY][1]  # small rows not judged there
-    assert "D=3072 17 rows 1.55x" in v[OURS][1] and v[EXACT][1] == "4 cases"
-
-
-def test_fp8_targets_fail_each_goal_on_its_own_figure():
-    v = _verdicts([_fp8_row(rows=4096, frac=0.89), _fp8_row(rows=17)])
-    assert v[COPY][0] == "FAIL" and v[OURS][0] == v[TORCH][0] == "PASS"
-    v = _verdicts([_fp8_row(rows=1, x_unfused=1.49), _fp8_row(rows=4096)])
-    assert v[OURS][0] == "FAIL" and "1 rows 1.49x" in v[OURS][1] and v[TORCH][0] == "PASS"
-    v = _verdicts([_fp8_row(rows=4096, x_torch=1.2)])
-    assert v[TORCH][0] == "FAIL" and v[OURS][0] == "PASS"
-
-
-def test_fp8_targets_missing_figures_fail_and_per_token_is_judged_apart():
-    row = _fp8_row(rows=4096)
-    del row["x_unfused"]
-    v = _verdicts([row, _fp8_row(rows=4096, modulation="token", frac=0.5)])
-    assert v[OURS] == ("FAIL", "D=3072 4096 rows n/a")
-    assert v[COPY.replace("batch", "token")][0] == "FAIL" and v[COPY][0] == "PASS"
-    v = _verdicts([_fp8_row(rows=4096, x_unfused=nan)])
-    assert v[OURS][0] == "FAIL"
-    v = _verdicts([_fp8_row(rows=256)])  # no case at >= 4096 rows
-    assert v[COPY] == ("SKIP", "no case measured")
-
-
-def test_fp8_targets_byte_exactness_covers_every_op_and_missing_checks():
+def test_fp8_byte_check_covers_every_op_with_an_unfused_chain_and_missing_checks():
     rows = [_fp8_row(), _fp8_row("norm_modulate_quant_fp8", rows=17, exact=False),
             _fp8_row("norm_modulate_quant_fp8", rows=256, exact=None)]
-    v = _verdicts(rows)
-    assert v[EXACT][0] == "FAIL"
-    assert "norm_modulate_quant_fp8 D=3072 rows=17, batch modulation: byte_exact failed" in v[EXACT][1]
-    assert "rows=256, batch modulation: byte_exact not checked" in v[EXACT][1]
-    v = _verdicts([_fp8_row("fp8_quantize"), _fp8_row("gelu_fp8", dim=12288)])
-    assert v["resnorm_quant_fp8 goals"][0] == "SKIP" and v[EXACT] == ("PASS", "1 cases")  # gelu_fp8 is checked
+    assert bench_fp8.byte_check_failures(rows) == [
+        "norm_modulate_quant_fp8 D=3072 rows=17, batch modulation: byte_exact failed",
+        "norm_modulate_quant_fp8 D=3072 rows=256, batch modulation: byte_exact not checked"]
     assert bench_fp8.byte_check_failures([_fp8_row("gelu_fp8", dim=12288)]) == []
-    assert bench_fp8.byte_check_failures([_fp8_row("gelu_fp8", dim=12288, exact=None)]) != []
-    assert bench_fp8.byte_check_failures([_fp8_row("fp8_quantize", exact=None)]) == []
+    assert bench_fp8.byte_check_failures([_fp8_row("gelu_fp8", dim=12288, exact=None)]) == [
+        "gelu_fp8 D=12288 rows=4096: byte_exact not checked"]
+    assert bench_fp8.byte_check_failures([_fp8_row("fp8_quantize", exact=None)]) == []  # no unfused chain
 
 
 def test_fp8_tables():
@@ -259,7 +217,7 @@ def _fake_fp8_measurements(monkeypatch, bad=()):
 def test_fp8_main_measures_every_case_and_writes_the_report(monkeypatch, tmp_path, capsys):
     calls = _fake_fp8_measurements(monkeypatch)
     argv = ["--rows", "17,4096", "--dims", "3072,5120", "--modulation", "batch,token", "--no-compile",
-            "--check-targets", "--out", str(tmp_path)]
+            "--out", str(tmp_path)]
     assert bench_fp8.main(argv) == 0
     per_norm_op = [(r, d, m) for d in (3072, 5120) for r in (17, 4096) for m in ("batch", "token")]
     assert [c[1:4] for c in calls if c[0] == "resnorm_quant_fp8"] == per_norm_op
@@ -270,12 +228,16 @@ def test_fp8_main_measures_every_case_and_writes_the_report(monkeypatch, tmp_pat
     assert all(c[4] and c[5] == 50 for c in calls)  # --no-compile: no compiled peer
     csv_lines = (tmp_path / "bench_fp8.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_fp8.CSV_FIELDS and len(csv_lines) == 1 + len(calls)
+    first = dict(zip(bench_fp8.CSV_FIELDS, csv_lines[1].split(",")))
+    assert (first["op"], first["rows"], first["modulation"], first["fused_us"], first["x_unfused"]) == (
+        "resnorm_quant_fp8", "17", "batch", "10.0", "1.55")
     md = (tmp_path / "bench_fp8.md").read_text()
     for op in bench_fp8.OPS:
         assert f"## {bench_fp8.SUBJECT[op]}" in md
-    assert "## Goals (FP8 issue, resnorm_quant_fp8, graph replay)" in md and "- PASS: " + COPY in md
+    assert "| 5120 | 4096 | token | 10.00 | 93.0 | 88.0 | 15.50 | 1.55 |" in md
     out, err = capsys.readouterr()
-    assert "PASS  " + TORCH.replace("batch", "token") in out and "FAIL" not in err
+    assert "resnorm_quant_fp8 D=5120 rows=4096, token modulation: 10.00 us (93.0% of a same-bytes copy)" in out
+    assert err == ""
 
 
 def test_fp8_main_quick_and_failures(monkeypatch, tmp_path, capsys):
@@ -285,25 +247,27 @@ def test_fp8_main_quick_and_failures(monkeypatch, tmp_path, capsys):
     assert {c[1] for c in calls} == set(bench_fp8.QUICK_ROWS) and {c[2] for c in calls} == {3072}
     assert all(c[5] == 20 for c in calls)
     err = capsys.readouterr().err
-    assert "FAIL: fused and unfused FP8 outputs differ" in err
+    assert "check failed: fused and unfused FP8 outputs differ" in err
     assert "norm_modulate_quant_fp8 D=3072 rows=4096, batch modulation: byte_exact failed" in err
 
 
-def test_fp8_main_fails_a_missed_goal(monkeypatch, tmp_path, capsys):
+def test_fp8_main_prints_a_slow_figure_without_failing(monkeypatch, tmp_path, capsys):
+    """The fused op slower than its unfused chain and far from the copy is a measurement, not a failed run."""
     _fake_fp8_measurements(monkeypatch)
     real = bench_fp8.measure_case
 
     def slow(*a, **k):
         r = real(*a, **k)
-        r["x_unfused"] = 1.2
+        r.update(x_unfused=0.8, fused_frac_own_copy=0.3)
         return r
 
     monkeypatch.setattr(bench_fp8, "measure_case", slow)
     assert bench_fp8.main(["--rows", "4096", "--dims", "3072", "--ops", "resnorm_quant_fp8", "--no-compile",
-                           "--out", str(tmp_path)]) == 0  # goals judged only when asked
-    assert bench_fp8.main(["--rows", "4096", "--dims", "3072", "--ops", "resnorm_quant_fp8", "--no-compile",
-                           "--check-targets", "--out", str(tmp_path)]) == 1
-    assert "FAIL  " + OURS + ": D=3072 4096 rows 1.20x" in capsys.readouterr().out
+                           "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "(30.0% of a same-bytes copy), x unfused 0.80" in out and err == ""
+    md = (tmp_path / "bench_fp8.md").read_text()
+    assert "| 3072 | 4096 | batch | 10.00 | 30.0 |" in md and "PASS" not in md and "FAIL" not in md
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -409,7 +373,7 @@ def test_linear_main_fails_loudly(monkeypatch, tmp_path, capsys):
     _fake_linear(monkeypatch, bad={("qkv_out", 6889)})
     assert bench_fp8_linear.main(["--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert "FAIL: FP8Linear" in err and "qkv_out 6889 x 3072 x 3072: forms_equal failed" in err
+    assert "check failed: FP8Linear" in err and "qkv_out 6889 x 3072 x 3072: forms_equal failed" in err
 
 
 def test_linear_refuses_a_build_without_fp8linear(monkeypatch, tmp_path, capsys):
@@ -421,7 +385,7 @@ def test_linear_refuses_a_build_without_fp8linear(monkeypatch, tmp_path, capsys)
 
 
 # ----------------------------------------------------------------------------------------------------
-# bench_model: cases, checks, the FP8 goal
+# bench_model: cases, checks, the report, --peers
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -477,39 +441,6 @@ def _model_row(tokens=6889, zct=False, fmt="fp8", linears="all", ratio=0.75, err
             "restored_equals_bf16": True}
 
 
-def _goal_rows(**changes):
-    return [_model_row(t, z, **(changes if (t, z) == (10209, True) else {}))
-            for t in (6889, 10209) for z in (False, True)]
-
-
-def _model_verdicts(rows, layers=4):
-    return {n.split(": ", 1)[1]: (v, d) for n, v, d in bench_model.check_targets(rows, layers)}
-
-
-def test_model_goal_pass_and_each_failure():
-    v = _model_verdicts(_goal_rows() + [_model_row(fmt="nvfp4", ratio=1.03, err=0.02)])
-    assert all(x == "PASS" for x, _ in v.values()) and len(v) == 4, v
-    assert "6889 b1 0.750x, 6889 zct b1 0.750x, 10209 b1 0.750x, 10209 zct b1 0.750x" == \
-        v["forward <= 0.80x BF16"][1]
-    for change, goal in ((dict(ratio=0.81), "forward <= 0.80x BF16"),
-                         (dict(err=0.011), "relative error vs BF16 <= 1%"),
-                         (dict(exact=False), "fused == unfused bit for bit"),
-                         (dict(no_fallback=False), "every segment fused (fused_path_stats, no fallback)")):
-        v = _model_verdicts(_goal_rows(**change))
-        assert [g for g, (x, _) in v.items() if x == "FAIL"] == [goal], (change, v)
-
-
-def test_model_goal_needs_every_case_and_four_blocks():
-    rows = [r for r in _goal_rows() if not (r["tokens"] == 10209 and r["zero_cond_t"])]
-    v = _model_verdicts(rows)
-    assert all(x == "FAIL" for x, _ in v.values()) and "not measured: 10209 tokens zero_cond_t" in \
-        v["forward <= 0.80x BF16"][1]
-    v = _model_verdicts(_goal_rows(), layers=2)
-    assert all(x == "FAIL" for x, _ in v.values()) and "2 blocks (the goal needs >= 4)" in v["forward <= 0.80x BF16"][1]
-    v = _model_verdicts([_model_row(fmt="nvfp4")] + [_model_row(linears="fc1")])
-    assert all(x == "FAIL" for x, _ in v.values()) and "no fp8 / all case" in v["forward <= 0.80x BF16"][1]
-
-
 def test_model_fp8_over_nvfp4_and_table():
     rows = [_model_row(fmt="nvfp4", ratio=1.0), _model_row(fmt="fp8", ratio=0.75), _model_row(fmt="fp8", zct=True)]
     bench_model.add_fp8_over_nvfp4(rows)
@@ -549,24 +480,76 @@ def _fake_model(monkeypatch, change=None):
     return calls
 
 
-def test_model_main_quick_judges_the_goal(monkeypatch, tmp_path, capsys):
+def test_model_main_quick(monkeypatch, tmp_path, capsys):
     calls = _fake_model(monkeypatch)
-    assert bench_model.main(["--quick", "--check-targets", "--out", str(tmp_path)]) == 0
+    assert bench_model.main(["--quick", "--out", str(tmp_path)]) == 0
     assert calls == [(z, [6889, 10209], [1], ["fp8"], ["all"], 4, 128, 3, 2) for z in (False, True)]
     csv_lines = (tmp_path / "bench_model.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_model.CSV_FIELDS and len(csv_lines) == 1 + 4
+    first = dict(zip(bench_model.CSV_FIELDS, csv_lines[1].split(",")))
+    assert (first["tokens"], first["format"], first["fused_ms"], first["fused_over_bf16"]) == (
+        "6889", "fp8", "15.0", "0.75")
     md = (tmp_path / "bench_model.md").read_text()
-    assert "## Goal (FP8 issue, end to end)" in md and md.count("- PASS: ") == 4
-    assert "FAIL" not in capsys.readouterr().err
+    assert "| 10209 | yes | 1 | fp8 | all | 20.00 | 15.00 | 15.75 | 0.75x |" in md
+    assert capsys.readouterr().err == ""
 
 
 def test_model_main_default_cases_and_failures(monkeypatch, tmp_path, capsys):
-    calls = _fake_model(monkeypatch, change={(10209, True, "fp8"): {"fused_over_bf16": 0.9}})
-    assert bench_model.main(["--out", str(tmp_path)]) == 0  # the goal is judged only when asked
+    calls = _fake_model(monkeypatch, change={(10209, True, "fp8"): {"fused_over_bf16": 1.3, "rel_err_vs_bf16": 0.2}})
+    assert bench_model.main(["--out", str(tmp_path)]) == 0  # a slow or inaccurate figure is printed, not failed
     assert calls[0][3:5] == (["nvfp4", "fp8"], ["all", "fc1"]) and calls[0][7:] == (10, 3)
-    assert bench_model.main(["--check-targets", "--zero-cond-t", "on", "--out", str(tmp_path)]) == 1
-    out = capsys.readouterr().out
-    assert "FAIL  " in out and "not measured: 6889 tokens, 10209 tokens" in out
+    assert "| 1.30x |" in (tmp_path / "bench_model.md").read_text() and capsys.readouterr().err == ""
     _fake_model(monkeypatch, change={(6889, False, "nvfp4"): {"fused_equals_unfused": False}})
     assert bench_model.main(["--zero-cond-t", "off", "--out", str(tmp_path)]) == 1
     assert "6889 tokens batch 1 format=nvfp4 linears=all: fused_equals_unfused failed" in capsys.readouterr().err
+
+
+def _fake_peers(monkeypatch, change=None):
+    calls = []
+
+    def measure_peers(zct, tokens, variants, layers, text_len, reps, warmup, flush, log=print):
+        calls.append((zct, list(tokens), list(variants), layers, text_len, reps, warmup))
+        rows = []
+        for t in tokens:
+            for v in variants:
+                ms = 20.0 if v == "bf16_eager" else 30.0  # ours slower than BF16: a figure, not a failure
+                r = {"variant": v, "tokens": t, "zero_cond_t": zct, "ms": ms, "compile_s": 0.0 if v == "bf16_eager"
+                     else 12.5, "graphs": 1, "rel_err_vs_bf16": 0.0 if v == "bf16_eager" else 0.0138,
+                     "over_bf16_eager": ms / 20.0, "over_torchao_row": nan}
+                if v == "ours_compiled":
+                    r.update(compiled_paths="norm1: fused", compiled_all_fused=True, fused_equals_unfused=True)
+                r.update((change or {}).get((t, zct, v), {}))
+                rows.append(r)
+        return rows
+
+    _fake_gpu(monkeypatch)
+    monkeypatch.setattr(harness, "compile_for_many_shapes", lambda *a, **k: None)
+    monkeypatch.setattr(timing, "l2_flush_buffer", lambda: None)
+    monkeypatch.setattr(bench_model, "measure_peers", measure_peers)
+    return calls
+
+
+def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys):
+    calls = _fake_peers(monkeypatch)
+    assert bench_model.main(["--peers", "--variants", "bf16_eager,ours_compiled", "--reps", "7", "--warmup", "2",
+                             "--out", str(tmp_path)]) == 0
+    assert calls == [(z, [6889, 10209], ["bf16_eager", "ours_compiled"], 4, 128, 7, 2) for z in (False, True)]
+    csv_lines = (tmp_path / "bench_model_peers.csv").read_text().splitlines()
+    assert csv_lines[0].split(",") == bench_model.PEER_FIELDS and len(csv_lines) == 1 + 2 * 2 * 2
+    md = (tmp_path / "bench_model_peers.md").read_text()
+    assert "| 6889 | no | ours_compiled | 30.00 | 1.500 | n/a | 12.5 | 1 | 0.0138 | yes |" in md
+    assert "| 10209 | yes | bf16_eager | 20.00 | 1.000 | n/a | 0.0 | 1 | 0.0000 |  |" in md
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"fused_equals_unfused": False}, "10209 tokens zct ours_compiled: fused != unfused under compile"),
+    ({"compiled_all_fused": False, "compiled_paths": "norm1: fused/unfused"},
+     "10209 tokens zct ours_compiled: compiled paths norm1: fused/unfused"),
+])
+def test_model_peers_main_fails_a_check(change, message, monkeypatch, tmp_path, capsys):
+    _fake_peers(monkeypatch, change={(10209, True, "ours_compiled"): change})
+    assert bench_model.main(["--peers", "--variants", "bf16_eager,ours_compiled", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "check failed: the converted model under torch.compile" in err and message in err
+    assert (tmp_path / "bench_model_peers.csv").is_file()

@@ -209,7 +209,7 @@ def test_bench_commands_find_the_checkouts_benchmarks(command, script):
 def test_bench_help_from_the_checkout():
     p = run_cli("bench", "--help")
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "--check-targets" in p.stdout and "--quick" in p.stdout
+    assert "--no-compile" in p.stdout and "--quick" in p.stdout and "--check-targets" not in p.stdout
 
 
 @pytest.mark.parametrize("command", sorted(cli.BENCHMARKS))
