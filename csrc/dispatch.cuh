@@ -46,7 +46,7 @@ inline bool plain_params(const ResnormArgs& args) {
          !args.gate.fp32 && !args.scale.fp32 && !args.shift.fp32;
 }
 
-// Calls f(RowConfig<...>{}, std::bool_constant<kPlainParams>{}) for a resnorm or resnorm_quant call.
+// Calls f(RowConfig<...>{}, std::bool_constant<kPlainParams>{}) for a call of a row kernel (bf16 or NVFP4 output).
 template <class F>
 void dispatch_row_kernel(const ResnormArgs& args, F&& f) {
   const bool plain = plain_params(args);

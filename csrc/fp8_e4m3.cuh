@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "formats.h"
 #include "vec.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
@@ -22,7 +23,6 @@
 
 namespace qwen_fp4 {
 
-constexpr float kE4m3Max = 448.0f;
 constexpr uint32_t kE4m3NanX4 = 0x7F7F7F7Fu;  // four E4M3 NaN bytes: the output of a refused input_scale
 
 // 1 / s as SGLang computes it (Triton lowers its fp32 `1.0 / scale` to div.full.f32): not IEEE division;

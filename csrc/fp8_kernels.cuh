@@ -1,10 +1,11 @@
 // The FP8 (E4M3) kernels and the no-residual ("norm_modulate") row kernels, built on the row kernels'
 // machinery (resnorm_kernel.cuh: resnorm_row, residual_and_rstd, modulate_vec; one configuration per (D,
-// rows) from dispatch_row_config, the one resnorm takes), so their bf16 y is resnorm's bit for bit:
-// - resnorm_fp8_kernel: steps 1-7 as resnorm, then the E4M3 rule of fp8_e4m3.cuh on y;
+// rows) from dispatch_row_config, the one the bf16 row kernel takes), so their bf16 y is that kernel's bit
+// for bit:
+// - resnorm_fp8_kernel: steps 1-7 as the bf16 row kernel, then the E4M3 rule of fp8_e4m3.cuh on y;
 // - norm_modulate_*_kernel: steps 3-7 on r = bf16(fma(0, 0, x)) (x itself, -0 read as +0), which is
-//   resnorm's row with x = 0, gate = 0 and the residual x, through the same code (the same sums); then
-//   NVFP4 (the Quantizer, as resnorm_quant) or E4M3; no residual_out;
+//   the bf16 row with x = 0, gate = 0 and the residual x, through the same code (the same sums); then
+//   NVFP4 (the Quantizer, as the fused NVFP4 kernel) or E4M3; no residual_out;
 // Every kernel starts with begin_after_predecessor (programmatic dependent launch, pdl.cuh).
 #pragma once
 
@@ -38,7 +39,7 @@ __device__ __forceinline__ void store_fp8_row(const ResnormArgs& args, int64_t r
   }
 }
 
-// resnorm_quant_fp8: steps 1-7 (resnorm_row), then E4M3 of y. kStagger as in resnorm_kernel: the same
+// The FP8 row kernel: steps 1-7 (resnorm_row), then E4M3 of y. kStagger as in resnorm_kernel: the same
 // launch policy (launch_row_kernels with ResnormFp8Kernels).
 template <class Config, bool kPlainParams, bool kStagger>
 __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm)
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm)
   store_fp8_row<Config>(args, row, y, input_scale);
 }
 
-// The resnorm_quant_fp8 kernels for launch_row_kernels (launch_rows.cuh): one CTA per row, no scale
+// The FP8 row kernels for launch_row_kernels (launch_rows.cuh): one CTA per row, no scale
 // padding, no split kernel.
 struct ResnormFp8Kernels {
   static constexpr bool kQuantizes = false;
@@ -100,7 +101,7 @@ __device__ __forceinline__ void norm_modulate_row(const ResnormArgs& args, int64
   }
 }
 
-// norm_modulate_quant_fp8: steps 3-7 on x, then E4M3. One CTA per row.
+// The no-residual FP8 kernel: steps 3-7 on x, then E4M3. One CTA per row.
 template <class Config>
 __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm)
     norm_modulate_fp8_kernel(const ResnormArgs args) {
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm)
   store_fp8_row<Config>(args, row, y, input_scale);
 }
 
-// norm_modulate_quant: steps 3-7 on x, then NVFP4 (the Quantizer, as resnorm_quant_kernel), with the
+// The no-residual NVFP4 kernel: steps 3-7 on x, then NVFP4 (the Quantizer, as resnorm_quant_kernel), with the
 // quantizing kernels' grid (quantize_grid: padding CTAs zero the scale tensor's padding rows).
 template <class Quantizer, class Config>
 __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm)

@@ -39,8 +39,8 @@ struct ResnormArgs {
   float eps;
   float inv_cols;  // 1.0f / cols, rounded once (IEEE division on the host)
   void* residual_out;  // bf16 [rows, cols]
-  void* y;             // bf16 [rows, cols]    (resnorm only)
-  uint8_t* packed;     // [rows, cols / 2]       (resnorm_quant only)
+  void* y;             // bf16 [rows, cols]    (the bf16 row kernel only)
+  uint8_t* packed;     // [rows, cols / 2]       (the NVFP4 kernels only)
   uint8_t* scales;     // [round_up(rows, 128), cols / 16], 128x4 swizzled
   const float* global_scale;
   int32_t nvfp4_4over6_code;  // the block-scale recipe, kNvfp4Recipe* bits below; 0: the standard recipe
@@ -119,7 +119,7 @@ QWEN_FP4_HOST_DEVICE constexpr bool recipe_error_fast_math(int32_t code) {
   return (code & kNvfp4RecipeErrFastMath) != 0;
 }
 
-// Portable path (software E2M1, = cuda_fp4.h): sm_90a and the compute_90 PTX. Also resnorm everywhere.
+// Portable path (software E2M1, = cuda_fp4.h): sm_90a and the compute_90 PTX. Also the bf16 row kernel everywhere.
 void launch_resnorm(const ResnormArgs& args, const LaunchTarget& on);
 void launch_resnorm_quant_portable(const ResnormArgs& args, bool fast_math, const LaunchTarget& on);
 void launch_nvfp4_quantize_portable(const QuantizeArgs& args, bool fast_math, const LaunchTarget& on);

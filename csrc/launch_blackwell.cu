@@ -44,11 +44,11 @@ bool blackwell_kernels_usable(int device_index) {
 }
 
 void launch_resnorm_quant_blackwell(const ResnormArgs& args, bool fast_math, const LaunchTarget& on) {
-  launch_resnorm_quant_mode<FlashInferNvfp4, FlashInfer4Over6Nvfp4>(args, fast_math, on, "resnorm_quant (Blackwell)");
+  launch_resnorm_quant_mode<FlashInferNvfp4, FlashInfer4Over6Nvfp4>(args, fast_math, on, "resnorm_quant_kernel (Blackwell)");
 }
 
 void launch_nvfp4_quantize_blackwell(const QuantizeArgs& args, bool fast_math, const LaunchTarget& on) {
-  launch_nvfp4_quantize_mode<FlashInferNvfp4, FlashInfer4Over6Nvfp4>(args, fast_math, on, "nvfp4_quantize (Blackwell)");
+  launch_nvfp4_quantize_mode<FlashInferNvfp4, FlashInfer4Over6Nvfp4>(args, fast_math, on, "nvfp4_quantize_kernel (Blackwell)");
 }
 
 }  // namespace qwen_fp4

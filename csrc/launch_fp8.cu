@@ -1,6 +1,6 @@
-// Launchers of the FP8 (E4M3) ops: resnorm_quant_fp8 through the row kernels' launch path (the
-// configuration, plain/general and first-wave stagger variants resnorm takes), norm_modulate_quant_fp8,
-// and the element-wise fp8_quantize and gelu_tanh_fp8_quantize.
+// Launchers of the FP8 (E4M3) kernels: the FP8 row kernel through the row kernels' launch path (the
+// configuration, plain/general and first-wave stagger variants the bf16 row kernel takes), the no-residual
+// FP8 kernel, and the element-wise kernel (plain, or GELU first).
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -12,7 +12,7 @@
 
 namespace qwen_fp4 {
 
-// fp8_quantize (kActivation kNone) / gelu_tanh_fp8_quantize (kGeluTanh): E4M3 of a.n contiguous bf16
+// The element-wise kernel, kActivation kNone (plain) or kGeluTanh (GELU first): E4M3 of a.n contiguous bf16
 // values (after GELU to bf16), 8 per 16-byte vector (grid-stride over the vectors), the last n % 8 one by
 // one in CTA 0.
 template <Fp8Activation kActivation>
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const Fp8QuantizeArgs
 void launch_resnorm_fp8(const ResnormArgs& args, const LaunchTarget& on) {
   if (args.rows == 0) return;
   launch_row_kernels<ResnormFp8Kernels>(args, on);
-  check_launch("resnorm_quant_fp8");
+  check_launch("resnorm_fp8_kernel");
 }
 
 void launch_norm_modulate_fp8(const ResnormArgs& args, const LaunchTarget& on) {
@@ -50,7 +50,7 @@ void launch_norm_modulate_fp8(const ResnormArgs& args, const LaunchTarget& on) {
     launch_kernel(norm_modulate_fp8_kernel<Config>, args.rows, Config::threads_for(args.cols),
                   static_cast<cudaStream_t>(on.stream), pdl_enabled(), args);
   });
-  check_launch("norm_modulate_quant_fp8");
+  check_launch("norm_modulate_fp8_kernel");
 }
 
 void launch_fp8_quantize(const Fp8QuantizeArgs& args, const LaunchTarget& on) {
@@ -64,7 +64,7 @@ void launch_fp8_quantize(const Fp8QuantizeArgs& args, const LaunchTarget& on) {
   const auto kernel = args.activation == Fp8Activation::kGeluTanh ? fp8_quantize_kernel<Fp8Activation::kGeluTanh>
                                                                   : fp8_quantize_kernel<Fp8Activation::kNone>;
   launch_kernel(kernel, grid, kThreads, static_cast<cudaStream_t>(on.stream), pdl_enabled(), args);
-  check_launch(args.activation == Fp8Activation::kGeluTanh ? "gelu_tanh_fp8_quantize" : "fp8_quantize");
+  check_launch(args.activation == Fp8Activation::kGeluTanh ? "gelu_tanh_fp8_kernel" : "fp8_quantize_kernel");
 }
 
 }  // namespace qwen_fp4

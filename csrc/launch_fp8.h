@@ -10,11 +10,11 @@
 
 namespace qwen_fp4 {
 
-// What the element-wise FP8 kernel applies to each bf16 value before E4M3: nothing (fp8_quantize) or
-// PyTorch's GELU(tanh) rounded to bf16 (gelu_tanh_fp8_quantize: the FFN's second Linear input).
+// What the element-wise FP8 kernel applies to each bf16 value before E4M3: nothing, or PyTorch's GELU(tanh)
+// rounded to bf16 (the FFN's second Linear input).
 enum class Fp8Activation : int { kNone = 0, kGeluTanh = 1 };
 
-// fp8_quantize / gelu_tanh_fp8_quantize: n contiguous bf16 values at y (16-byte aligned) to n E4M3 bytes at
+// The element-wise kernel: n contiguous bf16 values at y (16-byte aligned) to n E4M3 bytes at
 // out (16-byte aligned).
 struct Fp8QuantizeArgs {
   const void* y;
@@ -24,11 +24,11 @@ struct Fp8QuantizeArgs {
   Fp8Activation activation;
 };
 
-// resnorm_quant_fp8: steps 1-7 and E4M3 (args.fp8_out, args.input_scale; args.y optional bf16 y).
+// The FP8 row kernel: steps 1-7 and E4M3 (args.fp8_out, args.input_scale; args.y optional bf16 y).
 void launch_resnorm_fp8(const ResnormArgs& args, const LaunchTarget& on);
-// norm_modulate_quant_fp8: steps 3-7 on x and E4M3 (args.residual and args.residual_out unused).
+// The no-residual FP8 kernel: steps 3-7 on x and E4M3 (args.residual and args.residual_out unused).
 void launch_norm_modulate_fp8(const ResnormArgs& args, const LaunchTarget& on);
-// norm_modulate_quant: steps 3-7 on x and NVFP4 with the portable conversion (the same bytes as FlashInfer's
+// The no-residual NVFP4 kernel: steps 3-7 on x and NVFP4 with the portable conversion (the same bytes as FlashInfer's
 // on every GPU), standard or 4over6 recipe (args.nvfp4_4over6_code), fast or exact mode.
 void launch_norm_modulate_quant_portable(const ResnormArgs& args, bool fast_math, const LaunchTarget& on);
 void launch_fp8_quantize(const Fp8QuantizeArgs& args, const LaunchTarget& on);

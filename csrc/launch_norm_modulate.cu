@@ -1,5 +1,5 @@
-// Launcher of norm_modulate_quant (no residual: steps 3-7 on x, then NVFP4) with the portable conversion:
-// the configuration resnorm takes for (D, rows) (dispatch_row_config), the general-parameter row kernel
+// Launcher of the no-residual NVFP4 kernel (steps 3-7 on x, then NVFP4) with the portable conversion:
+// the configuration the bf16 row kernel takes for (D, rows) (dispatch_row_config), the general-parameter row kernel
 // (fp8_kernels.cuh norm_modulate_quant_kernel), one CTA per row plus the scale padding CTAs.
 #include <cuda_runtime.h>
 
@@ -38,7 +38,7 @@ void launch_norm_modulate_quant_portable(const ResnormArgs& args, bool fast_math
   } else {
     launch_norm_modulate_quant_rows<PortableNvfp4<false>>(args, s);
   }
-  check_launch("norm_modulate_quant");
+  check_launch("norm_modulate_nvfp4_kernel");
 }
 
 }  // namespace qwen_fp4

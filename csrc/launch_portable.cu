@@ -1,4 +1,5 @@
-// Launchers of the portable path: resnorm (no conversion, every GPU) and the software E2M1 conversion.
+// Launchers of the portable path: the bf16 row kernel (no conversion, every GPU) and the software E2M1
+// conversion.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -42,15 +43,15 @@ LaunchOptions launch_options() {
 void launch_resnorm(const ResnormArgs& args, const LaunchTarget& on) {
   if (args.rows == 0) return;
   launch_row_kernels<ResnormKernels>(args, on);
-  check_launch("resnorm");
+  check_launch("resnorm_kernel");
 }
 
 void launch_resnorm_quant_portable(const ResnormArgs& args, bool fast_math, const LaunchTarget& on) {
-  launch_resnorm_quant_mode<PortableNvfp4, Portable4Over6Nvfp4>(args, fast_math, on, "resnorm_quant");
+  launch_resnorm_quant_mode<PortableNvfp4, Portable4Over6Nvfp4>(args, fast_math, on, "resnorm_quant_kernel");
 }
 
 void launch_nvfp4_quantize_portable(const QuantizeArgs& args, bool fast_math, const LaunchTarget& on) {
-  launch_nvfp4_quantize_mode<PortableNvfp4, Portable4Over6Nvfp4>(args, fast_math, on, "nvfp4_quantize");
+  launch_nvfp4_quantize_mode<PortableNvfp4, Portable4Over6Nvfp4>(args, fast_math, on, "nvfp4_quantize_kernel");
 }
 
 }  // namespace qwen_fp4

@@ -46,7 +46,7 @@ int resident_ctas_per_sm(int device, int threads) {
 }
 
 // Sets a's first-wave stagger (stagger_first_wave) for kKernel's launch by Config's stagger policy and
-// returns true, or returns false (no stagger). Same policy for the fused op and resnorm.
+// returns true, or returns false (no stagger). Same policy for the fused kernels and the bf16 row kernel.
 template <auto kKernel, class Config>
 bool set_first_wave_stagger(ResnormArgs& a, int device, int threads) {
   if (!has_device_cache(device)) return false;  // stagger_ns stays 0
@@ -123,7 +123,7 @@ void launch_row_kernels(const ResnormArgs& args, const LaunchTarget& on) {
   });
 }
 
-// The configurations of the 4over6 recipe's nvfp4_quantize kernels: the three generic shapes (any width up
+// The configurations of the 4over6 recipe's standalone quantizer kernels: the three generic shapes (any width up
 // to their capacity). A quantizer's bytes do not depend on the shape, so three kernels per mode bound what
 // the recipe adds to the build.
 template <class F>
@@ -134,7 +134,7 @@ void dispatch_generic_row_config(int32_t cols, F&& f) {
   return f(RowConfig<8, 0, 1, false>{});                    // D <= 16384
 }
 
-// The 4over6 recipe's fused launch: the call's configuration (dispatch_row_config, as resnorm takes it: the
+// The 4over6 recipe's fused launch: the call's configuration (dispatch_row_config, as the bf16 row kernel takes it: the
 // LayerNorm's sums, hence y, depend on the shape) with its row kernel for general parameters, without the
 // split, plain or staggered variants (they compute the same bits; the recipe keeps to one kernel a shape).
 template <class Kernels>

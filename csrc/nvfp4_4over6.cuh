@@ -60,9 +60,9 @@ struct Portable4Over6Nvfp4 {
 
     float s6;
     if constexpr (kFast) {
-      s6 = __fmul_rn(global_scale, __fmul_rn(amax, rcp_approx_ftz(6.0f)));
+      s6 = __fmul_rn(global_scale, __fmul_rn(amax, rcp_approx_ftz(kE2m1Max)));
     } else {
-      s6 = __fmul_rn(__fdiv_rn(amax, 6.0f), global_scale);
+      s6 = __fmul_rn(__fdiv_rn(amax, kE2m1Max), global_scale);
     }
     const float s4 = __fmul_rn(s6, 1.5f);
     float sv4, sv6;

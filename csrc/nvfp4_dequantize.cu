@@ -80,7 +80,7 @@ void launch_nvfp4_dequantize_bf16(const uint8_t* packed, const uint8_t* scales, 
   const int64_t blocks = std::min<int64_t>((threads_total + kThreads - 1) / kThreads, kMaxBlocks);
   nvfp4_dequantize_bf16_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       reinterpret_cast<const uint32_t*>(packed), scales, static_cast<uint4*>(out), rows, cols);
-  check_launch("nvfp4_dequantize_bf16");
+  check_launch("nvfp4_dequantize_bf16_kernel");
 }
 
 }  // namespace qwen_fp4

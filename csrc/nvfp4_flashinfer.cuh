@@ -15,6 +15,7 @@
 #else
 #include "tensorrt_llm/kernels/quantization_utils.cuh"
 #endif
+#include "formats.h"
 #include "launch.h"
 #include "vec.cuh"
 
@@ -41,7 +42,7 @@ struct FlashInfer4Over6Nvfp4 {
   static constexpr bool kTakesRecipeCode = true;
 
   template <tensorrt_llm::common::NVFP44Over6ErrMode kErrMode, bool kErrFastMath>
-  using Config = tensorrt_llm::common::NVFP44Over6Config<448, kErrMode, kErrFastMath>;
+  using Config = tensorrt_llm::common::NVFP44Over6Config<static_cast<int>(kE4m3Max), kErrMode, kErrFastMath>;
 
   template <class RecipeConfig>
   static __device__ __forceinline__ uint32_t convert(const uint4& y_bf16, float global_scale, uint8_t* sf_out) {

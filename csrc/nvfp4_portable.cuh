@@ -17,6 +17,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "formats.h"
 #include "vec.cuh"
 
 namespace qwen_fp4 {
@@ -40,7 +41,7 @@ __device__ __forceinline__ float rcp_approx_ftz(float a) {
 constexpr uint32_t kE2M1Bias = 0x4B7FFFFAu;  // bits of 2^24 - 6
 
 __device__ __forceinline__ uint32_t e2m1_magnitude_biased(float x) {
-  const float a = fminf(fabsf(x), 6.0f);  // saturate; NaN becomes 6
+  const float a = fminf(fabsf(x), kE2m1Max);  // saturate; NaN becomes 6
   const float lo = __fmaf_rn(a, 2.0f, 16777210.0f);  // 2^24 - 6
   const float hi = __fadd_rn(a, 16777212.0f);        // 2^24 - 4
   return __float_as_uint(fminf(lo, hi));
@@ -90,12 +91,12 @@ template <bool kFast>
 __device__ __forceinline__ float nvfp4_block_scale(float amax, float global_scale, uint8_t& sf_byte) {
   if constexpr (kFast) {
     const float inv_global = rcp_approx_ftz(global_scale);
-    const float sf = __fmul_rn(global_scale, __fmul_rn(amax, rcp_approx_ftz(6.0f)));
+    const float sf = __fmul_rn(global_scale, __fmul_rn(amax, rcp_approx_ftz(kE2m1Max)));
     sf_byte = __nv_cvt_float_to_fp8(sf, __NV_SATFINITE, __NV_E4M3);
     const float sf_value = static_cast<float>(*reinterpret_cast<const __nv_fp8_e4m3*>(&sf_byte));
     return sf_byte != 0 ? rcp_approx_ftz(__fmul_rn(sf_value, inv_global)) : 0.0f;
   } else {
-    constexpr float kInvE2M1Max = 1.0f / 6.0f;
+    constexpr float kInvE2M1Max = 1.0f / kE2m1Max;
     const float sf = amax != 0.0f ? __fmul_rn(amax, __fmul_rn(global_scale, kInvE2M1Max)) : 0.0f;
     sf_byte = __nv_cvt_float_to_fp8(sf, __NV_SATFINITE, __NV_E4M3);
     const float sf_value = static_cast<float>(*reinterpret_cast<const __nv_fp8_e4m3*>(&sf_byte));

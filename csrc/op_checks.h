@@ -81,7 +81,7 @@ inline void check_dtype(const char* name, const Tensor& t, bool allow_fp32) {
 }
 
 // D of t ([..., D]): a positive multiple of `multiple` (kColsMultiple for the NVFP4 ops, kRowColsMultiple for
-// resnorm and the FP8 ops), at most kMaxCols.
+// the bf16 row op and the FP8 ops), at most kMaxCols.
 inline int32_t check_cols(const char* name, const Tensor& t, int64_t multiple = kColsMultiple) {
   STD_TORCH_CHECK(t.dim() >= 1, "qwen_fp4: ", name, " must have at least one dimension ([..., D])");
   const int64_t cols = t.size(t.dim() - 1);
@@ -168,7 +168,7 @@ inline void* current_stream(const Tensor& x) {
 // x's device and its current stream.
 inline LaunchTarget launch_target(const Tensor& x) { return {x.get_device_index(), current_stream(x)}; }
 
-// Everything the row ops share (resnorm, resnorm_quant, the FP8 and norm_modulate ops): checks, and the
+// Everything the row ops share (bf16, NVFP4, FP8 output; with and without the residual update): checks, and the
 // kernel arguments except the outputs.
 inline ResnormArgs make_resnorm_args(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
                               const Tensor& gate, const Tensor& scale, const Tensor& shift, double eps,

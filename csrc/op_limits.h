@@ -11,14 +11,14 @@ namespace qwen_fp4 {
 constexpr int64_t kMaxCols = 16384;
 // D is a whole number of 64-column scale tiles (four 16-element NVFP4 blocks; 16-byte vectors).
 constexpr int64_t kColsMultiple = 64;
-// D of resnorm and the FP8 ops: whole 16-byte vectors of bf16 and whole 16-byte rows of E4M3 (the FP8 GEMM's
+// D of the bf16 row op and the FP8 ops: whole 16-byte vectors of bf16 and whole 16-byte rows of E4M3 (the FP8 GEMM's
 // K multiple), no NVFP4 scale tiles.
 constexpr int64_t kRowColsMultiple = 16;
 // Most rows (x.numel() / D): the grid (a CTA per row and at most 16 padding CTAs) stays below gridDim.x's
 // limit of 2^31 - 1, and round_up(rows, 128) below 2^31.
 constexpr int64_t kMaxRows = (int64_t(1) << 31) - 128;
 
-// nvfp4_dequantize_bf16: K (2 x the packed row length) is a positive multiple of kColsMultiple, at most
+// The bf16 dequantization: K (2 x the packed row length) is a positive multiple of kColsMultiple, at most
 // this: the 128x4 scale offsets are 32-bit, so K / 64 tiles of 512 bytes stay below 2^31.
 constexpr int64_t kMaxDequantizeCols = int64_t(1) << 27;
 

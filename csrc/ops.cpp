@@ -58,7 +58,7 @@ void run_resnorm(ResnormArgs& a, const Tensor& x, const Tensor& y, const Tensor&
   launch_resnorm(a, launch_target(x));
 }
 
-// nvfp4_quantize's checks of y and global_scale, and its kernel arguments except the outputs.
+// The standalone quantizer's checks of y and global_scale, and its kernel arguments except the outputs.
 QuantizeArgs make_quantize_args(const Tensor& y, const Tensor& global_scale) {
   check_cuda_tensor("y", y, y, /*vector_access=*/true, "y");
   check_dtype("y", y, false);

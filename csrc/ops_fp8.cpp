@@ -1,6 +1,5 @@
-// Host wrappers of the FP8 ops (resnorm_quant_fp8, fp8_quantize, norm_modulate_quant_fp8, their
-// out-variants) and of norm_modulate_quant, for CUDA tensors: the checks and helpers of op_checks.h (the
-// rules of resnorm and resnorm_quant), outputs allocated through torch, launch on the current stream under
+// Host wrappers of the FP8 ops (with and without the residual update, element-wise; their out-variants) and
+// of the no-residual NVFP4 op, for CUDA tensors: the checks and helpers of op_checks.h (the row ops' rules), outputs allocated through torch, launch on the current stream under
 // a device guard, no host sync. input_scale is never read on the host (that would sync): the kernels
 // write E4M3 NaN bytes for a scale they refuse (fp8_e4m3.cuh).
 #include "ops_fp8.h"
@@ -28,7 +27,7 @@ void check_input_scale(const Tensor& s, const Tensor& like, const char* like_nam
 
 Tensor empty_fp8(const Tensor& like) { return empty_cuda(like, sizes_of(like), aoti_torch_dtype_float8_e4m3fn()); }
 
-// The row op's arguments of the no-residual ops: resnorm's checks with residual = x and gate = scale (gate
+// The row op's arguments of the no-residual ops: the row checks with residual = x and gate = scale (gate
 // is not read: the kernels use a zero gate), no bias.
 ResnormArgs make_norm_modulate_args(const Tensor& x, const Tensor& scale, const Tensor& shift, double eps,
                                     const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,

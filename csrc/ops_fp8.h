@@ -28,7 +28,7 @@ void resnorm_quant_fp8_out_cuda(const Tensor& residual, const Tensor& x, const s
 Tensor fp8_quantize_cuda(const Tensor& y, const Tensor& input_scale);
 
 void fp8_quantize_out_cuda(const Tensor& y, const Tensor& input_scale, const Tensor& out);
-// gelu_tanh_fp8_quantize: E4M3 of bf16(GELU_tanh(y)), GELU as PyTorch's CUDA kernel computes it.
+// E4M3 of bf16(GELU_tanh(y)), GELU as PyTorch's CUDA kernel computes it.
 Tensor gelu_tanh_fp8_quantize_cuda(const Tensor& y, const Tensor& input_scale);
 void gelu_tanh_fp8_quantize_out_cuda(const Tensor& y, const Tensor& input_scale, const Tensor& out);
 

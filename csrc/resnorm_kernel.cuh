@@ -9,11 +9,11 @@
 //   7. y = bf16(fma(n, 1 + scale, shift))
 //   8. NVFP4 of y (the Quantizer), or y itself.
 // All arithmetic is explicit __f*_rn intrinsics: the compiler may not contract or reorder it, so the
-// fused kernel and resnorm + nvfp4_quantize produce the same bits.
+// fused kernel and the bf16 row kernel + the standalone quantizer produce the same bits.
 //
 // Grid of the quantizing kernels: quantize_grid(rows) CTAs, one per row, then one per
 // kPaddingRowsPerCta padding rows of the scale tensor, which it zeroes; the fused op's split kernel (few
-// rows) has two CTAs per row, then the same padding CTAs. resnorm (no scales) launches one CTA per row.
+// rows) has two CTAs per row, then the same padding CTAs. The bf16 row kernel (no scales) launches one CTA per row.
 //
 // Programmatic dependent launch (pdl.cuh): every kernel starts with begin_after_predecessor, before its
 // first global load or store (the padding CTAs' scale stores and the global scale included), so only the
@@ -361,7 +361,7 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
   }
 }
 
-// resnorm: writes y. No scales, so no padding rows: grid = rows. kStagger: stagger_first_wave compiled in.
+// The bf16 row kernel: writes y. No scales, so no padding rows: grid = rows. kStagger: stagger_first_wave compiled in.
 template <class Config, bool kPlainParams, bool kStagger>
 __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm) resnorm_kernel(const ResnormArgs args) {
   begin_after_predecessor();
@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm) re
   }
 }
 
-// resnorm_quant: steps 1-8 in one pass; y never leaves registers. kStagger as in resnorm_kernel.
+// The fused NVFP4 row kernel: steps 1-8 in one pass; y never leaves registers. kStagger as in resnorm_kernel.
 template <class Quantizer, class Config, bool kPlainParams, bool kStagger>
 __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm)
     resnorm_quant_kernel(const ResnormArgs args) {
@@ -394,9 +394,9 @@ __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm)
                                             args.scales, args.nvfp4_4over6_code);
 }
 
-// resnorm_quant for few rows, two CTAs per row (Config::kHasSplitKernel: two vectors per thread, a fixed
-// width). CTA 2m + h reads all of row m and computes its statistics exactly as the one-CTA kernel and
-// resnorm do (same shape, same sums, so the same bits), then modulates, quantizes and stores only vector
+// The fused NVFP4 row kernel for few rows, two CTAs per row (Config::kHasSplitKernel: two vectors per
+// thread, a fixed width). CTA 2m + h reads all of row m and computes its statistics exactly as the one-CTA
+// kernel and the bf16 row kernel do (same shape, same sums, so the same bits), then modulates, quantizes and stores only vector
 // slot h of each thread: half the columns. So a row's modulation, quantization and stores are spread over
 // two SMs (the same split inside one CTA, on one SM, gains nothing); the price is a second read of the row
 // and the statistics computed twice, which pays only while every CTA has an SM to itself (split_rows in
@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(Config::kMaxThreads, 1) resnorm_quant_split_ke
                                             args.scales, args.nvfp4_4over6_code, slot);
 }
 
-// nvfp4_quantize: the standalone quantizer over bf16 rows. Shape: a BlockShape (no RowConfig policy
+// The standalone quantizer over bf16 rows. Shape: a BlockShape (no RowConfig policy
 // applies), so both row-count classes of a shape share this kernel.
 template <class Quantizer, class Shape>
 __global__ void __launch_bounds__(Shape::kMaxThreads, Shape::kMinCtasPerSm) nvfp4_quantize_kernel(const QuantizeArgs args) {

@@ -45,7 +45,7 @@ struct BlockShape {
 // dispatch_row_config's kManyRows rows). Each policy below is a rule with its reason.
 template <int VectorsPerThread, int FixedCols, int MinCtasPerSm, bool FewRows>
 struct RowConfig : BlockShape<VectorsPerThread, FixedCols, MinCtasPerSm> {
-  // The block shape alone, for the kernels no policy below applies to (nvfp4_quantize): one kernel serves
+  // The block shape alone, for the kernels no policy below applies to (the standalone quantizer): one kernel serves
   // both row-count classes of a shape.
   using Shape = BlockShape<VectorsPerThread, FixedCols, MinCtasPerSm>;
   static constexpr bool kFewRows = FewRows;

@@ -62,6 +62,7 @@ call_resnorm_quant_fp8 = _prepared_call("resnorm_quant_fp8")
 call_resnorm_quant_fp8_out = _prepared_call("resnorm_quant_fp8_out")
 call_norm_modulate_quant_fp8 = _prepared_call("norm_modulate_quant_fp8")
 call_gelu_tanh_fp8_quantize = _prepared_call("gelu_tanh_fp8_quantize")
+call_nvfp4_dequantize_bf16 = _prepared_call("nvfp4_dequantize_bf16")
 
 
 def resnorm_quant(
@@ -346,3 +347,11 @@ def norm_modulate_quant_fp8_out(x: Tensor, scale: Tensor, shift: Tensor, input_s
     ``y_bf16`` (optional, bf16 like x) also receives the bf16 y. Returns y."""
     _call("norm_modulate_quant_fp8_out", (x, scale, shift, input_scale, eps, y, weight, norm_bias, modulate_index, y_bf16), _memory_rules())
     return y
+
+
+#: The typed wrappers the package exports (``qwen_resnorm_fp4.<name>``).
+__all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "resnorm_quant_out", "resnorm_out",
+           "nvfp4_quantize_out", "empty_quantize_outputs", "empty_resnorm_quant_outputs", "empty_resnorm_outputs",
+           "check_fp8_input_scale", "resnorm_quant_fp8", "resnorm_quant_fp8_out", "empty_resnorm_quant_fp8_outputs",
+           "fp8_quantize", "fp8_quantize_out", "gelu_tanh_fp8_quantize", "gelu_tanh_fp8_quantize_out",
+           "norm_modulate_quant", "norm_modulate_quant_fp8", "norm_modulate_quant_fp8_out"]

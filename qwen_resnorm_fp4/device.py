@@ -46,13 +46,12 @@ def capability_major(index: int) -> int:
 
 @torch.compiler.assume_constant_result
 def kernel_serves_cuda_device(index: int) -> bool:
-    """True when the compiled library is loaded, registers CUDA kernels, and CUDA device ``index`` (>= 0)
-    is sm_90 or newer."""
+    """True when the compiled library is loaded (loading it registers its CUDA kernels) and CUDA device
+    ``index`` (>= 0) is sm_90 or newer."""
     hit = _kernel_serves.get(index)
     if hit is None:
         cap = capability(index) if _library.cuda_available() else None
-        hit = _kernel_serves[index] = (cap is not None and cap >= MIN_CAPABILITY
-                                       and _library.has_kernel("resnorm_quant", "cuda"))
+        hit = _kernel_serves[index] = cap is not None and cap >= MIN_CAPABILITY
     return hit
 
 

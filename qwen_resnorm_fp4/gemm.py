@@ -1,8 +1,8 @@
 """The NVFP4 GEMM on already-quantized activations.
 
 :func:`apply_nvfp4_gemm_prequantized` computes ``out = x @ W.T (+ bias)`` from E2M1-packed activations and
-their 128x4-swizzled E4M3 block scales (what :func:`~qwen_resnorm_fp4.resnorm_quant`,
-:func:`~qwen_resnorm_fp4.nvfp4_quantize` and the production ``fp4_quantize`` write) and an NVFP4 layer's
+their 128x4-swizzled E4M3 block scales (what the fused NVFP4 ops, the library's standalone quantizer and
+the production ``fp4_quantize`` write) and an NVFP4 layer's
 weights (:class:`~qwen_resnorm_fp4.linear.NVFP4Linear`).
 
 Three paths (``backend``):
@@ -55,10 +55,10 @@ from typing import Any, Iterator, Optional, Tuple, Union
 
 import torch
 
-from . import ops, reference
+from . import reference
+from .api import call_nvfp4_dequantize_bf16
 from .device import capability_major
 from .layout import round_up
-from .operands import tensor_operand
 
 Tensor = torch.Tensor
 
@@ -74,7 +74,6 @@ BLACKWELL_MAJORS = (10, 11, 12)
 #: FlashInfer's CUTLASS FP4 GEMM checks k % 32 == 0 and n % 32 == 0.
 N_ALIGNMENT = 32
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_NVFP4_DEQUANTIZE_BF16 = getattr(torch.ops, ops.NAMESPACE).nvfp4_dequantize_bf16.default
 
 
 class GemmCache:
@@ -149,10 +148,10 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 
 def _dequantize_bf16(packed: Tensor, scales: Tensor) -> Tensor:
-    """The exact bf16 operand (``nvfp4_dequantize_bf16``) of arguments the GEMM has checked (its _check, the
-    layer's own buffers): aligned copies where needed, contiguity alone while tracing."""
-    prepare = tensor_operand()
-    return _NVFP4_DEQUANTIZE_BF16(prepare(packed), prepare(scales))
+    """The exact bf16 operand (:func:`~qwen_resnorm_fp4.api.dequantize_to_bf16`) of arguments the GEMM has
+    checked (its _check, the layer's own buffers): aligned copies where needed, contiguity alone while
+    tracing."""
+    return call_nvfp4_dequantize_bf16(packed, scales)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -267,7 +266,7 @@ def host_alpha(layer: Any, cache: GemmCache) -> float:
 
 
 def weight_operand(layer: Any, cache: GemmCache) -> Tensor:
-    """The layer's weight as the exact bf16 operand [N, K] (``nvfp4_dequantize_bf16``): made on every call,
+    """The layer's weight as the exact bf16 operand [N, K] (:func:`_dequantize_bf16`): made on every call,
     or kept in ``cache`` when the layer's ``cache_dequantized_weight`` is true (refreshed when the weight
     buffers change; never cached from inside a CUDA-graph capture; used as it is while torch.compile traces)."""
     n = _out_features(layer)

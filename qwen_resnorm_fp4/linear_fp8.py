@@ -4,7 +4,7 @@ already-quantized E4M3 ones.
 ``layer(x)`` for a BF16 tensor ``x`` [..., K] quantizes it with the layer's static ``input_scale``
 (:func:`~qwen_resnorm_fp4.fp8_quantize`: q = E4M3(clamp(x * (1 / input_scale), -448, 448)), round to
 nearest even) and runs the GEMM; ``layer(q)`` for a ``float8_e4m3fn`` tensor skips the quantization: that is
-how the output of :func:`~qwen_resnorm_fp4.resnorm_quant_fp8` is consumed. Given the same activations, the
+how the output of a fused FP8 op (the FP8 row op, the no-residual FP8 op, GELU + FP8) is consumed. Given the same activations, the
 two forms return the same bits.
 
 The GEMM, ``y = (q @ W.T) * input_scale * weight_scale + bias`` with fp32 accumulation and one rounding to
@@ -267,7 +267,7 @@ class FP8Linear(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x``: bf16 [..., K] (quantized here) or float8_e4m3fn [..., K] (already quantized with
-        ``input_scale``, e.g. by :func:`~qwen_resnorm_fp4.resnorm_quant_fp8`) -> bf16 [..., N]."""
+        ``input_scale``, e.g. by a fused FP8 op) -> bf16 [..., N]."""
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
         if x.dtype not in (torch.bfloat16, torch.float8_e4m3fn):

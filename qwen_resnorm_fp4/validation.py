@@ -33,7 +33,7 @@ Tensor = torch.Tensor
 MAX_COLS = 16384
 #: D is a positive multiple of this: four 16-element scale blocks (csrc/op_limits.h kColsMultiple).
 COLS_MULTIPLE = 64
-#: D of resnorm and the FP8 ops is a positive multiple of this (csrc/op_limits.h kRowColsMultiple): whole
+#: D of the bf16 row op and the FP8 ops is a positive multiple of this (csrc/op_limits.h kRowColsMultiple): whole
 #: 16-byte vectors of bf16 and whole 16-byte rows of E4M3, no NVFP4 scale tiles.
 ROW_COLS_MULTIPLE = 16
 #: Rows (x.numel() / D) the kernels take at most: their row index is a 32-bit int (csrc/op_limits.h kMaxRows).
@@ -48,7 +48,7 @@ INDEX_DTYPES = (torch.int32, torch.int64, torch.bool)
 GLOBAL_SCALE_DTYPES = (torch.float32,)
 
 WIDTH_RULE = f"a positive multiple of {COLS_MULTIPLE}, at most {MAX_COLS}"
-#: The width rule of resnorm and the FP8 ops.
+#: The width rule of the bf16 row op and the FP8 ops.
 ROW_WIDTH_RULE = f"a positive multiple of {ROW_COLS_MULTIPLE}, at most {MAX_COLS}"
 
 
@@ -58,7 +58,7 @@ def is_supported_width(cols: int) -> bool:
 
 
 def is_supported_row_width(cols: int) -> bool:
-    """The width rule of resnorm and the FP8 ops: D a positive multiple of ROW_COLS_MULTIPLE, at most MAX_COLS."""
+    """The width rule of the bf16 row op and the FP8 ops: D a positive multiple of ROW_COLS_MULTIPLE, at most MAX_COLS."""
     return 0 < cols <= MAX_COLS and cols % ROW_COLS_MULTIPLE == 0
 
 
@@ -180,7 +180,7 @@ def tensor_problem(name: str, t: object, dtypes: Sequence[torch.dtype], device: 
 
 def width_problem(name: str, cols: int, multiple: int = COLS_MULTIPLE) -> Optional[Problem]:
     """D = ``cols`` (``name``.shape[-1]) is a positive multiple of ``multiple`` (COLS_MULTIPLE for the NVFP4
-    ops: :func:`is_supported_width`; ROW_COLS_MULTIPLE for resnorm and the FP8 ops), at most MAX_COLS; the
+    ops: :func:`is_supported_width`; ROW_COLS_MULTIPLE for the bf16 row op and the FP8 ops), at most MAX_COLS; the
     message says which half of the rule it breaks."""
     if 0 < cols <= MAX_COLS and cols % multiple == 0:
         return None
@@ -339,14 +339,14 @@ def resnorm_inputs_problem(residual, x, bias, gate, scale, shift, eps, weight, n
 
 def resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight=None, norm_bias=None,
                     modulate_index=None) -> Optional[Problem]:
-    """The rules of the resnorm op: :func:`resnorm_inputs_problem` with D a multiple of ROW_COLS_MULTIPLE."""
+    """The rules of the bf16 row op: :func:`resnorm_inputs_problem` with D a multiple of ROW_COLS_MULTIPLE."""
     return resnorm_inputs_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index,
                                   ROW_COLS_MULTIPLE)
 
 
 def resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math=None, weight=None,
                           norm_bias=None, modulate_index=None, nvfp4_4over6_code=0) -> Optional[Problem]:
-    """The rules of the resnorm_quant op: :func:`resnorm_inputs_problem` with D a multiple of COLS_MULTIPLE,
+    """The rules of the NVFP4 row op: :func:`resnorm_inputs_problem` with D a multiple of COLS_MULTIPLE,
     then global_scale and the recipe code (``fast_math`` has none beyond the schema's bool)."""
     return resnorm_inputs_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index,
                                   COLS_MULTIPLE) or \
@@ -354,7 +354,7 @@ def resnorm_quant_problem(residual, x, bias, gate, scale, shift, global_scale, e
 
 
 def quantize_problem(y, global_scale, fast_math=None, nvfp4_4over6_code=0) -> Optional[Problem]:
-    """The rules of the nvfp4_quantize op: y bf16 [..., D] with a supported D and row count, global_scale,
+    """The rules of the NVFP4 quantizer: y bf16 [..., D] with a supported D and row count, global_scale,
     the recipe code."""
     if not isinstance(y, Tensor) or y.dtype is not torch.bfloat16:
         return tensor_problem("y", y, ACTIVATION_DTYPES, None)
@@ -414,7 +414,7 @@ SCALE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
 
 
 def dequantize_bf16_problem(packed, scales) -> Optional[Problem]:
-    """The rules of the nvfp4_dequantize_bf16 op (the tensor-core GEMM's operands): packed uint8 [rows, K/2]
+    """The rules of the bf16 dequantization op (the tensor-core GEMM's operands): packed uint8 [rows, K/2]
     with K a positive multiple of 64 (at most MAX_DEQUANTIZE_COLS), scales uint8 or float8_e4m3fn on the same
     device holding round_up(rows, 128) x K/16 bytes of the 128x4 layout."""
     if not isinstance(packed, Tensor) or packed.dtype is not torch.uint8 or packed.dim() != 2:
@@ -451,7 +451,7 @@ __all__ = ["MAX_COLS", "COLS_MULTIPLE", "ROW_COLS_MULTIPLE", "MAX_ROWS", "WIDTH_
 
 
 # ---------------------------------------------------------------------------------------------------
-# The out-variants (resnorm_quant_out, resnorm_out, nvfp4_quantize_out): the outputs the caller provides
+# The out-variants: the outputs the caller provides
 # ---------------------------------------------------------------------------------------------------
 
 #: Byte alignment of every caller-provided output: the kernels store with 16-byte vectors (csrc/ops.cpp
@@ -557,7 +557,7 @@ def _memory_checked(memory: Optional[bool], outputs) -> bool:
 def resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scale, eps, fast_math, packed, scales,
                               residual_out, weight=None, norm_bias=None, modulate_index=None,
                               nvfp4_4over6_code=0, memory: Optional[bool] = None) -> Optional[Problem]:
-    """The rules of resnorm_quant_out: those of resnorm_quant for the inputs; packed uint8 [M, D/2], scales
+    """The rules of the NVFP4 row op's out-variant: those of the op for the inputs; packed uint8 [M, D/2], scales
     uint8 or float8_e4m3fn [round_up(M, 128), D/16], residual_out bf16 of x's shape, each contiguous on x's
     device; and, when ``memory`` (None: when the tensors have data), :func:`memory_problem` with
     residual_out allowed to be residual."""
@@ -577,7 +577,7 @@ def resnorm_quant_out_problem(residual, x, bias, gate, scale, shift, global_scal
 
 def resnorm_out_problem(residual, x, bias, gate, scale, shift, eps, y, residual_out, weight=None, norm_bias=None,
                         modulate_index=None, memory: Optional[bool] = None) -> Optional[Problem]:
-    """The rules of resnorm_out: those of resnorm for the inputs; y and residual_out bf16 of x's shape,
+    """The rules of the bf16 row op's out-variant: those of the op for the inputs; y and residual_out bf16 of x's shape,
     contiguous on x's device; the memory rules as in :func:`resnorm_quant_out_problem`."""
     p = resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index) or \
         output_problem("y", y, ACTIVATION_DTYPES, tuple(x.shape), x.device, "x") or \
@@ -593,7 +593,7 @@ def resnorm_out_problem(residual, x, bias, gate, scale, shift, eps, y, residual_
 
 def quantize_out_problem(y, global_scale, fast_math, packed, scales, nvfp4_4over6_code=0,
                          memory: Optional[bool] = None) -> Optional[Problem]:
-    """The rules of nvfp4_quantize_out: those of nvfp4_quantize for the inputs, packed and scales as in
+    """The rules of the NVFP4 quantizer's out-variant: those of the quantizer for the inputs, packed and scales as in
     :func:`resnorm_quant_out_problem`, no overlap at all."""
     p = quantize_problem(y, global_scale, fast_math, nvfp4_4over6_code) or \
         _quantized_output_problem(packed, scales, y, "y")
@@ -606,8 +606,8 @@ def quantize_out_problem(y, global_scale, fast_math, packed, scales, nvfp4_4over
 
 
 # ---------------------------------------------------------------------------------------------------
-# The FP8 (E4M3) ops (resnorm_quant_fp8, fp8_quantize, norm_modulate_quant_fp8, their out-variants) and the
-# no-residual NVFP4 op (norm_modulate_quant): the rules above, with input_scale in place of global_scale
+# The FP8 (E4M3) ops (row, element-wise, no-residual; their out-variants) and the no-residual NVFP4 op: the
+# rules above, with input_scale in place of global_scale
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -631,13 +631,13 @@ def input_scale_value_problem(input_scale: Tensor) -> Optional[Problem]:
 
 def resnorm_quant_fp8_problem(residual, x, bias, gate, scale, shift, input_scale, eps, weight=None, norm_bias=None,
                               modulate_index=None) -> Optional[Problem]:
-    """The rules of resnorm_quant_fp8: those of resnorm (D a multiple of ROW_COLS_MULTIPLE) and input_scale."""
+    """The rules of the FP8 row op: those of the bf16 row op (D a multiple of ROW_COLS_MULTIPLE) and input_scale."""
     return resnorm_problem(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index) or \
         input_scale_problem(input_scale, x.device)
 
 
 def fp8_quantize_problem(y, input_scale) -> Optional[Problem]:
-    """The rules of fp8_quantize: y a bf16 tensor of any shape, input_scale on its device."""
+    """The rules of the element-wise FP8 ops: y a bf16 tensor of any shape, input_scale on its device."""
     if not isinstance(y, Tensor) or y.dtype is not torch.bfloat16:
         return tensor_problem("y", y, ACTIVATION_DTYPES, None)
     return input_scale_problem(input_scale, y.device, like="y")
@@ -653,7 +653,7 @@ def norm_modulate_inputs_problem(x, scale, shift, eps, weight, norm_bias, modula
 
 def norm_modulate_quant_problem(x, scale, shift, global_scale, eps, fast_math=None, weight=None, norm_bias=None,
                                 modulate_index=None, nvfp4_4over6_code=0) -> Optional[Problem]:
-    """The rules of norm_modulate_quant: :func:`norm_modulate_inputs_problem` with D a multiple of
+    """The rules of the no-residual NVFP4 op: :func:`norm_modulate_inputs_problem` with D a multiple of
     COLS_MULTIPLE, then global_scale and the recipe code."""
     return norm_modulate_inputs_problem(x, scale, shift, eps, weight, norm_bias, modulate_index, COLS_MULTIPLE) or \
         global_scale_problem(global_scale, x.device) or nvfp4_4over6_code_problem(nvfp4_4over6_code)
@@ -661,7 +661,7 @@ def norm_modulate_quant_problem(x, scale, shift, global_scale, eps, fast_math=No
 
 def norm_modulate_quant_fp8_problem(x, scale, shift, input_scale, eps, weight=None, norm_bias=None,
                                     modulate_index=None) -> Optional[Problem]:
-    """The rules of norm_modulate_quant_fp8: :func:`norm_modulate_inputs_problem` with D a multiple of
+    """The rules of the no-residual FP8 op: :func:`norm_modulate_inputs_problem` with D a multiple of
     ROW_COLS_MULTIPLE, then input_scale."""
     return norm_modulate_inputs_problem(x, scale, shift, eps, weight, norm_bias, modulate_index,
                                         ROW_COLS_MULTIPLE) or input_scale_problem(input_scale, x.device)
@@ -676,7 +676,7 @@ def _fp8_outputs_problem(x: Tensor, y, y_bf16) -> Optional[Problem]:
 def resnorm_quant_fp8_out_problem(residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out,
                                   weight=None, norm_bias=None, modulate_index=None, y_bf16=None,
                                   memory: Optional[bool] = None) -> Optional[Problem]:
-    """The rules of resnorm_quant_fp8_out: those of resnorm_quant_fp8 for the inputs; y float8_e4m3fn,
+    """The rules of the FP8 row op's out-variant: those of the op for the inputs; y float8_e4m3fn,
     residual_out and (optional) y_bf16 bf16, each of x's shape, contiguous, on x's device; the memory rules of
     :func:`resnorm_quant_out_problem` (residual_out may be residual)."""
     p = resnorm_quant_fp8_problem(residual, x, bias, gate, scale, shift, input_scale, eps, weight, norm_bias,
@@ -693,7 +693,7 @@ def resnorm_quant_fp8_out_problem(residual, x, bias, gate, scale, shift, input_s
 
 
 def fp8_quantize_out_problem(y, input_scale, out, memory: Optional[bool] = None) -> Optional[Problem]:
-    """The rules of fp8_quantize_out: those of fp8_quantize; out float8_e4m3fn of y's shape, contiguous, on
+    """The rules of the element-wise FP8 ops' out-variants: those of the ops; out float8_e4m3fn of y's shape, contiguous, on
     y's device, sharing no memory with y or input_scale."""
     p = fp8_quantize_problem(y, input_scale) or output_problem("out", out, (FP8_DTYPE,), tuple(y.shape), y.device,
                                                                "y")
@@ -707,7 +707,7 @@ def fp8_quantize_out_problem(y, input_scale, out, memory: Optional[bool] = None)
 def norm_modulate_quant_fp8_out_problem(x, scale, shift, input_scale, eps, y, weight=None, norm_bias=None,
                                         modulate_index=None, y_bf16=None,
                                         memory: Optional[bool] = None) -> Optional[Problem]:
-    """The rules of norm_modulate_quant_fp8_out: those of norm_modulate_quant_fp8; y and y_bf16 as in
+    """The rules of the no-residual FP8 op's out-variant: those of the op; y and y_bf16 as in
     :func:`resnorm_quant_fp8_out_problem`, sharing no memory with the inputs or each other."""
     p = norm_modulate_quant_fp8_problem(x, scale, shift, input_scale, eps, weight, norm_bias, modulate_index) or \
         _fp8_outputs_problem(x, y, y_bf16)
