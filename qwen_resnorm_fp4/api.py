@@ -2,10 +2,10 @@
 
 Each wrapper resolves its defaults once (``fast_math=None`` from the environment, ``nvfp4_4over6`` omitted
 from the environment, :mod:`qwen_resnorm_fp4.recipe`), then calls the op once with the op's own arguments.
-The rule book (:mod:`qwen_resnorm_fp4.validation`) is applied once per call: by the op's CPU implementation
-when every tensor is on the CPU, else here, before any copy, raising TypeError (wrong type or dtype) or
-ValueError (wrong shape, device or value) naming the argument; an error of the op itself reaches the caller
-as it is. Inputs are never modified (except residual by an out-variant given ``residual_out=residual``).
+The op enforces its rules once per call (its Python implementation on CPU tensors, its C++ checks on CUDA
+ones, its fake while tracing); a refused call raises the op table's rule for it (ops.py,
+:mod:`qwen_resnorm_fp4.validation`): TypeError (wrong type or dtype) or ValueError (wrong shape, device or
+value) naming the argument, with nothing written. Inputs are never modified (except residual by an out-variant given ``residual_out=residual``).
 Non-contiguous or misaligned inputs are copied for the CUDA kernels (:mod:`qwen_resnorm_fp4.operands`),
 except gate, scale and shift where the op reads them in place (e.g. ``temb.chunk(6, dim=-1)`` views); the
 outputs an out-variant is given are never copied, so they must fit as they are (validation.py's out-variant
@@ -35,14 +35,22 @@ _BOUND = {name: (entry, OpArguments(getattr(_qwen_fp4, name).default))
 
 
 def _call(name: str, args: tuple, memory: Optional[bool] = None):
-    """The op ``name`` on its arguments (schema order, defaults resolved), its rules applied once: by its CPU
-    implementation when the call goes there as it is, else here (an out-variant's memory rules when
-    ``memory``; None: where its outputs have data), then the operands prepared."""
+    """The op ``name`` on its arguments (schema order, defaults resolved). Its rules are enforced once, by the
+    op itself: by its Python implementation when every tensor is on the CPU, else by the CUDA op's own checks
+    (csrc/op_checks.h, before any launch) on the prepared operands, or by its fake while torch.compile traces.
+    When the op refuses the call, the table's rules name the argument: the error raised is the rules'
+    TypeError / ValueError (an out-variant's memory rules when ``memory``; None: where its outputs have data),
+    chained to the op's own; an error the rules do not explain (e.g. out of memory) is raised as it is."""
     entry, arguments = _BOUND[name]
     if arguments.all_on_cpu(args):
         return arguments.op(*args)
-    require(entry.problem(args, memory))
-    return arguments.op(*arguments.prepared(args))
+    try:
+        return arguments.op(*arguments.prepared(args))
+    except (RuntimeError, TypeError, ValueError, AttributeError) as error:
+        problem = entry.problem(args, memory)
+        if problem is None:
+            raise
+        raise problem.exception() from error
 
 
 def _prepared_call(name: str) -> Callable[..., Any]:

@@ -90,7 +90,8 @@ class OpArguments:
                                       if str(a.type) == "Optional[Tensor]")
 
     def prepared(self, args: Sequence) -> list:
-        """``args`` (the op's, in schema order, already checked) with each one as the op takes it."""
+        """``args`` (the op's, in schema order) with each one as the op takes it; TypeError for a float
+        argument that is not a number."""
         out = list(args)
         prepare = tensor_operand()
         for i in self.inputs:
@@ -103,8 +104,12 @@ class OpArguments:
         for i in self.elements:
             if out[i] is not None:
                 out[i] = out[i].contiguous()
-        for i in self.floats:
-            out[i] = float(out[i])
+        for i in self.floats:  # an int goes as a float; anything else (a bool, a string) is refused
+            kind = type(out[i])
+            if kind is not float:
+                if kind is not int:
+                    raise TypeError(f"{self.op._schema.arguments[i].name} must be a float, got {kind.__name__}")
+                out[i] = float(out[i])
         return out
 
     def all_on_cpu(self, args: Sequence) -> bool:

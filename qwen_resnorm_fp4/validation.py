@@ -66,7 +66,9 @@ class DeclineReason(str, enum.Enum):
     """Why a fused-path gate did not serve a call: ``try_fused_resnorm_quant``, ``try_fused_resnorm_quant_fp8``,
     ``try_fused_norm_modulate_quant_fp8`` or ``try_fused_gelu_tanh_fp8_quantize`` returned ``None`` (their
     ``serve_fused_*`` forms, a :class:`~qwen_resnorm_fp4.Decline` with this reason). The value is a stable
-    identifier (compare with the member or with the string); :attr:`description` is a sentence."""
+    identifier (compare with the member or with the string); :attr:`description` is a sentence. Every rule's
+    :class:`Problem` carries one too; UNSUPPORTED_SCALE (an input_scale value the FP8 ops refuse) only comes
+    from rules that read a value, which no gate applies (that would synchronize)."""
 
     DISABLED_BY_ENV = "disabled_by_env"
     UNSUPPORTED_RECIPE = "unsupported_recipe"

@@ -351,7 +351,13 @@ def test_env_switches(monkeypatch):
 
 
 def test_every_reason_is_covered_and_described(monkeypatch):
-    covered = {_case(n)[0] for n in CASES} | {R.DISABLED_BY_ENV, R.UNSUPPORTED_RECIPE}
+    # UNSUPPORTED_SCALE: the input_scale value rule's reason, which reads the value (a sync), so no gate applies
+    # it; the ops' CPU implementations and the load checks raise it.
+    from qwen_resnorm_fp4.validation import input_scale_value_problem
+
+    value_problem = input_scale_value_problem(torch.tensor([float("nan")]))
+    assert value_problem.reason is R.UNSUPPORTED_SCALE and value_problem.error is ValueError
+    covered = {_case(n)[0] for n in CASES} | {R.DISABLED_BY_ENV, R.UNSUPPORTED_RECIPE, R.UNSUPPORTED_SCALE}
     assert covered == set(R)
     for r in R:
         assert r.description and str(r) == r.value
