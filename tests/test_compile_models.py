@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4.integrations.diffusers as qd
-from qwen_resnorm_fp4.integrations._dit_core import converted_blocks
+from qwen_resnorm_fp4.integrations._state import converted_blocks
 
 from test_diffusers_integration import SKIP_REASON, build_small, make_inputs, run
 from test_diffusers_models import flux, qwen21, wan
@@ -186,7 +186,7 @@ def test_compile_does_not_decline_and_stats_name_the_compiled_decline():
     """A fallback inside a compiled graph is reported: the segment's compiled path is the decline reason."""
     model, inp = converted("qwen_image", "fp8")
     qd.set_mode(model, "fused")
-    for _, block, state in converted_blocks(model):
+    for _, _block, state in converted_blocks(model):
         state.allow_cpu = False  # the CPU reference refused: every fused segment declines on CPU
     eager = run(model, inp)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-import torch
 from torch import Tensor
 
-from ._dit_core import ModelSpec, StreamSpec, clip_fp16, ffn_segment
+from ._segments import clip_fp16, ffn_segment
+from ._spec import ModelSpec, StreamSpec
 
 
 def _converted_block_forward(
@@ -34,7 +34,7 @@ def _converted_block_forward(
     joint_attention_kwargs: Optional[Dict[str, Any]] = None,
 ) -> Tuple[Tensor, Tensor]:
     """diffusers' FluxTransformerBlock.forward (diffusers>=0.42.1,<0.43), with the norm2 + FFN segment of each
-    stream replaced by :func:`~qwen_resnorm_fp4.integrations._dit_core.ffn_segment`."""
+    stream replaced by :func:`~qwen_resnorm_fp4.integrations._segments.ffn_segment`."""
     norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
 
     norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(

@@ -9,7 +9,7 @@ In every ``QwenImageTransformerBlock``, both streams (image: ``img_norm2`` / ``i
     hidden_states = hidden_states + gate2 * mlp(modulated2)     # FeedForward: FC1, GELU(tanh), FC2
 
 The converted forward below is diffusers' ``QwenImageTransformerBlock.forward`` (diffusers>=0.42.1,<0.43) with
-those lines replaced by :func:`~qwen_resnorm_fp4.integrations._dit_core.ffn_segment` and the update.
+those lines replaced by :func:`~qwen_resnorm_fp4.integrations._segments.ffn_segment` and the update.
 ``modulate_index`` (zero_cond_t: condition-image tokens take rows B + b of the [2B, D] parameters) is served.
 """
 
@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._dit_core import ModelSpec, StreamSpec, attention_input, clip_fp16, ffn_segment
+from ._segments import attention_input, clip_fp16, ffn_segment
+from ._spec import ModelSpec, StreamSpec
 
 
 def _gate_rows(gate: Tensor, index: Optional[Tensor]) -> Tensor:
@@ -42,7 +43,7 @@ def _index_tensor(index: Any, like: Tensor) -> Optional[Tensor]:
 def _attention_input(block: torch.nn.Module, stream: str, x: Tensor, mod1: Tensor,
                      index: Optional[Tensor]) -> Optional[Tensor]:
     """The stream's norm1 + modulation as the E4M3 input of its q/k/v projections
-    (:func:`~qwen_resnorm_fp4.integrations._dit_core.attention_input`), or None: diffusers' own lines run."""
+    (:func:`~qwen_resnorm_fp4.integrations._segments.attention_input`), or None: diffusers' own lines run."""
     shift1, scale1, _gate1 = mod1.chunk(3, dim=-1)
     return attention_input(block, stream, x, scale1, shift1, index=index)
 

@@ -19,12 +19,13 @@ those lines replaced.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
-from ._dit_core import ModelSpec, StreamSpec, clip_fp16, ffn_segment
+from ._segments import clip_fp16, ffn_segment
+from ._spec import ModelSpec, StreamSpec
 
 
 def _select_modulation_rows(params: Tensor, target_token_mask: Optional[Tensor]) -> Tensor:
@@ -57,7 +58,7 @@ def _converted_block_forward(
     key_valid: Optional[Tensor] = None,
 ) -> Tensor:
     """diffusers' QwenImage21TransformerBlock.forward (diffusers>=0.42.1,<0.43), with the norm2 + SwiGLU segment
-    replaced by :func:`~qwen_resnorm_fp4.integrations._dit_core.ffn_segment`. Other lines are diffusers' own."""
+    replaced by :func:`~qwen_resnorm_fp4.integrations._segments.ffn_segment`. Other lines are diffusers' own."""
     mod1, mod2 = modulation.chunk(2, dim=-1)
 
     img_modulated, img_gate1 = self._modulate(self.img_norm1(hidden_states), mod1, target_token_mask)

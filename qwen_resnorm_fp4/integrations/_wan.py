@@ -18,10 +18,10 @@ replaced.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from ._dit_core import ModelSpec, StreamSpec, ffn_segment, ones_gate
+from ._segments import ffn_segment, ones_gate
+from ._spec import ModelSpec, StreamSpec
 
 
 def _converted_block_forward(
@@ -32,7 +32,7 @@ def _converted_block_forward(
     rotary_emb: Tensor,
 ) -> Tensor:
     """diffusers' WanTransformerBlock.forward (diffusers>=0.42.1,<0.43), with the cross-attention residual +
-    norm3 + FFN segment replaced by :func:`~qwen_resnorm_fp4.integrations._dit_core.ffn_segment`."""
+    norm3 + FFN segment replaced by :func:`~qwen_resnorm_fp4.integrations._segments.ffn_segment`."""
     if temb.ndim == 4:
         # temb: batch_size, seq_len, 6, inner_dim (wan2.2 ti2v)
         shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (

@@ -32,8 +32,8 @@ Parameter meanings (SGLang's): ``residual``, ``x``: bf16 [B, S, D]; ``input_bias
 bias, added to ``x`` before the gate, or None; ``gate``: the attention gate (like scale, or [D]) or the int 1
 for an ungated update (SGLang's ``ScaleResidualNormScaleShift`` convention; None means the same);
 ``weight``, ``bias``: the norm's affine parameters or None; ``scale``, ``shift``: the adaLN modulation as SGLang
-passes them, [B, 1, D] (or per token [B, S, D]); ``global_scale``: FC1's ``input_scale_inv`` (448 * 6 / input amax), a float32
-one-element tensor; ``norm_type``: "layer" or "rms"; ``eps``: the norm's epsilon.
+passes them, [B, 1, D] (or per token [B, S, D]); ``global_scale``: FC1's ``input_scale_inv`` (448 * 6 / input
+amax), a float32 one-element tensor; ``norm_type``: "layer" or "rms"; ``eps``: the norm's epsilon.
 
 FP8: SGLang's ``try_fused_scale_residual_norm_scale_shift_fp8(residual, x, gate, weight, bias, scale, shift,
 input_scale, norm_type, eps)`` (same file) computes ``residual_out = residual + gate * x`` (no input bias),
