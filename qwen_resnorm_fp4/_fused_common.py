@@ -4,8 +4,16 @@ record, the device rule, the norm's settings and the activation rules.
 A gate's checks return a :class:`Decline` (the reason and its text) instead of recording it anywhere: the
 internal ``serve_*`` entries return either the result or that Decline, so a call site (a converted block)
 keeps the reason of its own call. The public ``try_fused_*`` functions turn a Decline into ``None`` and, in
-eager mode, keep it for :func:`last_decline_reason` per thread (a compiled graph records nothing: writing
-Python state from traced code would make the graph guard on it).
+eager mode, keep it for :func:`last_decline_reason` (a compiled graph records nothing: writing Python state
+from traced code would make the graph guard on it).
+
+Where the last decline is kept: in the current ``contextvars`` context (:data:`_DECLINE_LOG`, a
+``ContextVar`` holding an immutable :class:`_DeclineLog`), not in a module-level object. Each thread has its
+own context (one that inherits a copy of its creator's, Python 3.14's ``thread_inherit_context``, starts from
+its creator's record), and so does each asyncio task (it starts from a copy of its creator's), so a serving
+process's threads and tasks each read their own last decline with no lock, and nothing in this module changes
+after import. The reasons already logged (each is logged once, at DEBUG level) are kept in the same record, so
+"once" is once per thread (per task) until :func:`reset_decline_log`.
 
 Every function here reads only static properties (types, dtypes, shapes, devices, the environment), so it is
 traced away by ``torch.compile(fullgraph=True)`` and does nothing on the device during graph capture.
@@ -13,13 +21,13 @@ traced away by ``torch.compile(fullgraph=True)`` and does nothing on the device 
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import logging
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple, TypeVar, Union
+from dataclasses import dataclass, replace
+from typing import Any, Callable, FrozenSet, Optional, Tuple, TypeVar, Union
 
 import torch
 
@@ -44,31 +52,41 @@ class Decline:
     detail: str
 
 
-#: The last decline of this thread's eager calls of the public gates (None after a success).
-_thread = threading.local()
-#: Reasons already logged (once each per process; a set add is atomic under the GIL).
-_logged: set = set()
+@dataclass(frozen=True)
+class _DeclineLog:
+    """One context's record of its eager gate calls: the last decline (None after a success) and the reasons
+    already logged. Immutable: an update sets a new record in the context."""
+
+    last: Optional[Decline] = None
+    logged: FrozenSet[DeclineReason] = frozenset()
+
+
+#: A context's record before its first gate call (immutable).
+_NO_DECLINES = _DeclineLog()
+#: The current context's decline record (a handle, not state: the values live in each thread's / task's
+#: ``contextvars`` context).
+_DECLINE_LOG: contextvars.ContextVar[_DeclineLog] = contextvars.ContextVar("qwen_resnorm_fp4_decline_log")
 
 
 def last_decline_reason() -> Optional[DeclineReason]:
-    """The reason of this thread's last fused-path decline in eager mode; ``None`` after a success (or before
-    any call). Calls inside a torch.compile graph do not update it (see ``fused_path_stats`` for a converted
-    model's compiled segments)."""
-    last = getattr(_thread, "last", None)
+    """The reason of this thread's (asyncio task's) last fused-path decline in eager mode; ``None`` after a
+    success (or before any call). Calls inside a torch.compile graph do not update it (see
+    ``fused_path_stats`` for a converted model's compiled segments)."""
+    last = _DECLINE_LOG.get(_NO_DECLINES).last
     return None if last is None else last.reason
 
 
 def last_decline_detail() -> Optional[str]:
-    """The specific text of this thread's last decline (e.g. which argument had which dtype); ``None`` after a
-    success."""
-    last = getattr(_thread, "last", None)
+    """The specific text of this thread's (asyncio task's) last decline (e.g. which argument had which dtype);
+    ``None`` after a success."""
+    last = _DECLINE_LOG.get(_NO_DECLINES).last
     return None if last is None else last.detail
 
 
 def reset_decline_log() -> None:
-    """Forget this thread's last decline and which reasons were logged (so that each is logged once again)."""
-    _thread.last = None
-    _logged.clear()
+    """Forget this thread's (asyncio task's) last decline and which reasons it logged (so that each is logged
+    once again)."""
+    _DECLINE_LOG.set(_NO_DECLINES)
 
 
 def decline(reason: DeclineReason, template: str, *args: Any) -> Decline:
@@ -86,13 +104,19 @@ def decline_for(problem: Problem, reason: Optional[DeclineReason] = None) -> Dec
 
 def public_result(outcome: Union[T, Decline]) -> Optional[T]:
     """What a public ``try_fused_*`` returns for a ``serve_*`` outcome: the result, or None for a Decline. In
-    eager mode it also keeps the outcome for :func:`last_decline_reason` (this thread's) and logs each
-    reason once at DEBUG level."""
+    eager mode it also keeps the outcome for :func:`last_decline_reason` (in the current context: this
+    thread's, or this asyncio task's) and logs each reason once (per context) at DEBUG level. While dynamo
+    traces, it records nothing."""
     declined = isinstance(outcome, Decline)
     if not torch.compiler.is_compiling():
-        _thread.last = outcome if declined else None
-        if declined and outcome.reason not in _logged:
-            _logged.add(outcome.reason)
+        log = _DECLINE_LOG.get(_NO_DECLINES)
+        if not declined:
+            if log.last is not None:
+                _DECLINE_LOG.set(replace(log, last=None))
+        elif outcome.reason in log.logged:
+            _DECLINE_LOG.set(replace(log, last=outcome))
+        else:
+            _DECLINE_LOG.set(_DeclineLog(outcome, log.logged | {outcome.reason}))
             logger.debug("fused resnorm+quant declined: %s: %s (%s)", outcome.reason.value, outcome.detail,
                          outcome.reason.description)
     return None if declined else outcome

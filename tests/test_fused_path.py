@@ -523,6 +523,93 @@ def test_last_decline_reason_is_per_thread():
     assert q.last_decline_reason() is R.CPU_TENSORS  # the other thread's success did not clear this one's
 
 
+def test_last_decline_reason_is_per_asyncio_task():
+    """Each asyncio task keeps its own last decline (a contextvars record): one task's decline is not another's,
+    and a task's calls do not change the caller's."""
+    import asyncio
+    kw, extra, fc1 = block()
+    args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"], fc1)
+    assert q.try_fused_resnorm_quant(*args, allow_cpu=True) is not None
+
+    async def one(allow_cpu: bool, ready: asyncio.Event, other_done: asyncio.Event):
+        q.try_fused_resnorm_quant(*args, allow_cpu=allow_cpu)
+        ready.set()
+        await other_done.wait()  # the other task has made its call by now
+        return q.last_decline_reason()
+
+    async def both():
+        a, b = asyncio.Event(), asyncio.Event()
+        return await asyncio.gather(one(False, a, b), one(True, b, a))
+
+    assert asyncio.run(both()) == [R.CPU_TENSORS, None]
+    assert q.last_decline_reason() is None
+
+
+# --------------------------------------------------------------------------------------------------
+# No module-level mutable state in the fused-path modules
+# --------------------------------------------------------------------------------------------------
+
+
+def _fused_path_modules():
+    import importlib
+    import pkgutil
+
+    import qwen_resnorm_fp4.integrations as integrations
+
+    names = ["qwen_resnorm_fp4._fused_common", "qwen_resnorm_fp4.fused_path", "qwen_resnorm_fp4.fused_path_fp8"]
+    names += [f"{integrations.__name__}.{m.name}" for m in pkgutil.iter_modules(integrations.__path__)]
+    return [importlib.import_module(n) for n in names]
+
+
+def _mutable(value) -> bool:
+    """Whether a module-level value is state that calls could change: a mutable container, a thread-local, a
+    lock (which only guards state), or an instance of a non-frozen dataclass; tuples and frozensets are looked
+    into."""
+    import collections
+    import dataclasses
+    import threading
+    import weakref
+
+    containers = (dict, list, set, bytearray, collections.deque, weakref.WeakSet, weakref.WeakValueDictionary,
+                  weakref.WeakKeyDictionary, threading.local, type(threading.Lock()), type(threading.RLock()))
+    if isinstance(value, containers):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return any(_mutable(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return not value.__dataclass_params__.frozen
+    return False
+
+
+def test_fused_path_modules_keep_no_module_level_mutable_state():
+    """What a call accumulates lives on objects the caller owns (a conversion's blocks and record, the
+    family's spec) or in the current contextvars context (the last decline), never in a module global."""
+    import contextvars
+
+    found = []
+    for module in _fused_path_modules():
+        for name, value in vars(module).items():
+            if name.startswith("__") and name.endswith("__"):  # __all__, __builtins__, ...
+                continue
+            if _mutable(value):
+                found.append(f"{module.__name__}.{name}: {type(value).__name__}")
+    assert not found, found
+    handles = [(m.__name__, n) for m in _fused_path_modules() for n, v in vars(m).items()
+               if isinstance(v, contextvars.ContextVar)]
+    assert handles == [("qwen_resnorm_fp4._fused_common", "_DECLINE_LOG")], handles
+
+
+def test_the_state_scan_finds_module_state():
+    """The scan above would see the state this test forbids."""
+    import threading
+    import weakref
+
+    assert _mutable(set()) and _mutable({}) and _mutable([]) and _mutable(threading.local())
+    assert _mutable(threading.Lock()) and _mutable(weakref.WeakSet()) and _mutable((1, {}))
+    from qwen_resnorm_fp4.integrations._state import StreamStats
+    assert _mutable(StreamStats()) and not _mutable(q.Decline(R.CPU_TENSORS, "x"))
+    assert not _mutable((1, "a", frozenset({2}))) and not _mutable(types.MappingProxyType({}))
+
 def test_compile_reads_env_at_trace_time(monkeypatch):
     torch._dynamo.reset()
     kw, extra, fc1 = block()
