@@ -1,4 +1,4 @@
-"""qwen-resnorm-fp4: gated residual + LayerNorm + adaLN modulation + NVFP4 or FP8 quantization in one CUDA kernel.
+"""qwen_resnorm_fp4: gated residual + LayerNorm + adaLN modulation + NVFP4 or FP8 quantization in one CUDA kernel.
 
 The ops are ``torch.ops.qwen_fp4.*``, one entry each in the op table (:data:`qwen_resnorm_fp4.ops.OPS`: CUDA
 kernels where built, the pure-PyTorch reference on CPU); their typed wrappers (:mod:`qwen_resnorm_fp4.api`)

@@ -117,7 +117,7 @@ def public_result(outcome: Union[T, Decline]) -> Optional[T]:
             _DECLINE_LOG.set(replace(log, last=outcome))
         else:
             _DECLINE_LOG.set(_DeclineLog(outcome, log.logged | {outcome.reason}))
-            logger.debug("fused resnorm+quant declined: %s: %s (%s)", outcome.reason.value, outcome.detail,
+            logger.debug("fused path declined: %s: %s (%s)", outcome.reason.value, outcome.detail,
                          outcome.reason.description)
     return None if declined else outcome
 

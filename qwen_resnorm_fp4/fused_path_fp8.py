@@ -3,7 +3,7 @@
 The FP8 counterpart of :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant`: it takes the block's tensors and
 FC1's static ``input_scale`` (ModelOpt's amax / 448) and either returns ``(y_e4m3, residual_out)`` from one
 call of :func:`~qwen_resnorm_fp4.resnorm_quant_fp8`, or returns ``None`` so that the caller runs its
-unfused code (``resnorm`` + ``fp8_quantize``, the same bytes). It never raises for a condition the fused path
+unfused code (the bf16 row op + :func:`~qwen_resnorm_fp4.fp8_quantize`, the same bytes). It never raises for a condition the fused path
 cannot serve; the reason is kept where the NVFP4 path keeps its own
 (:func:`~qwen_resnorm_fp4.last_decline_reason`, :func:`~qwen_resnorm_fp4.last_decline_detail`, per thread, eager
 calls). Each ``try_fused_*`` has a ``serve_fused_*`` twin that returns the
@@ -108,7 +108,7 @@ def serve_fused_norm_modulate_quant_fp8(
 
     Replaces ``y = norm1(x) * (1 + scale) + shift`` followed by each Linear's own quantization of y with one
     call of :func:`~qwen_resnorm_fp4.norm_modulate_quant_fp8`; the bytes equal ``fp8_quantize`` of the bf16
-    y of ``resnorm(x, zeros, None, zeros, scale, shift, ...)`` (the unfused chain). Arguments as for
+    y of the bf16 row op on (x, zeros, no bias, gate zeros, scale, shift) (the unfused chain). Arguments as for
     :func:`try_fused_resnorm_quant_fp8` without residual, gate and bias. Returns float8_e4m3fn like x, or
     ``None`` (``try_fused_*``, see :func:`~qwen_resnorm_fp4.last_decline_reason`) or the Decline
     (``serve_fused_*``)."""

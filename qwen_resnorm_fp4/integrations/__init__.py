@@ -12,7 +12,7 @@
   ``try_fused_scale_residual_norm_scale_shift_nvfp4`` (docs/serving.md).
 
 Nothing here is imported with the package: diffusers is an optional dependency
-(``pip install "qwen-resnorm-fp4[diffusers]"``), and each integration module imports its library lazily.
+(``pip install "qwen_resnorm_fp4[diffusers]"``), and each integration module imports its library lazily.
 """
 
 __all__ = ["diffusers", "sglang"]

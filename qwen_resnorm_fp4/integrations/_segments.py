@@ -9,9 +9,10 @@ Job: what the model files' copied forwards call in place of diffusers' lines:
   layer's quantizer (``mode="unfused"``, and where the fused gate declines), then the FFN on the quantized
   activations with the same code in both modes;
 - :func:`attention_input`: an FP8 conversion's first norm + modulation into the one E4M3 input of the q/k/v
-  projections (``norm_modulate_quant_fp8``; unfused: ``resnorm`` of (x, 0, gate 0) then ``fp8_quantize``);
-- the GELU(tanh) of a FeedForward whose second Linear is FP8 (``gelu_tanh_fp8_quantize``; unfused: PyTorch's
-  GELU kernel then the Linear's own quantization);
+  projections (``serve_fused_norm_modulate_quant_fp8``; unfused: ``resnorm`` of (x, 0, gate 0) then the first
+  projection's ``quantize_input``);
+- the GELU(tanh) of a FeedForward whose second Linear is FP8 (``serve_fused_gelu_tanh_fp8_quantize``; unfused:
+  PyTorch's GELU kernel then the Linear's own quantization);
 - :func:`clip_fp16`, :func:`ones_gate`: diffusers' block end and an ungated update's gate.
 
 Rules:
@@ -83,7 +84,8 @@ def attention_input(block: torch.nn.Module, stream: str, x: Tensor, scale: Tenso
                     index: Optional[Tensor] = None) -> Optional[Tensor]:
     """The E4M3 input of a stream's attention projections (``StreamSpec.attn_inputs``, one shared
     input_scale) from its first norm: ``norm(x) * (1 + scale) + shift`` quantized once, fused
-    (``norm_modulate_quant_fp8``) or unfused (``resnorm`` of (x, 0, gate 0), then ``fp8_quantize``), the same
+    (``serve_fused_norm_modulate_quant_fp8``) or unfused (``resnorm`` of (x, 0, gate 0), then the first
+    projection's ``quantize_input``), the same
     bytes. None where the conversion did not set this segment up (NVFP4, other layers, differing input
     scales): the caller runs the model's own norm and modulation. scale/shift as for :func:`ffn_segment`."""
     state: BlockState = getattr(block, STATE_ATTR)
@@ -112,7 +114,7 @@ def attention_input(block: torch.nn.Module, stream: str, x: Tensor, scale: Tenso
 
 
 def _gelu_tanh(h: Tensor) -> Tensor:
-    """PyTorch's own GELU(tanh) kernel: what ``gelu_tanh_fp8_quantize`` equals bit for bit."""
+    """PyTorch's own GELU(tanh) kernel: what the fused GELU + FP8 op's bf16 GELU equals bit for bit."""
     return torch.nn.functional.gelu(h, approximate="tanh")
 
 

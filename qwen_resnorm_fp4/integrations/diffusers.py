@@ -23,7 +23,7 @@ Each converter, in every block of the model:
 - binds a new ``forward`` to the block: a copy of the library's block forward (of the supported versions,
   :data:`SUPPORTED_DIFFUSERS`) in which the segment ``residual + gate * x -> norm -> * (1 + scale) + shift ->
   FFN`` of each stream is one call: ``try_fused_resnorm_quant`` / ``try_fused_resnorm_quant_fp8``
-  (``mode="fused"``) or ``resnorm`` + the quantizer (``mode="unfused"``, the baseline, also the fallback when
+  (``mode="fused"``) or the bf16 row op + the quantizer (``mode="unfused"``, the baseline, also the fallback when
   the fused path declines), then the FFN on the quantized activations with the same code in both modes
   (with FP8 layers, also GELU -> FC2 and Qwen-Image's norm1 -> q/k/v: :mod:`._segments`). Everything else is
   diffusers' own code.
@@ -114,7 +114,7 @@ def check_diffusers_version(version: Optional[str] = None, *, allow_untested_ver
     if version is None:
         version = diffusers_version()
         if version is None:
-            raise ImportError('diffusers is not installed: pip install "qwen-resnorm-fp4[diffusers]"')
+            raise ImportError('diffusers is not installed: pip install "qwen_resnorm_fp4[diffusers]"')
     parsed = _parse_version(version)
     ok = parsed is not None and _SUPPORTED_MIN <= parsed < _SUPPORTED_BELOW
     if not ok:
@@ -180,15 +180,15 @@ def convert_transformer(
         model: the transformer (bfloat16; on the device it will run on: the weights are quantized there).
         mode: "fused" (``try_fused_resnorm_quant`` / ``try_fused_resnorm_quant_fp8``; where it declines, the
             unfused chain runs and the decline is counted, see :func:`fused_path_stats`) or "unfused"
-            (``resnorm`` + ``nvfp4_quantize`` / ``fp8_quantize``, the byte-identical baseline).
+            (the bf16 row op, then the FFN input layer's own quantizer: the byte-identical baseline).
         format: "nvfp4" (:class:`~qwen_resnorm_fp4.NVFP4Linear`; FP4 tensor cores on Blackwell) or "fp8"
             (:class:`~qwen_resnorm_fp4.FP8Linear`: E4M3 weights and activations, per-tensor scales as
             ModelOpt's FP8 recipe, torch._scaled_mm; Hopper and Blackwell); or the format's options object,
             e.g. ``format=FP8Options(use_fast_accum=False)`` (then its settings are not passed as keywords).
-            With "fp8" the fused segment writes FC1's E4M3 input directly (``resnorm_quant_fp8``), GELU writes
-            FC2's (``gelu_tanh_fp8_quantize``) where FC2 is FP8, Qwen-Image's norm1 writes the one input of FP8
-            q/k/v with one input scale (``norm_modulate_quant_fp8``), and every other FP8 layer quantizes its
-            BF16 input itself (``fp8_quantize``: the attention output into to_out).
+            With "fp8" the fused segment writes FC1's E4M3 input directly (the fused FP8 row op), GELU writes
+            FC2's (GELU + FP8 in one op) where FC2 is FP8, Qwen-Image's norm1 writes the one input of FP8
+            q/k/v with one input scale (the no-residual FP8 op), and every other FP8 layer quantizes its
+            BF16 input itself (``FP8Linear.quantize_input``: the attention output into to_out).
         linears: which block Linears are quantized (the rest stay BF16):
             "fc1": the FFN input layers (FC1; both SwiGLU inputs in Qwen-Image 2.1);
             "all": every ``nn.Linear`` of the blocks the format supports (NVFP4: in_features a multiple of 64;
