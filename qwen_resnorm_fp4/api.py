@@ -357,9 +357,87 @@ def norm_modulate_quant_fp8_out(x: Tensor, scale: Tensor, shift: Tensor, input_s
     return y
 
 
+
+# ---------------------------------------------------------------------------------------------------
+# The unified entries: one function per fusion, the output format an argument (the op table's FUSIONS)
+# ---------------------------------------------------------------------------------------------------
+
+#: Arguments that only some formats take: refused, naming the argument, where the chosen format's op has none.
+_FORMAT_SETTINGS = ("fast_math", "nvfp4_4over6")
+
+
+def _by_format(fusion: str, format: str, values: dict, settings: dict):
+    """The (fusion, format) op of the table on ``values`` (every argument by name: the quantization scale under
+    both of its names, global_scale and input_scale), with the format-only ``settings`` checked and resolved."""
+    name = ops.FUSIONS.get((fusion, format))
+    if name is None:
+        formats = sorted(f for fu, f in ops.FUSIONS if fu == fusion)
+        raise ValueError(f"format must be one of {formats} here, got {format!r}")
+    entry = ops.OPS[name]
+    names = entry.argument_names
+    for setting, (value, unset) in settings.items():
+        if value is not unset and setting not in names and f"{setting}_code" not in names:
+            raise ValueError(f"{setting} is a setting of the NVFP4 quantizer; format={format!r} has none (omit it)")
+    quant_scale = values.pop("quant_scale")
+    if "global_scale" not in names and "input_scale" not in names:
+        if quant_scale is not None:
+            raise ValueError(f"quant_scale must be None with format={format!r} (no quantization)")
+    elif quant_scale is None:
+        raise ValueError(f"quant_scale is required with format={format!r} (the {'global' if format == 'nvfp4' else 'input'} "
+                         "scale)")
+    values.update(global_scale=quant_scale, input_scale=quant_scale)
+    if "fast_math" in names:
+        values["fast_math"] = resolve_fast_math(settings["fast_math"][0])
+    if "nvfp4_4over6_code" in names:
+        values["nvfp4_4over6_code"] = resolve_nvfp4_4over6(settings["nvfp4_4over6"][0])
+    return _call(name, tuple(values[n] for n in names))
+
+
+def residual_norm(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+                  quant_scale: Optional[Tensor] = None, eps: float = 1e-6, *, format: str = "nvfp4",
+                  fast_math: Optional[bool] = None, weight: Optional[Tensor] = None,
+                  norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                  nvfp4_4over6: object = UNSET) -> Tuple[Tensor, ...]:
+    """Gated residual update + LayerNorm + adaLN modulation, in the output ``format``, in one kernel.
+
+    format "nvfp4": :func:`resnorm_quant` (``quant_scale`` the global scale) -> (packed, scales, residual_out);
+    "fp8": :func:`resnorm_quant_fp8` (``quant_scale`` the static input_scale) -> (y E4M3, residual_out);
+    "bf16": :func:`resnorm` (``quant_scale`` None) -> (y, residual_out). The other arguments as there;
+    ``fast_math`` and ``nvfp4_4over6`` are NVFP4 settings (a ValueError with another format). Bytes equal the
+    format's own wrapper's.
+    """
+    values = dict(residual=residual, x=x, bias=bias, gate=gate, scale=scale, shift=shift, quant_scale=quant_scale,
+                  eps=eps, weight=weight, norm_bias=norm_bias, modulate_index=modulate_index)
+    return _by_format("residual_norm", format, values, {"fast_math": (fast_math, None),
+                                                        "nvfp4_4over6": (nvfp4_4over6, UNSET)})
+
+
+def norm_modulate_quantize(x: Tensor, scale: Tensor, shift: Tensor, quant_scale: Tensor, eps: float = 1e-6, *,
+                           format: str = "nvfp4", fast_math: Optional[bool] = None, weight: Optional[Tensor] = None,
+                           norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                           nvfp4_4over6: object = UNSET):
+    """LayerNorm + adaLN modulation of ``x`` (no residual update) and quantization in the output ``format``:
+    :func:`norm_modulate_quant` ("nvfp4" -> (packed, scales)) or :func:`norm_modulate_quant_fp8` ("fp8" -> y
+    E4M3), arguments as there (``quant_scale`` the global or the input scale)."""
+    values = dict(x=x, scale=scale, shift=shift, quant_scale=quant_scale, eps=eps, weight=weight,
+                  norm_bias=norm_bias, modulate_index=modulate_index)
+    return _by_format("norm", format, values, {"fast_math": (fast_math, None), "nvfp4_4over6": (nvfp4_4over6, UNSET)})
+
+
+def quantize(y: Tensor, quant_scale: Tensor, *, format: str = "nvfp4", fast_math: Optional[bool] = None,
+             nvfp4_4over6: object = UNSET):
+    """bf16 ``y`` quantized in the output ``format``: :func:`nvfp4_quantize` ("nvfp4" -> (packed, scales),
+    ``quant_scale`` the global scale) or :func:`fp8_quantize` ("fp8" -> E4M3 of y's shape, ``quant_scale`` the
+    input scale)."""
+    return _by_format("quantize", format, dict(y=y, quant_scale=quant_scale),
+                      {"fast_math": (fast_math, None), "nvfp4_4over6": (nvfp4_4over6, UNSET)})
+
+
 #: The typed wrappers the package exports (``qwen_resnorm_fp4.<name>``).
 __all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "resnorm_quant_out", "resnorm_out",
            "nvfp4_quantize_out", "empty_quantize_outputs", "empty_resnorm_quant_outputs", "empty_resnorm_outputs",
            "check_fp8_input_scale", "resnorm_quant_fp8", "resnorm_quant_fp8_out", "empty_resnorm_quant_fp8_outputs",
            "fp8_quantize", "fp8_quantize_out", "gelu_tanh_fp8_quantize", "gelu_tanh_fp8_quantize_out",
-           "norm_modulate_quant", "norm_modulate_quant_fp8", "norm_modulate_quant_fp8_out"]
+           "norm_modulate_quant", "norm_modulate_quant_fp8", "norm_modulate_quant_fp8_out",
+           # the unified entries (the output format an argument)
+           "residual_norm", "norm_modulate_quantize", "quantize"]

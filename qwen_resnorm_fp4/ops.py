@@ -55,16 +55,21 @@ class OpEntry:
         reference: a functional op's Python implementation after the rules (reference.py); an out-variant's,
             the function that writes its outputs from its arguments (None: :func:`_write_functional`).
         functional: an out-variant's functional op (whose reference computes what it writes).
+        fusion, format: what a functional op computes and in which output format ("nvfp4", "fp8", "bf16"): the
+            unified wrappers (api.py) find the op of a (fusion, format) pair here (:data:`FUSIONS`).
         argument_names: the schema's argument names, in order.
         reads_scale: the position of ``input_scale``, whose value the Python implementation checks too.
     """
 
-    __slots__ = ("name", "schema", "rules", "outputs", "reference", "functional", "argument_names", "reads_scale")
+    __slots__ = ("name", "schema", "rules", "outputs", "reference", "functional", "fusion", "format",
+                 "argument_names", "reads_scale")
 
     def __init__(self, name: str, schema: str, rules: Optional[Rules], *, outputs: Optional[Callable] = None,
-                 reference: Optional[Callable] = None, functional: Optional[str] = None) -> None:
+                 reference: Optional[Callable] = None, functional: Optional[str] = None,
+                 fusion: Optional[str] = None, format: Optional[str] = None) -> None:
         self.name, self.schema, self.rules = name, schema, rules
         self.outputs, self.reference, self.functional = outputs, reference, functional
+        self.fusion, self.format = fusion, format
         parsed = torch._C.parse_schema(f"{NAMESPACE}::{name}{schema}")
         self.argument_names = tuple(a.name for a in parsed.arguments)
         #: Position of input_scale, whose value the Python implementation also checks (the CUDA kernels check
@@ -154,14 +159,14 @@ _TABLE = (
             f"({_ROW_INPUTS}, Tensor global_scale, float eps, bool fast_math, {_NORM_PARAMS}, "
             "int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales, Tensor residual_out)",
             resnorm_quant_problem, outputs=lambda residual, x, *_: (*_quantized(x), _like(x)),
-            reference=reference.resnorm_quant),
+            reference=reference.resnorm_quant, fusion="residual_norm", format="nvfp4"),
     # Its bf16 half: y and residual_out (steps 1-7).
     OpEntry("resnorm", f"({_ROW_INPUTS}, float eps, {_NORM_PARAMS}) -> (Tensor y, Tensor residual_out)",
-            resnorm_problem, outputs=lambda residual, x, *_: (_like(x), _like(x)), reference=reference.resnorm),
+            resnorm_problem, outputs=lambda residual, x, *_: (_like(x), _like(x)), reference=reference.resnorm, fusion="residual_norm", format="bf16"),
     # The standalone NVFP4 quantizer (step 8), the production recipe.
     OpEntry("nvfp4_quantize",
             "(Tensor y, Tensor global_scale, bool fast_math, int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales)",
-            quantize_problem, outputs=lambda y, *_: _quantized(y), reference=reference.nvfp4_quantize),
+            quantize_problem, outputs=lambda y, *_: _quantized(y), reference=reference.nvfp4_quantize, fusion="quantize", format="nvfp4"),
     # The out-variants: the functional op's outputs, in order, after its required arguments; residual_out may
     # be residual itself.
     OpEntry("resnorm_quant_out",
@@ -183,30 +188,30 @@ _TABLE = (
     OpEntry("resnorm_quant_fp8",
             f"({_ROW_INPUTS}, Tensor input_scale, float eps, {_NORM_PARAMS}) -> (Tensor y, Tensor residual_out)",
             resnorm_quant_fp8_problem, outputs=lambda residual, x, *_: (_fp8_like(x), _like(x)),
-            reference=reference.resnorm_quant_fp8),
+            reference=reference.resnorm_quant_fp8, fusion="residual_norm", format="fp8"),
     OpEntry("resnorm_quant_fp8_out",
             f"({_ROW_INPUTS}, Tensor input_scale, float eps, Tensor(a!) y, Tensor(b!) residual_out, "
             f"{_NORM_PARAMS}, Tensor(c!)? y_bf16=None) -> ()",
             resnorm_quant_fp8_out_problem, reference=_fp8_rows_into, functional="resnorm_quant_fp8"),
     # Element-wise, any shape: the FP8 input of a Linear that no norm produces (attention output).
     OpEntry("fp8_quantize", "(Tensor y, Tensor input_scale) -> Tensor", fp8_quantize_problem,
-            outputs=lambda y, _: _fp8_like(y), reference=reference.fp8_quantize),
+            outputs=lambda y, _: _fp8_like(y), reference=reference.fp8_quantize, fusion="quantize", format="fp8"),
     OpEntry("fp8_quantize_out", "(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()", fp8_quantize_out_problem,
             functional="fp8_quantize"),
     # The same of GELU(tanh)(y) rounded to bf16 (PyTorch's CUDA GELU bit for bit): the FFN's second Linear input.
     OpEntry("gelu_tanh_fp8_quantize", "(Tensor y, Tensor input_scale) -> Tensor", fp8_quantize_problem,
-            outputs=lambda y, _: _fp8_like(y), reference=reference.gelu_tanh_fp8_quantize),
+            outputs=lambda y, _: _fp8_like(y), reference=reference.gelu_tanh_fp8_quantize, fusion="gelu_tanh", format="fp8"),
     OpEntry("gelu_tanh_fp8_quantize_out", "(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()",
             fp8_quantize_out_problem, functional="gelu_tanh_fp8_quantize"),
     # No residual update (a block's first norm): LayerNorm + modulation of x, then NVFP4 / FP8.
     OpEntry("norm_modulate_quant",
             f"(Tensor x, Tensor scale, Tensor shift, Tensor global_scale, float eps, bool fast_math, {_NORM_PARAMS}, "
             "int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales)",
-            norm_modulate_quant_problem, outputs=lambda x, *_: _quantized(x), reference=reference.norm_modulate_quant),
+            norm_modulate_quant_problem, outputs=lambda x, *_: _quantized(x), reference=reference.norm_modulate_quant, fusion="norm", format="nvfp4"),
     OpEntry("norm_modulate_quant_fp8",
             f"(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, {_NORM_PARAMS}) -> Tensor",
             norm_modulate_quant_fp8_problem, outputs=lambda x, *_: _fp8_like(x),
-            reference=reference.norm_modulate_quant_fp8),
+            reference=reference.norm_modulate_quant_fp8, fusion="norm", format="fp8"),
     OpEntry("norm_modulate_quant_fp8_out",
             f"(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, Tensor(a!) y, {_NORM_PARAMS}, "
             "Tensor(b!)? y_bf16=None) -> ()",
@@ -220,6 +225,10 @@ _TABLE = (
 OPS: Mapping[str, OpEntry] = MappingProxyType({entry.name: entry for entry in _TABLE})
 #: Every op's full schema by name.
 SCHEMAS: Mapping[str, str] = MappingProxyType({e.name: f"{e.name}{e.schema}" for e in _TABLE})
+#: The functional op of each (fusion, output format): "residual_norm" (gated residual update + LayerNorm +
+#: modulation), "norm" (LayerNorm + modulation, no residual), "quantize", "gelu_tanh" (GELU, then quantize).
+FUSIONS: Mapping[Tuple[str, str], str] = MappingProxyType(
+    {(e.fusion, e.format): e.name for e in _TABLE if e.fusion is not None})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -280,4 +289,4 @@ for _entry in _TABLE:
     if not _library.has_kernel(_entry.name, "cuda"):  # no compiled library: the reference serves CUDA tensors too
         _lib.impl(_entry.name, _impl, "CUDA")
 
-__all__ = ["NAMESPACE", "OpEntry", "OPS", "SCHEMAS"]
+__all__ = ["NAMESPACE", "OpEntry", "OPS", "SCHEMAS", "FUSIONS"]
