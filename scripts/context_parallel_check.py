@@ -54,7 +54,7 @@ if (ROOT / "qwen_resnorm_fp4" / "__init__.py").is_file() and (
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-#: The CPU test's tolerance (tests/test_context_parallel.py TOLERANCE, calibrated there).
+#: The CPU test's tolerance (tests/integrations/test_context_parallel.py TOLERANCE, calibrated there).
 DEFAULT_TOLERANCE = 2e-3
 QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
 PATCH, OUT_CHANNELS = 2, 16

@@ -1,5 +1,5 @@
 """What compute-sanitizer runs (scripts/gpu_check.sh, stage "sanitizer"): valid but awkward inputs only
-(bad inputs are refused by the argument checks before any launch; tests/test_bad_inputs.py covers them).
+(bad inputs are refused by the argument checks before any launch; tests/reliability/test_bad_inputs.py covers them).
 
 - every kernel and block shape: D in {64, 2048, 2112, 3072, 5120, 8192, 8256, 16384} (the generic
   paths of csrc/dispatch.cuh switch at D = 2048 and 8192; D = 3072 and 5120 have fixed-width kernels

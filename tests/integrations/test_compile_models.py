@@ -1,0 +1,348 @@
+"""Converted models under torch.compile (CPU, ``backend="aot_eager"``): compiled once per input shape, with
+``fullgraph=True`` and with diffusers' regional compilation, for every model family, both formats and both
+modes; the compiled output equals eager bit for bit, fused equals unfused, ``fused_path_stats`` reports what
+the compiled graphs run; and what the conversion decided stays right after ``load_state_dict``.
+
+``torch._dynamo.config.error_on_recompile`` turns any recompilation into an error, so "compiles once" is
+asserted by running the compiled model several times."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List
+
+import pytest
+import torch
+
+import qwen_resnorm_fp4.integrations.diffusers as qd
+from qwen_resnorm_fp4.integrations._state import converted_blocks
+
+from helpers.diffusers_models import SKIP_REASON, build_small, flux, make_inputs, qwen21, run, wan
+
+pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+
+RUNS = 6
+
+
+def qwen_image(zero_cond_t: bool):
+    return build_small(zero_cond_t), [make_inputs(1, 7, zero_cond_t, small=True, seed=5)]
+
+
+CASES: Dict[str, Callable[[], Any]] = {
+    "qwen_image": lambda: qwen_image(False),
+    "qwen_image_zero_cond_t": lambda: qwen_image(True),
+    "qwen_image21": lambda: qwen21(2, 32, 2, True)[:2],
+    "flux": lambda: flux(2, 32, 1)[:2],
+    "wan21": lambda: wan(2, 32, 128, 2, False)[:2],
+}
+
+
+def converted(case: str, fmt: str, mode: str = "fused"):
+    model, inputs = CASES[case]()
+    qd.convert_transformer(model, format=fmt, mode=mode, linears="all", calibration_inputs=inputs,
+                           allow_cpu=True)
+    return model, inputs[0]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled_runs(model, inp: Dict[str, Any], compiled: Callable, runs: int = RUNS) -> List[torch.Tensor]:
+    """``runs`` forwards of ``compiled`` with recompilation an error."""
+    outs = []
+    with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():
+        for _ in range(runs):
+            outs.append(compiled(**inp)[0])
+    return outs
+
+
+#: Qwen-Image 2.1's model forward (diffusers 0.42.1) breaks the graph outside its blocks (its rotary embedding
+#: calls ``tolist()`` on the padding mask), converted or not: it compiles by regions.
+WHOLE_MODEL_CASES = [c for c in CASES if c != "qwen_image21"]
+
+
+def test_qwen_image21_bf16_model_has_its_own_graph_break():
+    model, inputs = CASES["qwen_image21"]()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="tolist"), torch.no_grad():
+        torch.compile(model, fullgraph=True, backend="aot_eager")(**inputs[0])
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("case", WHOLE_MODEL_CASES)
+def test_fullgraph_compiles_once_and_equals_eager(case, fmt):
+    model, inp = converted(case, fmt)
+    eager = run(model, inp)
+    eager_stats = qd.fused_path_stats(model, reset=True)
+    assert eager_stats["fallback"] == 0 and eager_stats["fused"] > 0, eager_stats
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for out in compiled_runs(model, inp, compiled):
+        assert torch.equal(out, eager)
+    stats = qd.fused_path_stats(model)
+    # compiled calls count nothing; the traced graph's segments all run fused
+    assert (stats["fused"], stats["unfused"], stats["fallback"]) == (0, 0, 0), stats
+    segments = {k for blk in qd.fused_path_stats(model, per_block=True)["blocks"].values() for k in blk}
+    assert stats["compiled"] == {k: ["fused"] for k in sorted(segments)}, stats["compiled"]
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("case", ["qwen_image", "qwen_image_zero_cond_t", "flux", "wan21"])
+def test_fused_equals_unfused_compiled(case, fmt):
+    model, inp = converted(case, fmt)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    fused = compiled_runs(model, inp, compiled, runs=2)
+    qd.set_mode(model, "unfused")
+    with torch.no_grad():
+        unfused = [compiled(**inp)[0]]  # the mode is a guard: one recompile, then none
+    unfused += compiled_runs(model, inp, compiled, runs=2)
+    assert all(torch.equal(fused[0], t) for t in fused + unfused)
+    assert qd.fused_path_stats(model)["compiled"]["img"] == ["fused", "unfused"]
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("case", ["qwen_image", "qwen_image21", "flux", "wan21"])
+def test_regional_compilation_compiles_one_block(case, fmt):
+    """diffusers' ``compile_repeated_blocks``: one graph serves every block (the blocks' per-layer scales are
+    tensors, not constants), no graph break inside a block, and no recompile over repeated forwards."""
+    model, inp = converted(case, fmt)
+    eager = run(model, inp)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    model.compile_repeated_blocks(fullgraph=True, backend="aot_eager")
+    for out in compiled_runs(model, inp, model):
+        assert torch.equal(out, eager)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    block_classes = {type(m).__name__ for m in model.modules()} & set(model._repeated_blocks)
+    assert counters["stats"]["unique_graphs"] == len(block_classes), (counters["stats"], block_classes)
+
+
+def test_conversions_of_one_class_share_the_compiled_blocks():
+    """Two conversions of one model class (Wan 2.2's two transformers), and convert -> restore -> convert again:
+    the blocks compiled for one serve the other, no recompile; both report the compiled paths."""
+    first, inp = converted("qwen_image", "fp8")
+    second, _ = converted("qwen_image", "fp8")
+    first.compile_repeated_blocks(fullgraph=True, backend="aot_eager")
+    second.compile_repeated_blocks(fullgraph=True, backend="aot_eager")
+    compiled_runs(first, inp, first, runs=1)
+    compiled_runs(second, inp, second, runs=2)  # error_on_recompile
+    for _ in range(3):
+        qd.restore_transformer(second)
+        qd.convert_transformer(second, format="fp8", linears="all", calibration_inputs=[inp], allow_cpu=True)
+        second.compile_repeated_blocks(fullgraph=True, backend="aot_eager")
+        compiled_runs(second, inp, second, runs=1)
+    assert qd.fused_path_stats(first)["compiled"]["img"] == ["fused"]
+
+
+def test_converted_model_deepcopies_and_pickles():
+    import copy
+    import io
+
+    model, inp = converted("qwen_image", "fp8")
+    eager = run(model, inp)
+    twin = copy.deepcopy(model)
+    assert torch.equal(run(twin, inp), eager)
+    qd.fused_path_stats(model, reset=True)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(run(loaded, inp), eager)
+    assert qd.fused_path_stats(loaded)["fused"] == qd.conversion_info(loaded).segments_per_forward
+    qd.restore_transformer(loaded)
+    compiled = torch.compile(twin, fullgraph=True, backend="aot_eager")
+    compiled_runs(twin, inp, compiled, runs=2)
+    assert qd.fused_path_stats(twin)["compiled"]["img"] == ["fused"]
+    # the copy's hooks are its own: restoring the copy leaves the original's load checks in place
+    qd.restore_transformer(twin)
+    sd = model.state_dict()
+    key = "transformer_blocks.0.img_mlp.net.0.proj.input_scale"
+    sd[key] = torch.zeros_like(sd[key])
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        model.load_state_dict(sd)
+
+
+def test_second_resolution_recompiles_at_most_once():
+    model, _ = converted("qwen_image", "fp8")
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    small = make_inputs(1, 7, False, small=True, seed=5)
+    large = make_inputs(1, 9, False, small=True, seed=6)  # another text length: another sequence length
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    with torch.no_grad():
+        compiled(**small)
+        compiled(**large)
+        frames = counters["stats"]["unique_graphs"]
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for inp in (small, large, small, large):
+                a = compiled(**inp)[0]
+                assert torch.equal(a, run(model, inp))
+    assert frames <= 2, frames
+
+
+def test_compile_does_not_decline_and_stats_name_the_compiled_decline():
+    """A fallback inside a compiled graph is reported: the segment's compiled path is the decline reason."""
+    model, inp = converted("qwen_image", "fp8")
+    qd.set_mode(model, "fused")
+    for _, _block, state in converted_blocks(model):
+        state.allow_cpu = False  # the CPU reference refused: every fused segment declines on CPU
+    eager = run(model, inp)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    out = compiled_runs(model, inp, compiled, runs=2)[0]
+    assert torch.equal(out, eager)
+    assert qd.fused_path_stats(model)["compiled"]["img"] == ["cpu_tensors"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Loaded state
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _bf16_layer_outputs(model, inp, name: str) -> Dict[str, torch.Tensor]:
+    seen = {}
+    handle = model.get_submodule(name).register_forward_hook(lambda m, a, o: seen.setdefault("out", o))
+    try:
+        run(model, inp)
+    finally:
+        handle.remove()
+    return seen["out"]
+
+
+def test_load_state_dict_with_differing_qkv_scales_rederives_the_shared_quantization():
+    """A checkpoint whose to_k input_scale differs from to_q's: to_k must be fed its own quantization (it was
+    fed to_q's, and its output was 4x off), fused and unfused, eager and compiled."""
+    model, inp = converted("qwen_image", "fp8")
+    name = "transformer_blocks.0.attn.to_k"
+    layer = model.get_submodule(name)
+    sd = model.state_dict()
+    sd[f"{name}.input_scale"] = sd[f"{name}.input_scale"] * 4
+    model.load_state_dict(sd)
+    stats = qd.fused_path_stats(model, per_block=True, reset=True)
+    assert "img.attn" not in stats["blocks"]["transformer_blocks.0"]
+    assert "img.attn" in stats["blocks"]["transformer_blocks.1"]
+    info = qd.conversion_info(model)
+    assert info.input_amax[name] == pytest.approx(float(layer.input_scale) * 448.0)
+    assert info.segments_per_forward == sum(len(b) for b in stats["blocks"].values())
+    # to_k's output is what an FP8 layer computes from its own input quantization
+    captured = {}
+    hook_in = layer.register_forward_hook(lambda m, a, o: captured.update(x=a[0], out=o))
+    fused = run(model, inp)
+    hook_in.remove()
+    x = captured["x"]
+    assert x.dtype == torch.bfloat16, "to_k was fed another layer's E4M3 activation"
+    assert torch.equal(captured["out"], layer(x))
+    qd.set_mode(model, "unfused")
+    assert torch.equal(run(model, inp), fused)
+    qd.set_mode(model, "fused")
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled_runs(model, inp, compiled, runs=2)[0], fused)
+    # equal scales again: the shared quantization comes back
+    sd[f"{name}.input_scale"] = model.get_submodule("transformer_blocks.0.attn.to_q").input_scale.clone()
+    model.load_state_dict(sd)
+    assert "img.attn" in qd.fused_path_stats(model, per_block=True)["blocks"]["transformer_blocks.0"]
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_load_state_dict_refuses_differing_swiglu_scales_and_changes_nothing(fmt):
+    model, inputs = qwen21(2, 32, 2, True)[:2]
+    qd.convert_transformer(model, format=fmt, linears="fc1", calibration_inputs=inputs, allow_cpu=True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    sd = model.state_dict()
+    key = next(k for k in sd if k.endswith("gate_layer.input_scale") or k.endswith("gate_layer.input_global_scale"))
+    sd = {k: (v * 2 if k == key else v + 1 if v.dtype == torch.bfloat16 and "transformer_blocks.0." in k else v)
+          for k, v in sd.items()}
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        model.load_state_dict(sd)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "a refused load changed the model"
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_load_state_dict_onto_meta_and_assign(fmt):
+    """Loading meta tensors (a model being materialized, ``assign=True``) is not a value to check."""
+    model, _ = converted("qwen_image", fmt)
+    sd = {k: v.to("meta") for k, v in model.state_dict().items()}
+    model.load_state_dict(sd, assign=True)
+    assert all(t.device.type == "meta" for t in model.state_dict().values())
+
+
+def test_load_state_dict_updates_the_amax_of_blocks_without_the_segment():
+    """FLUX.1's single-stream blocks (linears="all" only): their layers' recorded input amax follows a load."""
+    model, inputs = CASES["flux"]()
+    qd.convert_transformer(model, format="fp8", linears="all", calibration_inputs=inputs, allow_cpu=True)
+    name = next(n for n in qd.conversion_info(model).input_amax if n.startswith("single_transformer_blocks."))
+    sd = model.state_dict()
+    sd[f"{name}.input_scale"] = sd[f"{name}.input_scale"] * 2
+    model.load_state_dict(sd)
+    assert qd.conversion_info(model).input_amax[name] == pytest.approx(float(sd[f"{name}.input_scale"]) * 448.0)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), 1e-45])
+def test_load_state_dict_refuses_a_bad_input_scale(bad):
+    model, _ = converted("qwen_image", "fp8")
+    sd = model.state_dict()
+    key = "transformer_blocks.1.img_mlp.net.0.proj.input_scale"
+    sd[key] = torch.full_like(sd[key], bad)
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        model.load_state_dict(sd)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GPU: inductor, real width
+# ------------------------------------------------------------------------------------------------------------
+
+
+def real_width_qwen_image(fmt: str, zero_cond_t: bool):
+    """A real-width Qwen-Image (24 heads x 128) of one block on the GPU, converted (linears="all")."""
+    from diffusers import QwenImageTransformer2DModel
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = QwenImageTransformer2DModel(
+            patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), zero_cond_t=zero_cond_t)
+    model = model.to(torch.bfloat16).eval()
+    inputs = [make_inputs(1, 77, zero_cond_t, small=False, seed=s, device="cuda") for s in (1, 2)]
+    qd.convert_transformer(model, format=fmt, linears="all", calibration_inputs=inputs[:1])
+    return model, inputs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
+def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
+    """The CUDA kernels as traced (``aot_eager``: the graph's own ops, no code generation): one graph for repeated
+    forwards, every segment fused in it, the eager bytes, and fused == unfused bit for bit."""
+    model, inputs = real_width_qwen_image(fmt, zero_cond_t)
+    inp = inputs[0]
+    eager = run(model, inp)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    fused = compiled_runs(model, inp, compiled, runs=3)
+    assert all(torch.equal(t, fused[0]) for t in fused)
+    if fmt == "fp8":  # NVFP4's traced tensor-core GEMM sums with an fp32 output: last bits may differ from eager
+        assert torch.equal(fused[0], eager)
+    assert ((fused[0].float() - eager.float()).norm() / eager.float().norm()).item() < 1e-2
+    assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
+    qd.set_mode(model, "unfused")
+    with torch.no_grad():
+        assert torch.equal(compiled(**inp)[0], fused[0]), "fused != unfused under torch.compile"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_gpu_inductor_compiles_once(fmt):
+    """Inductor, fullgraph, default and "reduce-overhead" (CUDA graphs): one graph for repeated forwards of
+    one shape, every segment fused in it, each graph's forwards the same bytes, close to eager. (Inductor's
+    own code for the model's glue is not bit-reproducible from one compilation to the next on an H200, so
+    bytes are compared within a compilation; across modes, by ``aot_eager`` above.)"""
+    model, inputs = real_width_qwen_image(fmt, False)
+    inp = inputs[0]
+    eager = run(model, inp).float()
+    for mode in (None, "reduce-overhead"):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, mode=mode)
+        outs = [t.clone() for t in compiled_runs(model, inp, compiled, runs=4)]
+        assert all(torch.equal(outs[0], t) for t in outs), mode
+        assert ((outs[0].float() - eager).norm() / eager.norm()).item() < 1e-2, mode
+    assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
