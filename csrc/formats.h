@@ -1,5 +1,5 @@
 // The number formats' facts, once for the C++ side (qwen_resnorm_fp4/constants.py states them for Python;
-// tests/test_constants.py holds the two equal).
+// tests/ops/test_constants.py holds the two equal).
 #pragma once
 
 namespace qwen_fp4 {

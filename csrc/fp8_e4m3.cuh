@@ -72,7 +72,7 @@ __device__ __forceinline__ uint8_t e4m3_from_bf16(uint16_t y, float inv, bool va
 
 // GELU(tanh) of one bf16 value, rounded to bf16, bit for bit PyTorch's CUDA F.gelu(approximate="tanh") on
 // bf16: its opmath expression in fp32 with ::tanhf, x * x * x and the inner fma contracted the same way
-// (checked for all 65536 inputs: tests/test_gpu_fp8.py; the CPU twin is reference.gelu_tanh_bf16's table).
+// (checked for all 65536 inputs: tests/ops/test_gpu_fp8.py; the CPU twin is reference.gelu_tanh_bf16's table).
 __device__ __forceinline__ uint16_t gelu_tanh_bf16(uint16_t bits) {
   constexpr float kBeta = M_SQRT2 * M_2_SQRTPI * 0.5f;
   constexpr float kKappa = 0.044715f;

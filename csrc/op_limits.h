@@ -1,5 +1,5 @@
 // The limits of the ops' arguments, checked through op_checks.h by ops.cpp and ops_fp8.cpp before any
-// launch (qwen_resnorm_fp4/validation.py has the same values; tests/test_validation.py holds them equal).
+// launch (qwen_resnorm_fp4/validation.py has the same values; tests/ops/test_validation.py holds them equal).
 // Not named limits.h: csrc/ is on the include path, where that name would hide the C header <limits.h>.
 #pragma once
 

@@ -7,7 +7,7 @@ names the argument. The op rules take the op's own arguments, in the schema's or
 raise (:func:`require`: the fakes and CPU implementations in ops.py, the typed wrappers in api.py for
 tensors the CPU implementation does not take) or decline (the fused path). The raw CUDA op has its own
 checks (csrc/ops.cpp), which hold without this module; the limits they share are csrc/op_limits.h's, and
-tests/test_validation.py holds the two equal.
+tests/ops/test_validation.py holds the two equal.
 
 The rules read only static properties (types, dtypes, devices, shapes, Python scalars), so they cost no
 device work, trace away under torch.compile, and run while a CUDA graph is captured. They are on the hot

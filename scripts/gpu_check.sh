@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: the test suite's exhaustive sweep (every test and every parametrization, GPU tests included:
-# pytest --exhaustive, tests/conftest.py), and optionally the benchmark, Nsight Compute and compute-sanitizer,
+# pytest --exhaustive, tests/helpers/tiers.py), and optionally the benchmark, Nsight Compute and compute-sanitizer,
 # with logs in $OUT (default ./gpu_logs). By default it runs from the checkout, which
 # must hold the in-place build (the README's quickstart, or a qwen_resnorm_fp4/_C*.so copied in); with
 # WHEEL=path it installs that wheel and runs everything against the installed package instead.

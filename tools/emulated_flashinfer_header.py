@@ -10,7 +10,7 @@ fails here instead of being emulated unseen.
 
     python tools/emulated_flashinfer_header.py ORIGINAL OUT   # writes OUT, prints the unified diff
 
-setup.py calls ``write_emulated_header`` when QWEN_FP4_EMULATE_BLACKWELL=1; tests/test_emulated_header.py
+setup.py calls ``write_emulated_header`` when QWEN_FP4_EMULATE_BLACKWELL=1; tests/package/test_emulated_header.py
 checks the diff hunk by hunk.
 """
 

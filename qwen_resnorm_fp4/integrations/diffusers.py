@@ -73,7 +73,7 @@ Tensor = torch.Tensor
 SUPPORTED_DIFFUSERS = ">=0.42.1,<0.43"
 _SUPPORTED_MIN = (0, 42, 1)
 _SUPPORTED_BELOW = (0, 43, 0)
-#: The diffusers versions the conversion was tested with (tests/test_diffusers_integration.py).
+#: The diffusers versions the conversion was tested with (tests/integrations/test_diffusers_integration.py).
 TESTED_DIFFUSERS_VERSIONS = ("0.42.1",)
 
 #: The model families, by diffusers class name (read-only).
