@@ -19,12 +19,12 @@ void dispatch_row_config(int32_t cols, int64_t rows, F&& f) {
   constexpr int64_t kManyRows = 2048;  // the smallest row count of the many-rows configurations
   const bool few = rows < kManyRows;
   if (cols == 3072) {
-    if (few) return f(RowConfig<2, 3072, 1, true>{});   // 192 threads
-    return f(RowConfig<3, 3072, 6, false>{});           // 128 threads, 6 CTAs per SM
+    if (few) return f(RowConfig<2, 3072, 1, true>{});  // 192 threads
+    return f(RowConfig<3, 3072, 6, false>{});          // 128 threads, 6 CTAs per SM
   }
   if (cols == 5120) {
-    if (few) return f(RowConfig<2, 5120, 1, true>{});   // 320 threads
-    return f(RowConfig<4, 5120, 4, false>{});           // 160 threads, 4 CTAs per SM
+    if (few) return f(RowConfig<2, 5120, 1, true>{});  // 320 threads
+    return f(RowConfig<4, 5120, 4, false>{});          // 160 threads, 4 CTAs per SM
   }
   // The generic shapes up to four vectors per thread come in both row-count classes; the eight-vector
   // shape (D > 8192) in one, the many-rows one (its loads not tuned for few rows).
@@ -42,8 +42,8 @@ void dispatch_row_config(int32_t cols, int64_t rows, F&& f) {
 // Whether a call's parameters are plain: no bias, no LayerNorm affine, gate/scale/shift bf16 (what DiT
 // blocks pass). Its kernels keep them packed until used and test no dtype or presence.
 inline bool plain_params(const ResnormArgs& args) {
-  return args.bias.ptr == nullptr && args.weight.ptr == nullptr && args.norm_bias.ptr == nullptr &&
-         !args.gate.fp32 && !args.scale.fp32 && !args.shift.fp32;
+  return args.bias.ptr == nullptr && args.weight.ptr == nullptr && args.norm_bias.ptr == nullptr && !args.gate.fp32 &&
+         !args.scale.fp32 && !args.shift.fp32;
 }
 
 // Calls f(RowConfig<...>{}, std::bool_constant<kPlainParams>{}) for a call of a row kernel (bf16 or NVFP4 output).

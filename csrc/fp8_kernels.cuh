@@ -72,9 +72,9 @@ __device__ __forceinline__ void load_x_row(const ResnormArgs& args, int64_t row,
 #pragma unroll
   for (int i = 0; i < Config::kVectorsPerThread; ++i) {
     const int v = i * Config::threads() + threadIdx.x;
-    xv[i] = !Config::valid(v, vecs)         ? make_uint4(0, 0, 0, 0)
+    xv[i] = !Config::valid(v, vecs)   ? make_uint4(0, 0, 0, 0)
             : Config::kRowLoadsSkipL1 ? load_stream_no_l1(x_row + v)
-                                            : load_stream(x_row + v);
+                                      : load_stream(x_row + v);
   }
 }
 

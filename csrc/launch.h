@@ -17,10 +17,10 @@ struct ParamRef {
 };
 
 enum class ModulationForm : int32_t {
-  kShared = 0,   // [D]
-  kPerBatch = 1, // [B, D]: row m uses row m / rows_per_batch
-  kIndexed = 2,  // [2B, D] + modulate_index [B, S]: row b or B + b by the index
-  kPerToken = 3, // [M, D] or [B, S, D]: row m uses batch m / rows_per_batch, token m % rows_per_batch
+  kShared = 0,    // [D]
+  kPerBatch = 1,  // [B, D]: row m uses row m / rows_per_batch
+  kIndexed = 2,   // [2B, D] + modulate_index [B, S]: row b or B + b by the index
+  kPerToken = 3,  // [M, D] or [B, S, D]: row m uses batch m / rows_per_batch, token m % rows_per_batch
 };
 
 enum class IndexDtype : int32_t { kInt32 = 0, kInt64 = 1, kBool = 2 };
@@ -37,7 +37,7 @@ struct ResnormArgs {
   int64_t rows_per_batch;
   int32_t num_batches;
   float eps;
-  float inv_cols;  // 1.0f / cols, rounded once (IEEE division on the host)
+  float inv_cols;      // 1.0f / cols, rounded once (IEEE division on the host)
   void* residual_out;  // bf16 [rows, cols]
   void* y;             // bf16 [rows, cols]    (the bf16 row kernel only)
   uint8_t* packed;     // [rows, cols / 2]       (the NVFP4 kernels only)
@@ -132,8 +132,8 @@ void launch_nvfp4_quantize_blackwell(const QuantizeArgs& args, bool fast_math, c
 
 // NVFP4 -> exact bf16 (e2m1 * e4m3 scale, no global scale), csrc/nvfp4_dequantize.cu: packed [rows, cols / 2]
 // (16-byte aligned), scales in the 128x4 layout (2-byte aligned), out bf16 [rows, cols]; cols % 64 == 0.
-void launch_nvfp4_dequantize_bf16(const uint8_t* packed, const uint8_t* scales, void* out, int64_t rows,
-                                  int32_t cols, void* stream);
+void launch_nvfp4_dequantize_bf16(const uint8_t* packed, const uint8_t* scales, void* out, int64_t rows, int32_t cols,
+                                  void* stream);
 
 // Throws std::runtime_error on a CUDA error of the last launch.
 void check_launch(const char* what);

@@ -34,8 +34,8 @@ bool blackwell_kernels_usable(int device_index) {
     cudaGetDevice(&previous);
     cudaSetDevice(device_index);
     cudaFuncAttributes attr{};
-    const cudaError_t err =
-        cudaFuncGetAttributes(&attr, resnorm_quant_kernel<FlashInferNvfp4<true>, RowConfig<4, 0, 1, false>, false, false>);
+    const cudaError_t err = cudaFuncGetAttributes(
+        &attr, resnorm_quant_kernel<FlashInferNvfp4<true>, RowConfig<4, 0, 1, false>, false, false>);
     cudaSetDevice(previous);
     cudaGetLastError();  // clear a "no kernel image" error: that is an answer, not a failure
     usable[device_index] = major >= kBlackwellMajor && err == cudaSuccess && attr.ptxVersion >= kMinPtxVersion;
@@ -44,11 +44,13 @@ bool blackwell_kernels_usable(int device_index) {
 }
 
 void launch_resnorm_quant_blackwell(const ResnormArgs& args, bool fast_math, const LaunchTarget& on) {
-  launch_resnorm_quant_mode<FlashInferNvfp4, FlashInfer4Over6Nvfp4>(args, fast_math, on, "resnorm_quant_kernel (Blackwell)");
+  launch_resnorm_quant_mode<FlashInferNvfp4, FlashInfer4Over6Nvfp4>(args, fast_math, on,
+                                                                    "resnorm_quant_kernel (Blackwell)");
 }
 
 void launch_nvfp4_quantize_blackwell(const QuantizeArgs& args, bool fast_math, const LaunchTarget& on) {
-  launch_nvfp4_quantize_mode<FlashInferNvfp4, FlashInfer4Over6Nvfp4>(args, fast_math, on, "nvfp4_quantize_kernel (Blackwell)");
+  launch_nvfp4_quantize_mode<FlashInferNvfp4, FlashInfer4Over6Nvfp4>(args, fast_math, on,
+                                                                     "nvfp4_quantize_kernel (Blackwell)");
 }
 
 }  // namespace qwen_fp4

@@ -31,8 +31,10 @@ void launch_norm_modulate_quant_portable(const ResnormArgs& args, bool fast_math
   if (args.rows == 0) return;
   const auto s = static_cast<cudaStream_t>(on.stream);
   if (recipe_uses_4over6(args.nvfp4_4over6_code)) {
-    if (fast_math) launch_norm_modulate_quant_rows<Portable4Over6Nvfp4<true>>(args, s);
-    else launch_norm_modulate_quant_rows<Portable4Over6Nvfp4<false>>(args, s);
+    if (fast_math)
+      launch_norm_modulate_quant_rows<Portable4Over6Nvfp4<true>>(args, s);
+    else
+      launch_norm_modulate_quant_rows<Portable4Over6Nvfp4<false>>(args, s);
   } else if (fast_math) {
     launch_norm_modulate_quant_rows<PortableNvfp4<true>>(args, s);
   } else {

@@ -34,8 +34,9 @@ void set_launch_options(LaunchOptions options) {
 LaunchOptions launch_options() {
   const int32_t word = g_launch_options.load(std::memory_order_relaxed);
   if (word == kLaunchOptionsUnset) {
-    throw std::runtime_error("qwen_fp4: the launch options were never set: load this library with "
-                             "`import qwen_resnorm_fp4`, which sets them");
+    throw std::runtime_error(
+        "qwen_fp4: the launch options were never set: load this library with "
+        "`import qwen_resnorm_fp4`, which sets them");
   }
   return {static_cast<KernelPath>(word & 3), (word & 4) != 0};
 }

@@ -105,7 +105,8 @@ void launch_row_kernels(const ResnormArgs& args, const LaunchTarget& on) {
     if constexpr (Kernels::kQuantizes && Config::kHasSplitKernel) {
       if (split_rows(args, on.device)) {
         constexpr auto split = Kernels::template Split<Config, kPlainParams>::value;
-        launch_kernel(split, quantize_grid(args.rows, Config::kVectorsPerThread), threads, s, pdl, args);  // a CTA per slot
+        launch_kernel(split, quantize_grid(args.rows, Config::kVectorsPerThread), threads, s, pdl,
+                      args);  // a CTA per slot
         return;
       }
     }
@@ -142,8 +143,8 @@ void launch_general_row_kernel(const ResnormArgs& args, const LaunchTarget& on) 
   dispatch_row_config(args.cols, args.rows, [&](auto config) {
     using Config = std::decay_t<decltype(config)>;
     constexpr auto kernel = Kernels::template Row<Config, false, false>::value;
-    launch_kernel(kernel, quantize_grid(args.rows), Config::threads_for(args.cols), static_cast<cudaStream_t>(on.stream),
-                  pdl_enabled(), args);
+    launch_kernel(kernel, quantize_grid(args.rows), Config::threads_for(args.cols),
+                  static_cast<cudaStream_t>(on.stream), pdl_enabled(), args);
   });
 }
 
@@ -153,8 +154,10 @@ template <template <bool> class Quantizer, template <bool> class FourOverSix>
 void launch_resnorm_quant_mode(const ResnormArgs& args, bool fast_math, const LaunchTarget& on, const char* what) {
   if (args.rows == 0) return;
   if (recipe_uses_4over6(args.nvfp4_4over6_code)) {
-    if (fast_math) launch_general_row_kernel<ResnormQuantKernels<FourOverSix<true>>>(args, on);
-    else launch_general_row_kernel<ResnormQuantKernels<FourOverSix<false>>>(args, on);
+    if (fast_math)
+      launch_general_row_kernel<ResnormQuantKernels<FourOverSix<true>>>(args, on);
+    else
+      launch_general_row_kernel<ResnormQuantKernels<FourOverSix<false>>>(args, on);
   } else if (fast_math) {
     launch_row_kernels<ResnormQuantKernels<Quantizer<true>>>(args, on);
   } else {
@@ -170,8 +173,10 @@ void launch_nvfp4_quantize_rows(const QuantizeArgs& args, cudaStream_t s) {
     launch_kernel(nvfp4_quantize_kernel<Quantizer, Shape>, quantize_grid(args.rows), Shape::threads_for(args.cols), s,
                   pdl_enabled(), args);
   };
-  if constexpr (TakesRecipeCode<Quantizer>::value) dispatch_generic_row_config(args.cols, launch);  // 4over6
-  else dispatch_row_config(args.cols, args.rows, launch);
+  if constexpr (TakesRecipeCode<Quantizer>::value)
+    dispatch_generic_row_config(args.cols, launch);  // 4over6
+  else
+    dispatch_row_config(args.cols, args.rows, launch);
 }
 
 template <template <bool> class Quantizer, template <bool> class FourOverSix>
@@ -179,8 +184,10 @@ void launch_nvfp4_quantize_mode(const QuantizeArgs& args, bool fast_math, const 
   if (args.rows == 0) return;
   auto s = static_cast<cudaStream_t>(on.stream);
   if (recipe_uses_4over6(args.nvfp4_4over6_code)) {
-    if (fast_math) launch_nvfp4_quantize_rows<FourOverSix<true>>(args, s);
-    else launch_nvfp4_quantize_rows<FourOverSix<false>>(args, s);
+    if (fast_math)
+      launch_nvfp4_quantize_rows<FourOverSix<true>>(args, s);
+    else
+      launch_nvfp4_quantize_rows<FourOverSix<false>>(args, s);
   } else if (fast_math) {
     launch_nvfp4_quantize_rows<Quantizer<true>>(args, s);
   } else {

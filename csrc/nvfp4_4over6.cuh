@@ -40,8 +40,8 @@ __device__ __forceinline__ uint8_t e4m3_byte_and_value(float s, float& value) {
 __device__ __forceinline__ float candidate_error(uint32_t code, float scale_value, float y, float global_scale,
                                                  float global_decode_scale, bool fp16_form, bool mse) {
   const float p = __fmul_rn(e2m1_value(code), scale_value);  // exact: at most 6 significant bits
-  const float d = fp16_form ? __fsub_rn(p, __fmul_rn(y, global_scale))
-                            : __fsub_rn(__fmul_rn(p, global_decode_scale), y);
+  const float d =
+      fp16_form ? __fsub_rn(p, __fmul_rn(y, global_scale)) : __fsub_rn(__fmul_rn(p, global_decode_scale), y);
   return mse ? __fmul_rn(d, d) : fabsf(d);
 }
 

@@ -16,7 +16,7 @@ namespace qwen_fp4 {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kCodesPerThread = 8;               // one 32-bit word of packed codes -> one 16-byte store
+constexpr int kCodesPerThread = 8;                     // one 32-bit word of packed codes -> one 16-byte store
 constexpr uint32_t kCanonicalNanBf16x2 = 0x7FC07FC0u;  // what torch's fp32 -> bf16 cast writes for NaN
 
 // Two E2M1 codes (one packed byte in bits 0-7, even element in the low nibble) as a half2 whose lanes are
@@ -51,10 +51,9 @@ __device__ __forceinline__ float e4m3_to_float(uint8_t byte) {
 
 // One thread: 4 packed bytes (8 codes, half of a 16-element block) -> one 16-byte store, so a warp reads 128
 // contiguous bytes and writes 512: both fully coalesced, which is what a memory-bound kernel needs.
-__global__ void __launch_bounds__(kThreads) nvfp4_dequantize_bf16_kernel(const uint32_t* __restrict__ packed,
-                                                                         const uint8_t* __restrict__ scales,
-                                                                         uint4* __restrict__ out, int64_t rows,
-                                                                         int32_t cols) {
+__global__ void __launch_bounds__(kThreads)
+    nvfp4_dequantize_bf16_kernel(const uint32_t* __restrict__ packed, const uint8_t* __restrict__ scales,
+                                 uint4* __restrict__ out, int64_t rows, int32_t cols) {
   const int32_t words_per_row = cols / kCodesPerThread;
   const int64_t total = rows * words_per_row;
   // grid-stride: the grid is capped (launch below), so any tensor size runs
@@ -72,8 +71,8 @@ __global__ void __launch_bounds__(kThreads) nvfp4_dequantize_bf16_kernel(const u
 
 }  // namespace
 
-void launch_nvfp4_dequantize_bf16(const uint8_t* packed, const uint8_t* scales, void* out, int64_t rows,
-                                  int32_t cols, void* stream) {
+void launch_nvfp4_dequantize_bf16(const uint8_t* packed, const uint8_t* scales, void* out, int64_t rows, int32_t cols,
+                                  void* stream) {
   const int64_t threads_total = rows * (cols / kCodesPerThread);
   if (threads_total == 0) return;
   constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // far more than resident at once; beyond, threads loop

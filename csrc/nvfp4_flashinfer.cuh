@@ -28,8 +28,8 @@ struct FlashInferNvfp4 {
     tensorrt_llm::kernels::PackedVec<__nv_bfloat16, kVecElems> vec;
     *reinterpret_cast<uint4*>(&vec) = y_bf16;
     // <type, SF vector size, elements per thread, UE8M0 scales, DISABLE_FP4_QUANT_FAST_MATH>
-    return tensorrt_llm::kernels::cvt_warp_fp16_to_fp4<__nv_bfloat16, 16, kVecElems, false, !kFast>(
-        vec, global_scale, sf_out);
+    return tensorrt_llm::kernels::cvt_warp_fp16_to_fp4<__nv_bfloat16, 16, kVecElems, false, !kFast>(vec, global_scale,
+                                                                                                    sf_out);
   }
 };
 

@@ -41,16 +41,14 @@ __device__ __forceinline__ float rcp_approx_ftz(float a) {
 constexpr uint32_t kE2M1Bias = 0x4B7FFFFAu;  // bits of 2^24 - 6
 
 __device__ __forceinline__ uint32_t e2m1_magnitude_biased(float x) {
-  const float a = fminf(fabsf(x), kE2m1Max);  // saturate; NaN becomes 6
+  const float a = fminf(fabsf(x), kE2m1Max);         // saturate; NaN becomes 6
   const float lo = __fmaf_rn(a, 2.0f, 16777210.0f);  // 2^24 - 6
   const float hi = __fadd_rn(a, 16777212.0f);        // 2^24 - 4
   return __float_as_uint(fminf(lo, hi));
 }
 
 // Bit 3 of the E2M1 code: the sign of x, kept when x rounds to zero; 0 for NaN.
-__device__ __forceinline__ uint32_t e2m1_sign_bit(float x) {
-  return x != x ? 0u : (__float_as_uint(x) >> 28) & 0x8u;
-}
+__device__ __forceinline__ uint32_t e2m1_sign_bit(float x) { return x != x ? 0u : (__float_as_uint(x) >> 28) & 0x8u; }
 
 // E2M1 code of one fp32 value (magnitude and sign); the same bits as cuda_fp4.h's conversion.
 __device__ __forceinline__ uint32_t e2m1_code(float x) {
@@ -100,8 +98,7 @@ __device__ __forceinline__ float nvfp4_block_scale(float amax, float global_scal
     const float sf = amax != 0.0f ? __fmul_rn(amax, __fmul_rn(global_scale, kInvE2M1Max)) : 0.0f;
     sf_byte = __nv_cvt_float_to_fp8(sf, __NV_SATFINITE, __NV_E4M3);
     const float sf_value = static_cast<float>(*reinterpret_cast<const __nv_fp8_e4m3*>(&sf_byte));
-    return amax != 0.0f ? fminf(__fdiv_rn(1.0f, __fmul_rn(sf_value, __fdiv_rn(1.0f, global_scale))), FLT_MAX)
-                        : 0.0f;
+    return amax != 0.0f ? fminf(__fdiv_rn(1.0f, __fmul_rn(sf_value, __fdiv_rn(1.0f, global_scale))), FLT_MAX) : 0.0f;
   }
 }
 

@@ -48,15 +48,19 @@ std::string dims_str(const Tensor& t, Value value) {
   return s + ")";
 }
 
-inline std::string shape_str(const Tensor& t) { return dims_str(t, [&](int64_t d) { return t.size(d); }); }
-inline std::string strides_str(const Tensor& t) { return dims_str(t, [&](int64_t d) { return t.stride(d); }); }
+inline std::string shape_str(const Tensor& t) {
+  return dims_str(t, [&](int64_t d) { return t.size(d); });
+}
+inline std::string strides_str(const Tensor& t) {
+  return dims_str(t, [&](int64_t d) { return t.stride(d); });
+}
 
 // On the same CUDA device as x.
 inline void check_same_cuda_device(const char* name, const Tensor& t, const Tensor& x, const char* x_name = "x") {
-  STD_TORCH_CHECK(t.is_cuda(), "qwen_fp4: ", name, " must be a CUDA tensor (", x_name, " is on cuda:",
-                  x.get_device_index(), ")");
-  STD_TORCH_CHECK(t.get_device_index() == x.get_device_index(), "qwen_fp4: ", name, " is on cuda:",
-                  t.get_device_index(), " but ", x_name, " is on cuda:", x.get_device_index());
+  STD_TORCH_CHECK(t.is_cuda(), "qwen_fp4: ", name, " must be a CUDA tensor (", x_name,
+                  " is on cuda:", x.get_device_index(), ")");
+  STD_TORCH_CHECK(t.get_device_index() == x.get_device_index(), "qwen_fp4: ", name,
+                  " is on cuda:", t.get_device_index(), " but ", x_name, " is on cuda:", x.get_device_index());
 }
 
 // Starts at a 16-byte boundary (the kernels use 16-byte vector accesses); `remedy` ends the message.
@@ -67,7 +71,7 @@ inline void check_aligned16(const char* name, const Tensor& t, const char* remed
 
 // On the same CUDA device as x, contiguous, 16-byte aligned (the kernels use 16-byte vector accesses).
 inline void check_cuda_tensor(const char* name, const Tensor& t, const Tensor& x, bool vector_access = true,
-                       const char* x_name = "x") {
+                              const char* x_name = "x") {
   check_same_cuda_device(name, t, x, x_name);
   STD_TORCH_CHECK(t.is_contiguous(), "qwen_fp4: ", name, " must be contiguous");
   if (vector_access) check_aligned16(name, t);
@@ -112,9 +116,11 @@ inline int32_t check_nvfp4_4over6_code(int64_t code) {
   const bool known_bits = code >= 0 && (code >> kNvfp4RecipeKnownBits) == 0;
   const int64_t err_mode = (code >> kNvfp4RecipeErrModeShift) & kNvfp4RecipeErrModeMask;
   const bool valid = code == 0 || (known_bits && (code & kNvfp4Recipe4Over6) != 0 && err_mode <= 1);
-  STD_TORCH_CHECK(valid, "qwen_fp4: nvfp4_4over6_code must be 0 (the standard recipe) or FlashInfer's packing of "
+  STD_TORCH_CHECK(valid,
+                  "qwen_fp4: nvfp4_4over6_code must be 0 (the standard recipe) or FlashInfer's packing of "
                   "NVFP44Over6Config (bit 0 set; bit 1: e4m3_max 256; bits 2-3: err_mode 0 = MAE or 1 = MSE; "
-                  "bit 4: err_use_fast_math; no other bits), got ", code);
+                  "bit 4: err_use_fast_math; no other bits), got ",
+                  code);
   return static_cast<int32_t>(code);
 }
 
@@ -146,9 +152,9 @@ inline ParamRef modulation_param(const char* name, const Tensor& t, const Tensor
   if (t.dim() >= 2) p.batch_stride = stride_or_zero(t, 0);
   if (t.dim() == 3) p.token_stride = stride_or_zero(t, 1);
   const int64_t elem_bytes = p.fp32 ? 4 : 2;
-  STD_TORCH_CHECK((p.batch_stride * elem_bytes) % 16 == 0 && (p.token_stride * elem_bytes) % 16 == 0, "qwen_fp4: ",
-                  name, "'s rows must start at 16-byte boundaries: its strides ", strides_str(t), " (elements of ",
-                  elem_bytes, " bytes) are not multiples of 16 bytes; pass ", name, ".contiguous()");
+  STD_TORCH_CHECK((p.batch_stride * elem_bytes) % 16 == 0 && (p.token_stride * elem_bytes) % 16 == 0,
+                  "qwen_fp4: ", name, "'s rows must start at 16-byte boundaries: its strides ", strides_str(t),
+                  " (elements of ", elem_bytes, " bytes) are not multiples of 16 bytes; pass ", name, ".contiguous()");
   return p;
 }
 
@@ -171,10 +177,10 @@ inline LaunchTarget launch_target(const Tensor& x) { return {x.get_device_index(
 // Everything the row ops share (bf16, NVFP4, FP8 output; with and without the residual update): checks, and the
 // kernel arguments except the outputs.
 inline ResnormArgs make_resnorm_args(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
-                              const Tensor& gate, const Tensor& scale, const Tensor& shift, double eps,
-                              const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,
-                              const std::optional<Tensor>& modulate_index,
-                              int64_t cols_multiple = kColsMultiple) {
+                                     const Tensor& gate, const Tensor& scale, const Tensor& shift, double eps,
+                                     const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,
+                                     const std::optional<Tensor>& modulate_index,
+                                     int64_t cols_multiple = kColsMultiple) {
   STD_TORCH_CHECK(x.is_cuda(), "qwen_fp4: x must be a CUDA tensor for the CUDA kernels");
   check_cuda_tensor("x", x, x);
   check_cuda_tensor("residual", residual, x);
@@ -218,20 +224,20 @@ inline ResnormArgs make_resnorm_args(const Tensor& residual, const Tensor& x, co
                     "qwen_fp4: modulate_index must be int32, int64 or bool, got ", dtype_name(it));
     STD_TORCH_CHECK(idx.dim() == 2, "qwen_fp4: modulate_index must be [B, S], got shape ", shape_str(idx));
     const int64_t b = idx.size(0), s = idx.size(1);
-    STD_TORCH_CHECK(gate.dim() == 2 && gate.size(0) == 2 * b, "qwen_fp4: with modulate_index of shape ",
-                    shape_str(idx), ", gate/scale/shift must be [2B, D] = [", 2 * b, ", ", cols, "], got ",
-                    shape_str(gate));
+    STD_TORCH_CHECK(gate.dim() == 2 && gate.size(0) == 2 * b, "qwen_fp4: with modulate_index of shape ", shape_str(idx),
+                    ", gate/scale/shift must be [2B, D] = [", 2 * b, ", ", cols, "], got ", shape_str(gate));
     STD_TORCH_CHECK(b * s == a.rows, "qwen_fp4: modulate_index has ", b * s, " entries but x has ", a.rows, " rows");
     a.form = ModulationForm::kIndexed;
     a.modulate_index = idx.data_ptr();
-    a.index_dtype = it == ScalarType::Int ? IndexDtype::kInt32 : it == ScalarType::Long ? IndexDtype::kInt64
-                                                                                           : IndexDtype::kBool;
+    a.index_dtype = it == ScalarType::Int    ? IndexDtype::kInt32
+                    : it == ScalarType::Long ? IndexDtype::kInt64
+                                             : IndexDtype::kBool;
     a.num_batches = static_cast<int32_t>(b);
     a.rows_per_batch = s;
   } else if (gate.dim() == 3 && gate.size(1) != 1) {
     const int64_t b = gate.size(0), s = gate.size(1);
-    STD_TORCH_CHECK(b * s == a.rows, "qwen_fp4: per-token gate/scale/shift [B, S, D] need B * S = x's rows (",
-                    a.rows, "), got shape ", shape_str(gate));
+    STD_TORCH_CHECK(b * s == a.rows, "qwen_fp4: per-token gate/scale/shift [B, S, D] need B * S = x's rows (", a.rows,
+                    "), got shape ", shape_str(gate));
     a.form = ModulationForm::kPerToken;
     a.num_batches = static_cast<int32_t>(b);
     a.rows_per_batch = s;
@@ -278,10 +284,10 @@ inline Tensor empty_cuda(const Tensor& like, const std::vector<int64_t>& sizes, 
     stride *= sizes[d] > 0 ? sizes[d] : 1;
   }
   AtenTensorHandle handle = nullptr;
-  STD_TORCH_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), dtype,
-                                           aoti_torch_device_type_cuda(), like.get_device_index(),
-                                           &handle) == AOTI_TORCH_SUCCESS,
-                  "qwen_fp4: allocating an output failed");
+  STD_TORCH_CHECK(
+      aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), dtype,
+                               aoti_torch_device_type_cuda(), like.get_device_index(), &handle) == AOTI_TORCH_SUCCESS,
+      "qwen_fp4: allocating an output failed");
   return Tensor(handle);
 }
 
@@ -310,7 +316,7 @@ inline std::pair<Tensor, Tensor> new_quantized_outputs(const Tensor& like, int64
 // A caller-provided output: on like's CUDA device, of one of `dtypes`, of exactly `sizes`, contiguous,
 // 16-byte aligned (the kernels store 16-byte vectors).
 inline void check_output(const char* name, const Tensor& t, const Tensor& like, const char* like_name,
-                  std::initializer_list<ScalarType> dtypes, const std::vector<int64_t>& sizes) {
+                         std::initializer_list<ScalarType> dtypes, const std::vector<int64_t>& sizes) {
   check_same_cuda_device(name, t, like, like_name);
   bool dtype_ok = false;
   std::string allowed;
@@ -372,7 +378,7 @@ inline const Tensor* optional_ptr(const std::optional<Tensor>& t) { return t.has
 // `in_place_input` itself (same_view): the in-place residual update, safe because each kernel's thread
 // reads its residual vectors before it stores them and no other CTA reads them (split_rows excludes it).
 inline void check_no_overlap(std::initializer_list<NamedTensor> outputs, std::initializer_list<NamedTensor> inputs,
-                      const char* in_place_output = nullptr, const char* in_place_input = nullptr) {
+                             const char* in_place_output = nullptr, const char* in_place_input = nullptr) {
   for (auto out = outputs.begin(); out != outputs.end(); ++out) {
     const ByteSpan span = byte_span(*out->t);
     for (auto other = outputs.begin(); other != out; ++other) {

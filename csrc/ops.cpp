@@ -30,11 +30,15 @@ bool blackwell_path(const Tensor& x) {
   const int device = x.get_device_index();
   if (path == KernelPath::kAuto) return blackwell_kernels_usable(device);
   if (path == KernelPath::kPortable) return false;
-  STD_TORCH_CHECK(path == KernelPath::kBlackwell, "qwen_fp4: QWEN_FP4_KERNEL_PATH must be auto, portable or "
+  STD_TORCH_CHECK(path == KernelPath::kBlackwell,
+                  "qwen_fp4: QWEN_FP4_KERNEL_PATH must be auto, portable or "
                   "blackwell (or unset) when qwen_resnorm_fp4 is imported; or pick the path with "
                   "qwen_resnorm_fp4.set_launch_options(kernel_path=...)");
-  STD_TORCH_CHECK(blackwell_kernels_usable(device), "qwen_fp4: kernel path blackwell (QWEN_FP4_KERNEL_PATH or "
-                  "set_launch_options), but the Blackwell path is not usable on cuda:", device, " (this build has "
+  STD_TORCH_CHECK(blackwell_kernels_usable(device),
+                  "qwen_fp4: kernel path blackwell (QWEN_FP4_KERNEL_PATH or "
+                  "set_launch_options), but the Blackwell path is not usable on cuda:",
+                  device,
+                  " (this build has "
                   "no Blackwell cubin for it); use auto or portable");
   return true;
 }
@@ -48,8 +52,10 @@ void run_resnorm_quant(ResnormArgs& a, const Tensor& x, const Tensor& global_sca
   a.residual_out = residual_out.data_ptr();
   a.nvfp4_4over6_code = check_nvfp4_4over6_code(nvfp4_4over6_code);
   const LaunchTarget on = launch_target(x);
-  if (blackwell_path(x)) launch_resnorm_quant_blackwell(a, fast_math, on);
-  else launch_resnorm_quant_portable(a, fast_math, on);
+  if (blackwell_path(x))
+    launch_resnorm_quant_blackwell(a, fast_math, on);
+  else
+    launch_resnorm_quant_portable(a, fast_math, on);
 }
 
 void run_resnorm(ResnormArgs& a, const Tensor& x, const Tensor& y, const Tensor& residual_out) {
@@ -76,20 +82,18 @@ void run_nvfp4_quantize(QuantizeArgs& a, const Tensor& y, const Tensor& global_s
   set_quantized_outputs(a, packed, scales, global_scale);
   a.nvfp4_4over6_code = check_nvfp4_4over6_code(nvfp4_4over6_code);
   const LaunchTarget on = launch_target(y);
-  if (blackwell_path(y)) launch_nvfp4_quantize_blackwell(a, fast_math, on);
-  else launch_nvfp4_quantize_portable(a, fast_math, on);
+  if (blackwell_path(y))
+    launch_nvfp4_quantize_blackwell(a, fast_math, on);
+  else
+    launch_nvfp4_quantize_portable(a, fast_math, on);
 }
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(const Tensor& residual, const Tensor& x,
-                                                      const std::optional<Tensor>& bias, const Tensor& gate,
-                                                      const Tensor& scale, const Tensor& shift,
-                                                      const Tensor& global_scale, double eps, bool fast_math,
-                                                      const std::optional<Tensor>& weight,
-                                                      const std::optional<Tensor>& norm_bias,
-                                                      const std::optional<Tensor>& modulate_index,
-                                                      int64_t nvfp4_4over6_code) {
+std::tuple<Tensor, Tensor, Tensor> resnorm_quant_cuda(
+    const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias, const Tensor& gate, const Tensor& scale,
+    const Tensor& shift, const Tensor& global_scale, double eps, bool fast_math, const std::optional<Tensor>& weight,
+    const std::optional<Tensor>& norm_bias, const std::optional<Tensor>& modulate_index, int64_t nvfp4_4over6_code) {
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
   ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index);
   check_global_scale(global_scale, x);
@@ -111,9 +115,15 @@ void resnorm_quant_out_cuda(const Tensor& residual, const Tensor& x, const std::
   check_quantized_outputs(packed, scales, x, "x", a.rows, a.cols);
   check_output("residual_out", residual_out, x, "x", {ScalarType::BFloat16}, sizes_of(x));
   check_no_overlap({{"packed", &packed}, {"scales", &scales}, {"residual_out", &residual_out}},
-                   {{"residual", &residual}, {"x", &x}, {"bias", optional_ptr(bias)}, {"gate", &gate},
-                    {"scale", &scale}, {"shift", &shift}, {"global_scale", &global_scale},
-                    {"weight", optional_ptr(weight)}, {"norm_bias", optional_ptr(norm_bias)},
+                   {{"residual", &residual},
+                    {"x", &x},
+                    {"bias", optional_ptr(bias)},
+                    {"gate", &gate},
+                    {"scale", &scale},
+                    {"shift", &shift},
+                    {"global_scale", &global_scale},
+                    {"weight", optional_ptr(weight)},
+                    {"norm_bias", optional_ptr(norm_bias)},
                     {"modulate_index", optional_ptr(modulate_index)}},
                    "residual_out", "residual");
   run_resnorm_quant(a, x, global_scale, fast_math, nvfp4_4over6_code, packed, scales, residual_out);
@@ -133,18 +143,24 @@ std::tuple<Tensor, Tensor> resnorm_cuda(const Tensor& residual, const Tensor& x,
 }
 
 void resnorm_out_cuda(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias, const Tensor& gate,
-                      const Tensor& scale, const Tensor& shift, double eps, const Tensor& y,
-                      const Tensor& residual_out, const std::optional<Tensor>& weight,
-                      const std::optional<Tensor>& norm_bias, const std::optional<Tensor>& modulate_index) {
+                      const Tensor& scale, const Tensor& shift, double eps, const Tensor& y, const Tensor& residual_out,
+                      const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,
+                      const std::optional<Tensor>& modulate_index) {
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
   ResnormArgs a = make_resnorm_args(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index,
                                     kRowColsMultiple);
   check_output("y", y, x, "x", {ScalarType::BFloat16}, sizes_of(x));
   check_output("residual_out", residual_out, x, "x", {ScalarType::BFloat16}, sizes_of(x));
   check_no_overlap({{"y", &y}, {"residual_out", &residual_out}},
-                   {{"residual", &residual}, {"x", &x}, {"bias", optional_ptr(bias)}, {"gate", &gate},
-                    {"scale", &scale}, {"shift", &shift}, {"weight", optional_ptr(weight)},
-                    {"norm_bias", optional_ptr(norm_bias)}, {"modulate_index", optional_ptr(modulate_index)}},
+                   {{"residual", &residual},
+                    {"x", &x},
+                    {"bias", optional_ptr(bias)},
+                    {"gate", &gate},
+                    {"scale", &scale},
+                    {"shift", &shift},
+                    {"weight", optional_ptr(weight)},
+                    {"norm_bias", optional_ptr(norm_bias)},
+                    {"modulate_index", optional_ptr(modulate_index)}},
                    "residual_out", "residual");
   run_resnorm(a, x, y, residual_out);
 }
@@ -190,11 +206,10 @@ Tensor nvfp4_dequantize_bf16_cuda(const Tensor& packed, const Tensor& scales) {
   const int64_t rows = packed.size(0), cols = packed.size(1) * 2;
   STD_TORCH_CHECK(cols > 0 && cols % kColsMultiple == 0,
                   "qwen_fp4: packed.shape[1] * 2 (K) must be a positive multiple of ", kColsMultiple, ", got ", cols);
-  STD_TORCH_CHECK(cols <= kMaxDequantizeCols, "qwen_fp4: packed.shape[1] * 2 (K) must be at most ",
-                  kMaxDequantizeCols, ", got ", cols);
-  STD_TORCH_CHECK(scales.numel() >= scale_rows(rows) * (cols / 16), "qwen_fp4: scales has ", scales.numel(),
-                  " bytes, ", scale_rows(rows) * (cols / 16), " needed for ", rows, " rows of K = ", cols,
-                  " in the 128x4 layout");
+  STD_TORCH_CHECK(cols <= kMaxDequantizeCols, "qwen_fp4: packed.shape[1] * 2 (K) must be at most ", kMaxDequantizeCols,
+                  ", got ", cols);
+  STD_TORCH_CHECK(scales.numel() >= scale_rows(rows) * (cols / 16), "qwen_fp4: scales has ", scales.numel(), " bytes, ",
+                  scale_rows(rows) * (cols / 16), " needed for ", rows, " rows of K = ", cols, " in the 128x4 layout");
   torch::stable::accelerator::DeviceGuard guard(packed.get_device_index());
   Tensor out = empty_cuda(packed, {rows, cols}, aoti_torch_dtype_bfloat16());
   launch_nvfp4_dequantize_bf16(static_cast<const uint8_t*>(packed.data_ptr()),

@@ -1,7 +1,7 @@
 // Host wrappers of the FP8 ops (with and without the residual update, element-wise; their out-variants) and
-// of the no-residual NVFP4 op, for CUDA tensors: the checks and helpers of op_checks.h (the row ops' rules), outputs allocated through torch, launch on the current stream under
-// a device guard, no host sync. input_scale is never read on the host (that would sync): the kernels
-// write E4M3 NaN bytes for a scale they refuse (fp8_e4m3.cuh).
+// of the no-residual NVFP4 op, for CUDA tensors: the checks and helpers of op_checks.h (the row ops' rules), outputs
+// allocated through torch, launch on the current stream under a device guard, no host sync. input_scale is never read
+// on the host (that would sync): the kernels write E4M3 NaN bytes for a scale they refuse (fp8_e4m3.cuh).
 #include "ops_fp8.h"
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -32,22 +32,20 @@ Tensor empty_fp8(const Tensor& like) { return empty_cuda(like, sizes_of(like), a
 ResnormArgs make_norm_modulate_args(const Tensor& x, const Tensor& scale, const Tensor& shift, double eps,
                                     const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,
                                     const std::optional<Tensor>& modulate_index, int64_t cols_multiple) {
-  ResnormArgs a = make_resnorm_args(x, x, std::nullopt, scale, scale, shift, eps, weight, norm_bias, modulate_index,
-                                    cols_multiple);
+  ResnormArgs a =
+      make_resnorm_args(x, x, std::nullopt, scale, scale, shift, eps, weight, norm_bias, modulate_index, cols_multiple);
   a.residual = nullptr;
   a.residual_out = nullptr;
   return a;
 }
 
-void set_fp8_outputs(ResnormArgs& a, const Tensor& input_scale, const Tensor& y,
-                     const std::optional<Tensor>& y_bf16) {
+void set_fp8_outputs(ResnormArgs& a, const Tensor& input_scale, const Tensor& y, const std::optional<Tensor>& y_bf16) {
   a.input_scale = static_cast<const float*>(input_scale.data_ptr());
   a.fp8_out = static_cast<uint8_t*>(y.data_ptr());
   a.y = y_bf16.has_value() ? y_bf16->data_ptr() : nullptr;
 }
 
-Fp8QuantizeArgs make_fp8_quantize_args(const Tensor& y, const Tensor& input_scale,
-                                       Fp8Activation activation) {
+Fp8QuantizeArgs make_fp8_quantize_args(const Tensor& y, const Tensor& input_scale, Fp8Activation activation) {
   STD_TORCH_CHECK(y.is_cuda(), "qwen_fp4: y must be a CUDA tensor for the CUDA kernels");
   check_cuda_tensor("y", y, y, /*vector_access=*/true, "y");
   check_dtype("y", y, false);
@@ -99,8 +97,8 @@ std::tuple<Tensor, Tensor> resnorm_quant_fp8_cuda(const Tensor& residual, const 
 }
 
 void resnorm_quant_fp8_out_cuda(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
-                                const Tensor& gate, const Tensor& scale, const Tensor& shift,
-                                const Tensor& input_scale, double eps, const Tensor& y, const Tensor& residual_out,
+                                const Tensor& gate, const Tensor& scale, const Tensor& shift, const Tensor& input_scale,
+                                double eps, const Tensor& y, const Tensor& residual_out,
                                 const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,
                                 const std::optional<Tensor>& modulate_index, const std::optional<Tensor>& y_bf16) {
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
@@ -109,10 +107,16 @@ void resnorm_quant_fp8_out_cuda(const Tensor& residual, const Tensor& x, const s
   check_input_scale(input_scale, x);
   check_output("y", y, x, "x", {ScalarType::Float8_e4m3fn}, sizes_of(x));
   check_output("residual_out", residual_out, x, "x", {ScalarType::BFloat16}, sizes_of(x));
-  const std::initializer_list<NamedTensor> inputs = {
-      {"residual", &residual}, {"x", &x}, {"bias", optional_ptr(bias)}, {"gate", &gate}, {"scale", &scale},
-      {"shift", &shift}, {"input_scale", &input_scale}, {"weight", optional_ptr(weight)},
-      {"norm_bias", optional_ptr(norm_bias)}, {"modulate_index", optional_ptr(modulate_index)}};
+  const std::initializer_list<NamedTensor> inputs = {{"residual", &residual},
+                                                     {"x", &x},
+                                                     {"bias", optional_ptr(bias)},
+                                                     {"gate", &gate},
+                                                     {"scale", &scale},
+                                                     {"shift", &shift},
+                                                     {"input_scale", &input_scale},
+                                                     {"weight", optional_ptr(weight)},
+                                                     {"norm_bias", optional_ptr(norm_bias)},
+                                                     {"modulate_index", optional_ptr(modulate_index)}};
   if (y_bf16.has_value()) {
     check_output("y_bf16", *y_bf16, x, "x", {ScalarType::BFloat16}, sizes_of(x));
     check_no_overlap({{"y", &y}, {"residual_out", &residual_out}, {"y_bf16", &*y_bf16}}, inputs, "residual_out",
@@ -179,10 +183,13 @@ void norm_modulate_quant_fp8_out_cuda(const Tensor& x, const Tensor& scale, cons
   ResnormArgs a = make_norm_modulate_args(x, scale, shift, eps, weight, norm_bias, modulate_index, kRowColsMultiple);
   check_input_scale(input_scale, x);
   check_output("y", y, x, "x", {ScalarType::Float8_e4m3fn}, sizes_of(x));
-  const std::initializer_list<NamedTensor> inputs = {
-      {"x", &x}, {"scale", &scale}, {"shift", &shift}, {"input_scale", &input_scale},
-      {"weight", optional_ptr(weight)}, {"norm_bias", optional_ptr(norm_bias)},
-      {"modulate_index", optional_ptr(modulate_index)}};
+  const std::initializer_list<NamedTensor> inputs = {{"x", &x},
+                                                     {"scale", &scale},
+                                                     {"shift", &shift},
+                                                     {"input_scale", &input_scale},
+                                                     {"weight", optional_ptr(weight)},
+                                                     {"norm_bias", optional_ptr(norm_bias)},
+                                                     {"modulate_index", optional_ptr(modulate_index)}};
   if (y_bf16.has_value()) {
     check_output("y_bf16", *y_bf16, x, "x", {ScalarType::BFloat16}, sizes_of(x));
     check_no_overlap({{"y", &y}, {"y_bf16", &*y_bf16}}, inputs);

@@ -20,8 +20,8 @@ std::tuple<Tensor, Tensor> resnorm_quant_fp8_cuda(const Tensor& residual, const 
                                                   const std::optional<Tensor>& modulate_index);
 
 void resnorm_quant_fp8_out_cuda(const Tensor& residual, const Tensor& x, const std::optional<Tensor>& bias,
-                                const Tensor& gate, const Tensor& scale, const Tensor& shift,
-                                const Tensor& input_scale, double eps, const Tensor& y, const Tensor& residual_out,
+                                const Tensor& gate, const Tensor& scale, const Tensor& shift, const Tensor& input_scale,
+                                double eps, const Tensor& y, const Tensor& residual_out,
                                 const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,
                                 const std::optional<Tensor>& modulate_index, const std::optional<Tensor>& y_bf16);
 
@@ -47,7 +47,6 @@ Tensor norm_modulate_quant_fp8_cuda(const Tensor& x, const Tensor& scale, const 
 void norm_modulate_quant_fp8_out_cuda(const Tensor& x, const Tensor& scale, const Tensor& shift,
                                       const Tensor& input_scale, double eps, const Tensor& y,
                                       const std::optional<Tensor>& weight, const std::optional<Tensor>& norm_bias,
-                                      const std::optional<Tensor>& modulate_index,
-                                      const std::optional<Tensor>& y_bf16);
+                                      const std::optional<Tensor>& modulate_index, const std::optional<Tensor>& y_bf16);
 
 }  // namespace qwen_fp4

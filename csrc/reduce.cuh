@@ -27,7 +27,8 @@ __device__ __forceinline__ float row_sum(const float (&part)[kVectors], int thre
   if constexpr (kFixedVecs != 0) {
 #pragma unroll
     for (int v = 0; v < kFixedVecs; v += 32) {
-      if (kFixedVecs % 32 == 0 || v + int(threadIdx.x % 32) < kFixedVecs) acc = __fadd_rn(acc, parts[v + threadIdx.x % 32]);
+      if (kFixedVecs % 32 == 0 || v + int(threadIdx.x % 32) < kFixedVecs)
+        acc = __fadd_rn(acc, parts[v + threadIdx.x % 32]);
     }
   } else {
     for (int v = threadIdx.x % 32; v < vecs; v += 32) acc = __fadd_rn(acc, parts[v]);

@@ -92,9 +92,9 @@ struct TakesRecipeCode<Quantizer, std::void_t<decltype(Quantizer::kTakesRecipeCo
 // i * threads * 64 in the 128x4 layout: one address per thread, a constant step per vector.
 // y[i] is vector slot first_slot + i of the thread (the split kernel passes one slot).
 template <class Quantizer, class Shape, int kVectors>
-__device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[kVectors], int64_t row, int32_t cols,
-                                                       int vecs, float global_scale, uint8_t* packed,
-                                                       uint8_t* scales, int32_t recipe_code, int first_slot = 0) {
+__device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[kVectors], int64_t row, int32_t cols, int vecs,
+                                                       float global_scale, uint8_t* packed, uint8_t* scales,
+                                                       int32_t recipe_code, int first_slot = 0) {
   uint32_t* packed_row = reinterpret_cast<uint32_t*>(packed + row * (cols / 2));
   uint8_t* sf_lane = scales + sf_row_offset_128x4(row, cols) + sf_block_offset_128x4(threadIdx.x / 2);
   const bool writes_scales = threadIdx.x % 2 == 0;
@@ -104,8 +104,10 @@ __device__ __forceinline__ void quantize_row_and_store(const uint4 (&y)[kVectors
     const bool valid = Shape::valid(v, vecs);
     uint8_t* sf = (valid && writes_scales) ? sf_lane + (first_slot + i) * Shape::threads() * 64 : nullptr;
     uint32_t codes;
-    if constexpr (TakesRecipeCode<Quantizer>::value) codes = Quantizer::quantize(y[i], global_scale, sf, recipe_code);
-    else codes = Quantizer::quantize(y[i], global_scale, sf);
+    if constexpr (TakesRecipeCode<Quantizer>::value)
+      codes = Quantizer::quantize(y[i], global_scale, sf, recipe_code);
+    else
+      codes = Quantizer::quantize(y[i], global_scale, sf);
     if (valid) store_stream(packed_row + v, codes);
   }
 }
@@ -157,8 +159,11 @@ struct RowParams {
   Param gate, scale, shift, weight, norm_bias;
   bool affine;
   __device__ __forceinline__ RowParams(const ResnormArgs& args, ModulationRow mod_row)
-      : gate(args.gate, mod_row), scale(args.scale, mod_row), shift(args.shift, mod_row),
-        weight(kPlainParams ? ParamRef{} : args.weight), norm_bias(kPlainParams ? ParamRef{} : args.norm_bias),
+      : gate(args.gate, mod_row),
+        scale(args.scale, mod_row),
+        shift(args.shift, mod_row),
+        weight(kPlainParams ? ParamRef{} : args.weight),
+        norm_bias(kPlainParams ? ParamRef{} : args.norm_bias),
         affine(!kPlainParams && (weight.present() || norm_bias.present())) {}
 };
 
@@ -195,8 +200,8 @@ struct PlainParams {
   }
 
   // Loads them and the row's x and residual in the order above.
-  __device__ __forceinline__ void load_with_row(const ResnormArgs& args, int64_t row, int vecs,
-                                                uint4 (&xv)[kVectors], uint4 (&rv)[kVectors], int slot = -1) {
+  __device__ __forceinline__ void load_with_row(const ResnormArgs& args, int64_t row, int vecs, uint4 (&xv)[kVectors],
+                                                uint4 (&rv)[kVectors], int slot = -1) {
     if constexpr (!Config::kHoistParams) {
       load(args, modulation_row(args, row), vecs, slot);
       load_row<Config>(args, row, xv, rv);
@@ -212,9 +217,9 @@ struct PlainParams {
 };
 
 // Steps 1-5 for one row from its x and residual vectors: d = r, residual_out stored (only vector slot
-// `stored_slot` when >= 0: the split kernel; none when >= kVectors: the no-residual ops), then the two passes; returns rstd with d = r - mu. The plain
-// kernels of the grouped shapes pass their gate vectors loaded (kGateGiven: gate_bf16); the others load
-// them from p.
+// `stored_slot` when >= 0: the split kernel; none when >= kVectors: the no-residual ops), then the two passes; returns
+// rstd with d = r - mu. The plain kernels of the grouped shapes pass their gate vectors loaded (kGateGiven: gate_bf16);
+// the others load them from p.
 template <class Config, bool kPlainParams, bool kGateGiven, int kVectors = Config::kVectorsPerThread>
 __device__ __forceinline__ float residual_and_rstd(const ResnormArgs& args, const RowParams<kPlainParams>& p,
                                                    int64_t row, const uint4 (&xv)[kVectors],
@@ -355,9 +360,8 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
     const int v = i * Config::threads() + threadIdx.x;
-    y_out[i] = Config::valid(v, vecs)
-                   ? modulate_vec<kPlainParams, kHoist || kGrouped>(p, v, d[i], rstd, pp.scale[i], pp.shift[i])
-                   : make_uint4(0, 0, 0, 0);
+    y_out[i] = Config::valid(v, vecs)                                 ? modulate_vec < kPlainParams,
+    kHoist || kGrouped > (p, v, d[i], rstd, pp.scale[i], pp.shift[i]) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -390,14 +394,14 @@ __global__ void __launch_bounds__(Config::kMaxThreads, Config::kMinCtasPerSm)
   const float global_scale = __ldg(args.global_scale);  // now, not after the reductions: one latency less
   uint4 y[Config::kVectorsPerThread];
   resnorm_row<Config, kPlainParams>(args, row, y);
-  quantize_row_and_store<Quantizer, Config>(y, row, cols, Config::vecs(cols), global_scale, args.packed,
-                                            args.scales, args.nvfp4_4over6_code);
+  quantize_row_and_store<Quantizer, Config>(y, row, cols, Config::vecs(cols), global_scale, args.packed, args.scales,
+                                            args.nvfp4_4over6_code);
 }
 
 // The fused NVFP4 row kernel for few rows, two CTAs per row (Config::kHasSplitKernel: two vectors per
 // thread, a fixed width). CTA 2m + h reads all of row m and computes its statistics exactly as the one-CTA
-// kernel and the bf16 row kernel do (same shape, same sums, so the same bits), then modulates, quantizes and stores only vector
-// slot h of each thread: half the columns. So a row's modulation, quantization and stores are spread over
+// kernel and the bf16 row kernel do (same shape, same sums, so the same bits), then modulates, quantizes and stores
+// only vector slot h of each thread: half the columns. So a row's modulation, quantization and stores are spread over
 // two SMs (the same split inside one CTA, on one SM, gains nothing); the price is a second read of the row
 // and the statistics computed twice, which pays only while every CTA has an SM to itself (split_rows in
 // launch_rows.cuh).
@@ -428,14 +432,15 @@ __global__ void __launch_bounds__(Config::kMaxThreads, 1) resnorm_quant_split_ke
 #pragma unroll
   for (int j = 0; j < kVecElems; ++j) mine[j] = slot ? d[1][j] : d[0][j];
   const uint4 y[1] = {modulate_vec<kPlainParams, true>(p, v, mine, rstd, pp.scale[0], pp.shift[0])};
-  quantize_row_and_store<Quantizer, Config>(y, row, cols, Config::kFixedVecs, global_scale, args.packed,
-                                            args.scales, args.nvfp4_4over6_code, slot);
+  quantize_row_and_store<Quantizer, Config>(y, row, cols, Config::kFixedVecs, global_scale, args.packed, args.scales,
+                                            args.nvfp4_4over6_code, slot);
 }
 
 // The standalone quantizer over bf16 rows. Shape: a BlockShape (no RowConfig policy
 // applies), so both row-count classes of a shape share this kernel.
 template <class Quantizer, class Shape>
-__global__ void __launch_bounds__(Shape::kMaxThreads, Shape::kMinCtasPerSm) nvfp4_quantize_kernel(const QuantizeArgs args) {
+__global__ void __launch_bounds__(Shape::kMaxThreads, Shape::kMinCtasPerSm)
+    nvfp4_quantize_kernel(const QuantizeArgs args) {
   const int32_t cols = Shape::cols(args.cols);
   begin_after_predecessor();
   if (zero_scales_if_padding_cta<Shape>(args.scales, args.rows, cols, args.rows)) return;

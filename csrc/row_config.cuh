@@ -35,7 +35,9 @@ struct BlockShape {
     return static_cast<int>(round_up(ceil_div(cols / kVecElems, kVectorsPerThread), 32));
   }
 
-  static __device__ __forceinline__ int32_t cols(int32_t runtime_cols) { return kFixedCols ? kFixedCols : runtime_cols; }
+  static __device__ __forceinline__ int32_t cols(int32_t runtime_cols) {
+    return kFixedCols ? kFixedCols : runtime_cols;
+  }
   static __device__ __forceinline__ int vecs(int32_t cols) { return kFixedCols ? kFixedVecs : cols / kVecElems; }
   static __device__ __forceinline__ int threads() { return kFixedCols ? kFixedThreads : blockDim.x; }
   static __device__ __forceinline__ bool valid(int vec, int vecs) { return kFixedCols != 0 || vec < vecs; }
@@ -82,9 +84,7 @@ struct RowConfig : BlockShape<VectorsPerThread, FixedCols, MinCtasPerSm> {
   static bool stagger_width(int32_t cols) { return FixedCols != 0 || (cols >= 1536 && cols <= 4096); }
   // Sleep per first-wave slot: about the time DRAM takes to deliver one slot's loads, so it scales with D;
   // a flat 300 ns in the one-CTA fixed-width shapes (the best of the sleeps tried there).
-  static int32_t stagger_ns(int32_t cols) {
-    return MinCtasPerSm == 1 && FixedCols != 0 ? 300 : 300 * cols / 3072;
-  }
+  static int32_t stagger_ns(int32_t cols) { return MinCtasPerSm == 1 && FixedCols != 0 ? 300 : 300 * cols / 3072; }
 };
 
 }  // namespace qwen_fp4

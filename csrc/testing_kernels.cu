@@ -17,7 +17,8 @@ namespace {
 void check_launch(const char* what) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
-    throw std::runtime_error(std::string("qwen_fp4_testing: launching ") + what + " failed: " + cudaGetErrorString(err));
+    throw std::runtime_error(std::string("qwen_fp4_testing: launching ") + what +
+                             " failed: " + cudaGetErrorString(err));
   }
 }
 

@@ -72,8 +72,8 @@ Tensor e2m1_codes(const Tensor& x, bool toolkit) {
   check_input("e2m1_codes", x);
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
   Tensor out = empty_like_cuda(x, aoti_torch_dtype_uint8());
-  launch_e2m1_codes(static_cast<const float*>(x.data_ptr()), static_cast<uint8_t*>(out.data_ptr()), x.numel(),
-                    toolkit, current_stream(x));
+  launch_e2m1_codes(static_cast<const float*>(x.data_ptr()), static_cast<uint8_t*>(out.data_ptr()), x.numel(), toolkit,
+                    current_stream(x));
   return out;
 }
 

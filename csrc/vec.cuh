@@ -49,15 +49,15 @@ __device__ __forceinline__ void bf16_round8_values(float (&f)[kVecElems]) {
 // calls down) and evict-first (streaming) stores, the pair that moves the most bytes per second.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return *p; }
 template <class T>
-__device__ __forceinline__ void store_stream(T* p, const T& v) { __stcs(p, v); }
+__device__ __forceinline__ void store_stream(T* p, const T& v) {
+  __stcs(p, v);
+}
 
 // load_stream without allocating in L1 (the data is used once, from registers); RowConfig::kRowLoadsSkipL1
 // says where it is used.
 __device__ __forceinline__ uint4 load_stream_no_l1(const uint4* p) {
   uint4 v;
-  asm("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
+  asm("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 
@@ -98,8 +98,14 @@ struct ParamRow {
     if (kMaybeFp32 && fp32) {
       const float4* q = reinterpret_cast<const float4*>(base) + 2 * vec;
       const float4 a = kReadOnly ? __ldg(q) : q[0], b = kReadOnly ? __ldg(q + 1) : q[1];
-      out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-      out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+      out[0] = a.x;
+      out[1] = a.y;
+      out[2] = a.z;
+      out[3] = a.w;
+      out[4] = b.x;
+      out[5] = b.y;
+      out[6] = b.z;
+      out[7] = b.w;
     } else {
       bf16x8_to_float(load_bf16x8<kReadOnly>(vec), out);
     }

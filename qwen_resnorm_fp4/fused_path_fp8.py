@@ -74,8 +74,15 @@ def serve_fused_resnorm_quant_fp8(
     declined = gate_declined({"x": x, "residual": residual}, allow_cpu)
     if declined is not None:
         return declined
-    served = norm_and_inputs_served(x, residual, norm, eps, lambda e, w, nb: resnorm_quant_fp8_problem(
-        residual, x, bias, gate, scale, shift, input_scale, e, w, nb, modulate_index))
+    served = norm_and_inputs_served(
+        x,
+        residual,
+        norm,
+        eps,
+        lambda e, w, nb: resnorm_quant_fp8_problem(
+            residual, x, bias, gate, scale, shift, input_scale, e, w, nb, modulate_index
+        ),
+    )
     if isinstance(served, Decline):
         return served
     weight, norm_bias, norm_eps = served
@@ -84,11 +91,26 @@ def serve_fused_resnorm_quant_fp8(
     if with_bf16:
         y, residual_out = empty_resnorm_quant_fp8_outputs(x)
         y_bf16 = torch.empty_like(x)
-        call_resnorm_quant_fp8_out(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps), y,
-                                   residual_out, weight, norm_bias, modulate_index, y_bf16)
+        call_resnorm_quant_fp8_out(
+            residual,
+            x,
+            bias,
+            gate,
+            scale,
+            shift,
+            input_scale,
+            float(norm_eps),
+            y,
+            residual_out,
+            weight,
+            norm_bias,
+            modulate_index,
+            y_bf16,
+        )
         return y, residual_out, y_bf16
-    y, residual_out = call_resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps),
-                                             weight, norm_bias, modulate_index)
+    y, residual_out = call_resnorm_quant_fp8(
+        residual, x, bias, gate, scale, shift, input_scale, float(norm_eps), weight, norm_bias, modulate_index
+    )
     return y, residual_out
 
 
@@ -115,8 +137,13 @@ def serve_fused_norm_modulate_quant_fp8(
     declined = gate_declined({"x": x}, allow_cpu)
     if declined is not None:
         return declined
-    served = norm_and_inputs_served(x, x, norm, eps, lambda e, w, nb: norm_modulate_quant_fp8_problem(
-        x, scale, shift, input_scale, e, w, nb, modulate_index))
+    served = norm_and_inputs_served(
+        x,
+        x,
+        norm,
+        eps,
+        lambda e, w, nb: norm_modulate_quant_fp8_problem(x, scale, shift, input_scale, e, w, nb, modulate_index),
+    )
     if isinstance(served, Decline):
         return served
     weight, norm_bias, norm_eps = served
@@ -124,8 +151,9 @@ def serve_fused_norm_modulate_quant_fp8(
     return y
 
 
-def serve_fused_gelu_tanh_fp8_quantize(h: Tensor, input_scale: Tensor, *,
-                                       allow_cpu: bool = False) -> Union[Tensor, Decline]:
+def serve_fused_gelu_tanh_fp8_quantize(
+    h: Tensor, input_scale: Tensor, *, allow_cpu: bool = False
+) -> Union[Tensor, Decline]:
     """The fused ``GELU(tanh) -> E4M3`` between a GELU FeedForward's two Linears when the second is an
     :class:`~qwen_resnorm_fp4.FP8Linear`, or None: :func:`~qwen_resnorm_fp4.gelu_tanh_fp8_quantize` of the
     first Linear's bf16 output ``h`` with the second's ``input_scale`` (the bytes of
@@ -148,6 +176,11 @@ try_fused_resnorm_quant_fp8 = public_gate(serve_fused_resnorm_quant_fp8)
 try_fused_norm_modulate_quant_fp8 = public_gate(serve_fused_norm_modulate_quant_fp8)
 try_fused_gelu_tanh_fp8_quantize = public_gate(serve_fused_gelu_tanh_fp8_quantize)
 
-__all__ = ["try_fused_resnorm_quant_fp8", "try_fused_norm_modulate_quant_fp8", "try_fused_gelu_tanh_fp8_quantize",
-           "serve_fused_resnorm_quant_fp8", "serve_fused_norm_modulate_quant_fp8",
-           "serve_fused_gelu_tanh_fp8_quantize"]
+__all__ = [
+    "try_fused_resnorm_quant_fp8",
+    "try_fused_norm_modulate_quant_fp8",
+    "try_fused_gelu_tanh_fp8_quantize",
+    "serve_fused_resnorm_quant_fp8",
+    "serve_fused_norm_modulate_quant_fp8",
+    "serve_fused_gelu_tanh_fp8_quantize",
+]

@@ -97,7 +97,7 @@ def _cache_of(layer: Any) -> GemmCache:
     return cache if cache is not None else GemmCache()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def flashinfer_mm_fp4() -> Optional[Any]:
     """FlashInfer's ``mm_fp4``, or None when ``flashinfer`` does not import (not installed, or a missing
     dependency)."""
@@ -137,8 +137,10 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if flashinfer_serves(device):
         return "flashinfer"
     if backend != "auto":
-        raise ValueError(f"backend {backend!r} needs FlashInfer on a Blackwell GPU (compute capability 10.x-12.x); "
-                         f"use 'auto', 'tensor_core' or 'reference' on {device}")
+        raise ValueError(
+            f"backend {backend!r} needs FlashInfer on a Blackwell GPU (compute capability 10.x-12.x); "
+            f"use 'auto', 'tensor_core' or 'reference' on {device}"
+        )
     return TENSOR_CORE if device.type == "cuda" else REFERENCE
 
 
@@ -178,7 +180,7 @@ def _fp32_reductions() -> Iterator[None]:
         matmul.allow_bf16_reduced_precision_reduction = True if split_k is None else (True, split_k)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mm_has_fp32_out(device: torch.device) -> bool:
     """Whether this torch's ``torch.mm(bf16, bf16, out_dtype=torch.float32)`` runs on ``device``, asked once on
     a 1 x 1 product (never around a real call, whose errors must propagate)."""
@@ -198,8 +200,9 @@ def _mm_fp32_out(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a.float(), b.float())
 
 
-def _scale_bias_cast(acc: Tensor, alpha: Union[float, Tensor], bias: Optional[Tensor],
-                     out_dtype: torch.dtype) -> Tensor:
+def _scale_bias_cast(
+    acc: Tensor, alpha: Union[float, Tensor], bias: Optional[Tensor], out_dtype: torch.dtype
+) -> Tensor:
     """round_to_out_dtype(acc * alpha (+ bias)), in fp32 until the one cast (alpha a float or an fp32 tensor)."""
     out = acc * alpha
     if bias is not None:
@@ -207,8 +210,9 @@ def _scale_bias_cast(acc: Tensor, alpha: Union[float, Tensor], bias: Optional[Te
     return out.to(out_dtype)
 
 
-def _bf16_gemm_fp32_accumulate_eager(a: Tensor, w: Tensor, alpha: float, bias: Optional[Tensor],
-                                     out_dtype: torch.dtype) -> Tensor:
+def _bf16_gemm_fp32_accumulate_eager(
+    a: Tensor, w: Tensor, alpha: float, bias: Optional[Tensor], out_dtype: torch.dtype
+) -> Tensor:
     """round_to_out_dtype(fp32 acc(a @ w.T) * alpha (+ bias)) for exact bf16 operands a [M, K], w [N, K]."""
     if not a.is_cuda:
         return _scale_bias_cast(torch.mm(a.float(), w.float().t()), alpha, bias, out_dtype)
@@ -223,10 +227,14 @@ def _bf16_gemm_fp32_accumulate_eager(a: Tensor, w: Tensor, alpha: float, bias: O
     return _scale_bias_cast(acc, alpha, bias, out_dtype)
 
 
-@torch.library.custom_op("qwen_fp4::_bf16_gemm_fp32_accumulate_scaled", mutates_args=(),
-                         schema="(Tensor a, Tensor w, Tensor alpha, Tensor? bias, ScalarType out_dtype) -> Tensor")
-def _bf16_gemm_fp32_accumulate_scaled(a: Tensor, w: Tensor, alpha: Tensor, bias: Optional[Tensor],
-                                      out_dtype: torch.dtype) -> Tensor:
+@torch.library.custom_op(
+    "qwen_fp4::_bf16_gemm_fp32_accumulate_scaled",
+    mutates_args=(),
+    schema="(Tensor a, Tensor w, Tensor alpha, Tensor? bias, ScalarType out_dtype) -> Tensor",
+)
+def _bf16_gemm_fp32_accumulate_scaled(
+    a: Tensor, w: Tensor, alpha: Tensor, bias: Optional[Tensor], out_dtype: torch.dtype
+) -> Tensor:
     """round_to_out_dtype(fp32(acc * alpha) (+ bias)) with alpha the layer's fp32 [1] buffer on the device: the
     form torch.compile traces (a host float would be a per-layer constant, so every layer would need its own
     graph). The eager form (cuBLAS's epilogue, bf16 out) computes the same formula; where cuBLAS picks another
@@ -258,8 +266,10 @@ def host_alpha(layer: Any, cache: GemmCache) -> float:
     if cached is not None and cached[0] == key:
         return cached[1]
     if alpha.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("layer.alpha changed since the layer last ran eagerly: call it once outside the CUDA "
-                           "graph capture (reading alpha to the host needs a synchronisation)")
+        raise RuntimeError(
+            "layer.alpha changed since the layer last ran eagerly: call it once outside the CUDA "
+            "graph capture (reading alpha to the host needs a synchronisation)"
+        )
     value = float(alpha.reshape(-1)[0].item())
     cache.host_alpha = (key, value)
     return value
@@ -286,14 +296,12 @@ def weight_operand(layer: Any, cache: GemmCache) -> Tensor:
     return w
 
 
-def _tensor_core(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype,
-                 bias: Optional[Tensor]) -> Tensor:
+def _tensor_core(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype, bias: Optional[Tensor]) -> Tensor:
     a = _dequantize_bf16(x_fp4, x_scales)  # checked by apply_nvfp4_gemm_prequantized's _check
     cache = _cache_of(layer)
     if torch.compiler.is_compiling():  # alpha stays a tensor: one graph serves layers of different alphas
         return _bf16_gemm_fp32_accumulate_scaled(a, weight_operand(layer, cache), layer.alpha, bias, out_dtype)
-    return _bf16_gemm_fp32_accumulate_eager(a, weight_operand(layer, cache), host_alpha(layer, cache), bias,
-                                            out_dtype)
+    return _bf16_gemm_fp32_accumulate_eager(a, weight_operand(layer, cache), host_alpha(layer, cache), bias, out_dtype)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -342,8 +350,10 @@ def _check(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype) 
     if x_scales.numel() < need:
         raise ValueError(f"x_scales has {x_scales.numel()} bytes, {need} needed for {m} rows of K = {k}")
     if x_scales.device != x_fp4.device or layer.weight_packed.device != x_fp4.device:
-        raise ValueError(f"x_fp4 ({x_fp4.device}), x_scales ({x_scales.device}) and the layer "
-                         f"({layer.weight_packed.device}) must be on one device")
+        raise ValueError(
+            f"x_fp4 ({x_fp4.device}), x_scales ({x_scales.device}) and the layer "
+            f"({layer.weight_packed.device}) must be on one device"
+        )
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
     return k
@@ -360,8 +370,7 @@ def _dequantize(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: int)
     return reference.dequantize_nvfp4(packed, scales, global_scale, rows)
 
 
-def _reference(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype,
-               bias: Optional[Tensor]) -> Tensor:
+def _reference(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype, bias: Optional[Tensor]) -> Tensor:
     m = x_fp4.shape[0]
     n = _out_features(layer)
     a = _dequantize(x_fp4, x_scales, layer.input_global_scale, m)
@@ -370,8 +379,9 @@ def _reference(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dty
     return _add_bias(out, bias, out_dtype)
 
 
-def _flashinfer(layer: Any, x_fp4: Tensor, x_scales: Tensor, k: int, out_dtype: torch.dtype,
-                bias: Optional[Tensor], backend: str) -> Tensor:
+def _flashinfer(
+    layer: Any, x_fp4: Tensor, x_scales: Tensor, k: int, out_dtype: torch.dtype, bias: Optional[Tensor], backend: str
+) -> Tensor:
     mm_fp4 = flashinfer_mm_fp4()
     m = x_fp4.shape[0]
     n = _out_features(layer)
@@ -380,8 +390,19 @@ def _flashinfer(layer: Any, x_fp4: Tensor, x_scales: Tensor, k: int, out_dtype: 
     w_scales = layer.weight_scales.view(torch.uint8).reshape(-1, k // 16)  # [round_up(N, 128), K/16]
     a_scales = x_scales.view(torch.uint8).reshape(-1, k // 16)[: round_up(m, 128)]
     gemm_dtype = out_dtype if out_dtype != torch.float32 else torch.bfloat16  # mm_fp4 writes bf16/fp16 only
-    out = mm_fp4(x_fp4.contiguous(), w.t(), a_scales, w_scales.t(), layer.alpha, gemm_dtype, None,
-                 block_size=16, use_8x4_sf_layout=False, backend=backend, use_nvfp4=True)
+    out = mm_fp4(
+        x_fp4.contiguous(),
+        w.t(),
+        a_scales,
+        w_scales.t(),
+        layer.alpha,
+        gemm_dtype,
+        None,
+        block_size=16,
+        use_8x4_sf_layout=False,
+        backend=backend,
+        use_nvfp4=True,
+    )
     if n_pad != n:
         out = out[:, :n]
     return _add_bias(out, bias, out_dtype)
@@ -424,5 +445,13 @@ def apply_nvfp4_gemm_prequantized(
     return _flashinfer(layer, x_fp4, x_scales, k, out_dtype, bias, backend)
 
 
-__all__ = ["apply_nvfp4_gemm_prequantized", "resolve_backend", "flashinfer_serves", "flashinfer_mm_fp4", "BACKENDS",
-           "TENSOR_CORE", "REFERENCE", "GemmCache"]
+__all__ = [
+    "apply_nvfp4_gemm_prequantized",
+    "resolve_backend",
+    "flashinfer_serves",
+    "flashinfer_mm_fp4",
+    "BACKENDS",
+    "TENSOR_CORE",
+    "REFERENCE",
+    "GemmCache",
+]

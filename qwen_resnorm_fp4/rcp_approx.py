@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import lzma
+from typing import Union
 from pathlib import Path
 
 import torch
@@ -43,7 +44,7 @@ def _cpu_deltas() -> Tensor:
     raw = torch.frombuffer(bytearray(lzma.decompress(TABLE_PATH.read_bytes())), dtype=torch.uint8)
     nonzero = _unpack_bits_little(raw[: MANTISSAS // 8], MANTISSAS)
     count = int(nonzero.sum())
-    plus = _unpack_bits_little(raw[MANTISSAS // 8:], count)
+    plus = _unpack_bits_little(raw[MANTISSAS // 8 :], count)
     delta = torch.zeros(MANTISSAS, dtype=torch.int8)
     delta[nonzero] = torch.where(plus, 1, -1).to(torch.int8)
     return delta
@@ -54,7 +55,7 @@ def _deltas_on(device: torch.device) -> Tensor:
     return _cpu_deltas().to(device)
 
 
-def mantissa_deltas(device: torch.device = torch.device("cpu")) -> Tensor:
+def mantissa_deltas(device: Union[str, torch.device] = "cpu") -> Tensor:
     """int8 [2^23] on ``device``: ``rcp.approx.f32(s) - RN(1/s)`` in ulps for a normal ``s`` of each
     mantissa (read once)."""
     return _deltas_on(torch.device(device))

@@ -26,8 +26,10 @@ def _calls():
     kw = block_inputs(129, 3072, device="cuda", seed=11)
     G = torch.tensor([100.0], device="cuda")
     y, _ = q.resnorm(*resnorm_args(kw))
-    return {"resnorm_quant": lambda: q.resnorm_quant(*resnorm_args(kw), G),
-            "nvfp4_quantize": lambda: q.nvfp4_quantize(y, G)}
+    return {
+        "resnorm_quant": lambda: q.resnorm_quant(*resnorm_args(kw), G),
+        "nvfp4_quantize": lambda: q.nvfp4_quantize(y, G),
+    }
 
 
 def test_unknown_value_is_refused(set_path):
@@ -41,7 +43,7 @@ def test_blackwell_where_unusable_is_an_error_else_runs(set_path):
     cap = torch.cuda.get_device_capability()
     set_path("blackwell")
     usable = not info.kernel_path(cap).startswith("error")
-    for op, fn in _calls().items():
+    for fn in _calls().values():
         if usable:
             fn()
         else:
