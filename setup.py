@@ -41,10 +41,8 @@ FLASHINFER_PINNED = "0.7.4"  # the flashinfer-python whose headers the Blackwell
 # Its wheel (py3-none-any: one file for every platform), as PyPI serves it. Change all three with FLASHINFER_PINNED.
 FLASHINFER_WHEEL = f"flashinfer_python-{FLASHINFER_PINNED}-py3-none-any.whl"
 FLASHINFER_WHEEL_SHA256 = "a051a62e09a2738e8b0de47a1944fd2f0f3eff01b728b662141ea660cb09dd32"
-FLASHINFER_WHEEL_URL = (
-    "https://files.pythonhosted.org/packages/7e/22/"
-    "c96155b9959c0fb37ce179c7b1053552c170ab875bbbfc75406c9024c36f/" + FLASHINFER_WHEEL
-)
+FLASHINFER_WHEEL_URL = ("https://files.pythonhosted.org/packages/7e/22/"
+                        "c96155b9959c0fb37ce179c7b1053552c170ab875bbbfc75406c9024c36f/" + FLASHINFER_WHEEL)
 # Where the build extracts that wheel's headers and licence (ignored by git, not in the sdist).
 FLASHINFER_FETCH_DIR = ROOT / "build" / f"flashinfer-{FLASHINFER_PINNED}"
 FLASHINFER_STAMP = "WHEEL_SHA256"  # in an extracted tree: the SHA-256 of the wheel it came from
@@ -99,12 +97,10 @@ def _sha256(path: Path) -> str:
 
 def _wheel_member_target(name: str) -> str | None:
     """Where a member of a flashinfer-python wheel goes in the extracted tree (None: the build does not read it)."""
-    for prefix, target in (
-        ("flashinfer/data/csrc/nv_internal/", "csrc/nv_internal/"),
-        ("flashinfer/data/include/", "include/"),
-    ):
+    for prefix, target in (("flashinfer/data/csrc/nv_internal/", "csrc/nv_internal/"),
+                           ("flashinfer/data/include/", "include/")):
         if name.startswith(prefix) and not name.endswith("/"):
-            return target + name[len(prefix) :]
+            return target + name[len(prefix):]
     if re.fullmatch(r"flashinfer_python-[^/]+\.dist-info/licenses/LICENSE", name):
         return "LICENSE"
     return None
@@ -131,10 +127,8 @@ def extract_flashinfer_wheel(wheel: Path, dest: Path, digest: str) -> Path:
     partial.rename(dest)
     nv = _flashinfer_layout(dest)
     if nv is None:
-        raise SystemExit(
-            f"qwen-resnorm-fp4: {wheel} holds no flashinfer/data/csrc/nv_internal/tensorrt_llm/kernels/"
-            "quantization_utils.cuh: not a flashinfer-python wheel with FlashInfer's headers"
-        )
+        raise SystemExit(f"qwen-resnorm-fp4: {wheel} holds no flashinfer/data/csrc/nv_internal/tensorrt_llm/kernels/"
+                         "quantization_utils.cuh: not a flashinfer-python wheel with FlashInfer's headers")
     return nv
 
 
@@ -151,14 +145,12 @@ def flashinfer_from_wheel_file(wheel: Path, any_version_allowed: bool) -> Path:
     tree; its version must be the pinned one unless QWEN_FP4_FLASHINFER_ANY_VERSION=1 (and any_version_allowed)."""
     match = re.match(r"flashinfer_python-([^-]+)-", wheel.name)
     version = match.group(1) if match else None
-    if version != FLASHINFER_PINNED and not (
-        any_version_allowed and os.environ.get("QWEN_FP4_FLASHINFER_ANY_VERSION") == "1"
-    ):
+    any_version = any_version_allowed and os.environ.get("QWEN_FP4_FLASHINFER_ANY_VERSION") == "1"
+    if version != FLASHINFER_PINNED and not any_version:
         raise SystemExit(
             f"qwen-resnorm-fp4: QWEN_FP4_FLASHINFER_DIR={wheel} is not the flashinfer-python {FLASHINFER_PINNED} wheel "
             f"({FLASHINFER_WHEEL}) that the Blackwell path is tested against (set QWEN_FP4_FLASHINFER_ANY_VERSION=1 "
-            "to build against it anyway)"
-        )
+            "to build against it anyway)")
     digest = _sha256(wheel)
     dest = ROOT / "build" / "flashinfer-wheel"
     return _extracted(dest, digest) or extract_flashinfer_wheel(wheel, dest, digest)
@@ -173,17 +165,8 @@ def download_flashinfer_wheel(directory: Path) -> Path:
     certificate settings apply), or from PyPI directly where this Python has no pip (a uv environment)."""
     wheel = directory / FLASHINFER_WHEEL
     if importlib.util.find_spec("pip") is not None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--dest",
-            str(directory),
-            f"flashinfer-python=={FLASHINFER_PINNED}",
-        ]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(directory),
+               f"flashinfer-python=={FLASHINFER_PINNED}"]
         log("fetching FlashInfer's headers: " + " ".join(cmd))
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if proc.returncode != 0 or not wheel.is_file():
@@ -220,13 +203,8 @@ def fetch_flashinfer() -> Path:
 def _import_error(module: str) -> str | None:
     """None when `import module` succeeds in a fresh interpreter, else the error's last line."""
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", f"import {module}"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=tempfile.gettempdir(),
-        )
+        proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=600,
+                              cwd=tempfile.gettempdir())
     except subprocess.TimeoutExpired:
         return "the import did not finish in 600 s"
     if proc.returncode == 0:
@@ -252,8 +230,7 @@ def find_flashinfer(any_version_allowed: bool = True) -> tuple[Path, str, Path |
         raise SystemExit(
             f"qwen-resnorm-fp4: QWEN_FP4_FLASHINFER_DIR={env} holds no csrc/nv_internal/tensorrt_llm/kernels/"
             "quantization_utils.cuh (nor data/csrc/...): point it at a FlashInfer source tree, the flashinfer/data "
-            f"directory of flashinfer-python {FLASHINFER_PINNED}, or its wheel file ({FLASHINFER_WHEEL})"
-        )
+            f"directory of flashinfer-python {FLASHINFER_PINNED}, or its wheel file ({FLASHINFER_WHEEL})")
     tried = ["QWEN_FP4_FLASHINFER_DIR (not set)"]
 
     checkout = ROOT / "third_party" / "flashinfer"
@@ -276,20 +253,15 @@ def find_flashinfer(any_version_allowed: bool = True) -> tuple[Path, str, Path |
         if nv is None:
             tried.append(f"the installed flashinfer-python {version} at {pkg} (no data/csrc/nv_internal)")
         elif error is not None:
-            tried.append(
-                f"the installed flashinfer-python {version} at {pkg} (not used: `import flashinfer` fails: {error})"
-            )
-            log(
-                f"the installed flashinfer-python {version} at {pkg} does not import ({error}), which breaks every "
+            tried.append(f"the installed flashinfer-python {version} at {pkg} "
+                         f"(not used: `import flashinfer` fails: {error})")
+            log(f"the installed flashinfer-python {version} at {pkg} does not import ({error}), which breaks every "
                 "package that imports flashinfer (diffusers, SGLang, vLLM); the build does not use it. Uninstall it "
                 "(pip uninstall flashinfer-python) or install it with its dependencies "
-                f"(pip install flashinfer-python=={FLASHINFER_PINNED})."
-            )
+                f"(pip install flashinfer-python=={FLASHINFER_PINNED}).")
         elif version != FLASHINFER_PINNED and not escape:
-            tried.append(
-                f"the installed flashinfer-python {version} at {pkg} (not {FLASHINFER_PINNED}; "
-                "QWEN_FP4_FLASHINFER_ANY_VERSION=1 builds against it)"
-            )
+            tried.append(f"the installed flashinfer-python {version} at {pkg} (not {FLASHINFER_PINNED}; "
+                         "QWEN_FP4_FLASHINFER_ANY_VERSION=1 builds against it)")
         else:
             return nv, f"flashinfer-python {version} at {pkg}", _licence(pkg / "data")
     else:
@@ -301,19 +273,13 @@ def find_flashinfer(any_version_allowed: bool = True) -> tuple[Path, str, Path |
         tried.append(f"fetching the flashinfer-python {FLASHINFER_PINNED} wheel into {FLASHINFER_FETCH_DIR} ({exc})")
         raise SystemExit(
             "qwen-resnorm-fp4: the Blackwell targets need FlashInfer's headers (build time only) and none were found. "
-            "Tried, in order:\n  "
-            + "\n  ".join(tried)
-            + f"\nOffline, set QWEN_FP4_FLASHINFER_DIR to the {FLASHINFER_WHEEL} file (`pip download --no-deps "
+            "Tried, in order:\n  " + "\n  ".join(tried) +
+            f"\nOffline, set QWEN_FP4_FLASHINFER_DIR to the {FLASHINFER_WHEEL} file (`pip download --no-deps "
             f"flashinfer-python=={FLASHINFER_PINNED}` where there is network), to a FlashInfer source tree, or clone "
             "FlashInfer into third_party/flashinfer. Or build without Blackwell: QWEN_FP4_CUDA_ARCHS='90a;compute_90'; "
-            "or pure Python (CPU reference only): QWEN_FP4_NO_CUDA=1."
-        ) from exc
-    return (
-        nv,
-        f"flashinfer-python {FLASHINFER_PINNED} wheel (sha256 {FLASHINFER_WHEEL_SHA256[:12]}...), "
-        f"extracted into {FLASHINFER_FETCH_DIR}",
-        _licence(FLASHINFER_FETCH_DIR),
-    )
+            "or pure Python (CPU reference only): QWEN_FP4_NO_CUDA=1.") from exc
+    return nv, f"flashinfer-python {FLASHINFER_PINNED} wheel (sha256 {FLASHINFER_WHEEL_SHA256[:12]}...), " \
+               f"extracted into {FLASHINFER_FETCH_DIR}", _licence(FLASHINFER_FETCH_DIR)
 
 
 def _licence(base: Path) -> Path | None:
@@ -331,18 +297,12 @@ def source_commit() -> str | None:
     """The checkout's commit (short hash, "-dirty" with uncommitted changes to tracked files), or None
     outside a git checkout (an sdist): recorded so that a wheel's benchmark can name its code."""
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10)
         if head.returncode != 0 or not head.stdout.strip():
             return None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
         return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -359,8 +319,8 @@ def write_build_info(archs: list[str], flashinfer: str | None, cuda: str | None,
         f"BUILD_TORCH = {torch.__version__!r}\n"
         f"BUILD_CUDA = {cuda!r}\n"
         f"BUILD_COMMIT = {source_commit()!r}\n"
-        f"BLACKWELL_EMULATION = {emulation!r}  # True only in the emulation build (QWEN_FP4_EMULATE_BLACKWELL=1), never shipped\n"
-    )
+        f"BLACKWELL_EMULATION = {emulation!r}  # True only in the emulation build (QWEN_FP4_EMULATE_BLACKWELL=1), "
+        "never shipped\n")
 
 
 EMULATION_BUILD_TAG = "0blackwellemulation"  # a wheel build tag starts with a digit
@@ -373,26 +333,22 @@ def emulation_archs() -> list[str]:
     if archs != ["90a"]:
         raise SystemExit(
             f"qwen-resnorm-fp4: QWEN_FP4_EMULATE_BLACKWELL=1 builds for sm_90a only, but QWEN_FP4_CUDA_ARCHS asks for "
-            f"{' '.join(archs)}: set QWEN_FP4_CUDA_ARCHS=90a (or unset it) for the emulation build"
-        )
+            f"{' '.join(archs)}: set QWEN_FP4_CUDA_ARCHS=90a (or unset it) for the emulation build")
     return archs
 
 
 def emulated_flashinfer_include(nv: Path) -> str:
     """Write the emulation copy of FlashInfer's quantization_utils.cuh into the build tree, print its diff
     against the original, and return the include root that holds it (qwen_fp4_emulated/...)."""
-    spec = importlib.util.spec_from_file_location(
-        "emulated_flashinfer_header", ROOT / "tools" / "emulated_flashinfer_header.py"
-    )
+    spec = importlib.util.spec_from_file_location("emulated_flashinfer_header",
+                                                  ROOT / "tools" / "emulated_flashinfer_header.py")
     gen = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = gen  # dataclasses look their module up there
     spec.loader.exec_module(gen)
     include = ROOT / "build" / "qwen_fp4_emulation" / "include"
     try:
-        diff = gen.write_emulated_header(
-            nv / "tensorrt_llm" / "kernels" / "quantization_utils.cuh",
-            include / "qwen_fp4_emulated" / "quantization_utils.cuh",
-        )
+        diff = gen.write_emulated_header(nv / "tensorrt_llm" / "kernels" / "quantization_utils.cuh",
+                                         include / "qwen_fp4_emulated" / "quantization_utils.cuh")
     except gen.HeaderMismatch as exc:
         raise SystemExit(f"qwen-resnorm-fp4: the Blackwell emulation cannot use this FlashInfer header: {exc}") from exc
     log("the emulation copy of FlashInfer's quantization_utils.cuh differs from the original only by:\n" + diff)
@@ -413,15 +369,8 @@ def extension_modules():
 
     emulation = emulating_blackwell()
     archs = emulation_archs() if emulation else cuda_archs()
-    sources = [
-        "csrc/registration.cpp",
-        "csrc/ops.cpp",
-        "csrc/launch_portable.cu",
-        "csrc/nvfp4_dequantize.cu",
-        "csrc/ops_fp8.cpp",
-        "csrc/launch_fp8.cu",
-        "csrc/launch_norm_modulate.cu",
-    ]
+    sources = ["csrc/registration.cpp", "csrc/ops.cpp", "csrc/launch_portable.cu", "csrc/nvfp4_dequantize.cu",
+               "csrc/ops_fp8.cpp", "csrc/launch_fp8.cu", "csrc/launch_norm_modulate.cu"]
     include_dirs = [str(ROOT / "csrc")]
     # torch adds Py_LIMITED_API itself for py_limited_api; USE_CUDA declares the CUDA parts of the shim.
     defines = [f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}", "-DUSE_CUDA"]
@@ -432,12 +381,8 @@ def extension_modules():
         nv, flashinfer_desc, licence = find_flashinfer(any_version_allowed=False)
         log(f"Blackwell EMULATION build (never ship it) against FlashInfer's headers from {flashinfer_desc}")
         sources.append("csrc/launch_blackwell.cu")
-        include_dirs += [
-            emulated_flashinfer_include(nv),
-            str(nv),
-            str(nv / "include"),
-            str(nv.parent.parent / "include"),
-        ]
+        include_dirs += [emulated_flashinfer_include(nv), str(nv), str(nv / "include"),
+                         str(nv.parent.parent / "include")]
         defines.append("-DQWEN_FP4_EMULATE_BLACKWELL=1")
         if licence is not None:
             licences_dir.mkdir(exist_ok=True)
@@ -458,41 +403,17 @@ def extension_modules():
 
     write_build_info(archs, flashinfer_desc, torch.version.cuda, emulation)
     # torch's defaults hide the bf16/half operators that FlashInfer's headers use: undo that.
-    undef = [
-        "-U__CUDA_NO_HALF_OPERATORS__",
-        "-U__CUDA_NO_HALF_CONVERSIONS__",
-        "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-        "-U__CUDA_NO_HALF2_OPERATORS__",
-        "-U__CUDA_NO_BFLOAT16_OPERATORS__",
-    ]
-    nvcc = [
-        "-O3",
-        "-std=c++17",
-        "--expt-relaxed-constexpr",
-        "-DENABLE_BF16",
-        "-DENABLE_FP8",
-        "-DENABLE_FP4",
-        "-lineinfo",
-        *undef,
-        *defines,
-        *gencode_flags(archs),
-    ]
+    undef = ["-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+             "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_OPERATORS__"]
+    nvcc = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DENABLE_BF16", "-DENABLE_FP8", "-DENABLE_FP4",
+            "-lineinfo", *undef, *defines, *gencode_flags(archs)]
     compile_args = {"cxx": ["-O3", "-std=c++17", *defines], "nvcc": nvcc}
-    ext = CUDAExtension(
-        name="qwen_resnorm_fp4._C",
-        sources=sources,
-        include_dirs=include_dirs,
-        extra_compile_args=compile_args,
-        py_limited_api=True,
-    )
+    ext = CUDAExtension(name="qwen_resnorm_fp4._C", sources=sources, include_dirs=include_dirs,
+                        extra_compile_args=compile_args, py_limited_api=True)
     # The test-only ops, in a library of their own that only qwen_resnorm_fp4.testing loads.
-    testing = CUDAExtension(
-        name="qwen_resnorm_fp4._C_testing",
-        sources=["csrc/testing_ops.cpp", "csrc/testing_kernels.cu"],
-        include_dirs=[str(ROOT / "csrc")],
-        extra_compile_args=compile_args,
-        py_limited_api=True,
-    )
+    testing = CUDAExtension(name="qwen_resnorm_fp4._C_testing",
+                            sources=["csrc/testing_ops.cpp", "csrc/testing_kernels.cu"],
+                            include_dirs=[str(ROOT / "csrc")], extra_compile_args=compile_args, py_limited_api=True)
     return [ext, testing], {"build_ext": BuildExtension}
 
 
@@ -503,15 +424,9 @@ setup(
     package_data={"qwen_resnorm_fp4": ["_licenses/*", "data/*"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
-    # The emulation wheel carries the build tag EMULATION_BUILD_TAG in its file name, so it is never taken for a release.
-    options=(
-        {
-            "bdist_wheel": {
-                "py_limited_api": "cp310",
-                **({"build_number": EMULATION_BUILD_TAG} if emulating_blackwell() else {}),
-            }
-        }
-        if ext_modules
-        else {}
-    ),
+    # The emulation wheel carries the build tag EMULATION_BUILD_TAG in its file name, so it is never taken for
+    # a release.
+    options=({"bdist_wheel": {"py_limited_api": "cp310",
+                              **({"build_number": EMULATION_BUILD_TAG} if emulating_blackwell() else {})}}
+             if ext_modules else {}),
 )

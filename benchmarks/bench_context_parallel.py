@@ -28,24 +28,14 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = []
     if "--" in argv:
-        extra = argv[argv.index("--") + 1 :]
-        argv = argv[: argv.index("--")]
+        extra = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, default=2, help="GPUs (processes), one host")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(args.nproc),
-        str(CHECK),
-        "--out",
-        str(args.out),
-        *extra,
-    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
+           str(CHECK), "--out", str(args.out), *extra]
     print(" ".join(cmd), flush=True)
     return subprocess.call(cmd)
 

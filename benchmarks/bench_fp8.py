@@ -22,8 +22,8 @@ L2, each implementation and a copy of the case's bytes timed the same way), in o
   the torch chain and its compiled form (Inductor fuses it into one kernel).
 
 Byte checks: the fused op equals its unfused chain (ours) on the first and last input set of every case, for
-``resnorm_quant_fp8``, ``norm_modulate_quant_fp8`` and ``gelu_fp8``; any difference fails the run (exit status 1). The torch
-chains are speed peers: the share of their E4M3 bytes equal to ours is reported, not checked. Prints the
+``resnorm_quant_fp8``, ``norm_modulate_quant_fp8`` and ``gelu_fp8``; any difference fails the run (exit status 1).
+The torch chains are speed peers: the share of their E4M3 bytes equal to ours is reported, not checked. Prints the
 measurements (GPU time, share of a same-bytes copy and of the ceiling, ratios to the peers of the same run); the
 goals they are read against are stated in docs/performance.md. Writes ``bench_fp8.{csv,md}``.
 """
@@ -64,26 +64,16 @@ IMPLS: Dict[str, Tuple[str, ...]] = {
     "gelu_fp8": ("fused", "unfused", "torch", "compiled"),
 }
 #: What "fused" is for each op, in the report.
-SUBJECT = {
-    "resnorm_quant_fp8": "resnorm_quant_fp8",
-    "norm_modulate_quant_fp8": "norm_modulate_quant_fp8",
-    "fp8_quantize": "fp8_quantize",
-    "gelu_fp8": "gelu_tanh_fp8_quantize",
-}
+SUBJECT = {"resnorm_quant_fp8": "resnorm_quant_fp8", "norm_modulate_quant_fp8": "norm_modulate_quant_fp8",
+           "fp8_quantize": "fp8_quantize", "gelu_fp8": "gelu_tanh_fp8_quantize"}
 #: The byte checks each op's rows must pass.
-REQUIRED_CHECKS = {
-    "resnorm_quant_fp8": ("byte_exact",),
-    "norm_modulate_quant_fp8": ("byte_exact",),
-    "fp8_quantize": (),
-    "gelu_fp8": ("byte_exact",),
-}
-PEER_NOTE = (
-    "unfused = ours in two kernels (resnorm, then fp8_quantize; for norm_modulate_quant_fp8, resnorm of "
-    "(x, zeros, gate 0), which also reads the zero residual and writes a residual_out): the same output "
-    "bytes; torch = the eager chain "
-    "of a diffusers block in bf16 ops, then (y.float() * inv).clamp(-448, 448).to(float8_e4m3fn) with "
-    "inv = 1 / input_scale: a speed peer, not byte-exact with the rule; compiled = torch.compile of it."
-)
+REQUIRED_CHECKS = {"resnorm_quant_fp8": ("byte_exact",), "norm_modulate_quant_fp8": ("byte_exact",),
+                   "fp8_quantize": (), "gelu_fp8": ("byte_exact",)}
+PEER_NOTE = ("unfused = ours in two kernels (resnorm, then fp8_quantize; for norm_modulate_quant_fp8, resnorm of "
+             "(x, zeros, gate 0), which also reads the zero residual and writes a residual_out): the same output "
+             "bytes; torch = the eager chain "
+             "of a diffusers block in bf16 ops, then (y.float() * inv).clamp(-448, 448).to(float8_e4m3fn) with "
+             "inv = 1 / input_scale: a speed peer, not byte-exact with the rule; compiled = torch.compile of it.")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -162,12 +152,9 @@ def torch_gelu_fp8(h, inv):
     return torch_quantize(torch.nn.functional.gelu(h, approximate="tanh"), inv)
 
 
-TORCH_CHAINS: Dict[str, Callable] = {
-    "resnorm_quant_fp8": torch_resnorm_fp8,
-    "norm_modulate_quant_fp8": torch_norm_modulate_fp8,
-    "fp8_quantize": torch_quantize,
-    "gelu_fp8": torch_gelu_fp8,
-}
+TORCH_CHAINS: Dict[str, Callable] = {"resnorm_quant_fp8": torch_resnorm_fp8, "norm_modulate_quant_fp8":
+                                     torch_norm_modulate_fp8, "fp8_quantize": torch_quantize,
+                                     "gelu_fp8": torch_gelu_fp8}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -176,22 +163,21 @@ TORCH_CHAINS: Dict[str, Callable] = {
 
 
 class Inputs:
-    """``n_sets`` rotating input sets of one case (on the GPU unless ``device`` says otherwise): residual and x [1, rows, D] bf16 (``h`` [rows, D]
-    for gelu_fp8: FC1's output), modulation [1, D] shared or [1, rows, D] per set (``per_token``), zeros for
-    the unfused no-residual chain, the input scale (amax of the case's y / 448) and torch's 1 / input_scale."""
+    """``n_sets`` rotating input sets of one case (on the GPU unless ``device`` says otherwise): residual and x
+    [1, rows, D] bf16 (``h`` [rows, D] for gelu_fp8: FC1's output), modulation [1, D] shared or [1, rows, D]
+    per set (``per_token``), zeros for the unfused no-residual chain, the input scale (amax of the case's y /
+    448) and torch's 1 / input_scale."""
 
-    def __init__(
-        self, op: str, rows: int, dim: int, n_sets: int, per_token: bool, seed: int = 0, device: str = "cuda"
-    ) -> None:
+    def __init__(self, op: str, rows: int, dim: int, n_sets: int, per_token: bool, seed: int = 0,
+                 device: str = "cuda") -> None:
         gen = torch.Generator(device=device).manual_seed(seed + rows * 7 + dim)
         opts = dict(device=device, generator=gen)
         bf = torch.bfloat16
         self.op, self.rows, self.dim, self.n_sets = op, rows, dim, n_sets
         shape = (rows, dim) if op == "gelu_fp8" else (1, rows, dim)
         self.x = [torch.randn(*shape, **opts).to(bf) for _ in range(n_sets)]
-        self.residual = (
-            [(torch.randn(*shape, **opts) * 2).to(bf) for _ in range(n_sets)] if op == "resnorm_quant_fp8" else []
-        )
+        self.residual = ([(torch.randn(*shape, **opts) * 2).to(bf) for _ in range(n_sets)]
+                         if op == "resnorm_quant_fp8" else [])
         self.zeros = [torch.zeros_like(t) for t in self.x] if op == "norm_modulate_quant_fp8" else []
         mod_shape = (1, rows, dim) if per_token else (1, dim)
         sets = n_sets if per_token else 1
@@ -231,33 +217,24 @@ def make_impls(inp: Inputs, compiled_fn: Optional[Callable]) -> Dict[str, timing
     s, inv = inp.input_scale, inp.inv
     impls: Dict[str, timing.Fn] = {}
     if inp.op == "resnorm_quant_fp8":
-
         def fused(i):
-            return ops.resnorm_quant_fp8(
-                inp.residual[i], inp.x[i], None, inp.gate(i), inp.scale(i), inp.shift(i), s, EPS
-            )
+            return ops.resnorm_quant_fp8(inp.residual[i], inp.x[i], None, inp.gate(i), inp.scale(i), inp.shift(i), s,
+                                         EPS)
 
         def unfused(i):
             y, r = ops.resnorm(inp.residual[i], inp.x[i], None, inp.gate(i), inp.scale(i), inp.shift(i), EPS)
             return ops.fp8_quantize(y, s), r
 
-        impls = {
-            "fused": fused,
-            "unfused": unfused,
-            "torch": lambda i: torch_resnorm_fp8(
-                inp.residual[i], inp.x[i], inp.gate(i), inp.scale(i), inp.shift(i), inv
-            ),
-        }
+        impls = {"fused": fused, "unfused": unfused,
+                 "torch": lambda i: torch_resnorm_fp8(inp.residual[i], inp.x[i], inp.gate(i), inp.scale(i),
+                                                      inp.shift(i), inv)}
         if compiled_fn is not None:
-            impls["compiled"] = lambda i: compiled_fn(
-                inp.residual[i], inp.x[i], inp.gate(i), inp.scale(i), inp.shift(i), inv
-            )
+            impls["compiled"] = lambda i: compiled_fn(inp.residual[i], inp.x[i], inp.gate(i), inp.scale(i),
+                                                      inp.shift(i), inv)
     elif inp.op == "norm_modulate_quant_fp8":
-        impls = {
-            "fused": lambda i: ops.norm_modulate_quant_fp8(inp.x[i], inp.scale(i), inp.shift(i), s, EPS),
-            "unfused": lambda i: ops.fp8_quantize(inp.bf16_y(i), s),
-            "torch": lambda i: torch_norm_modulate_fp8(inp.x[i], inp.scale(i), inp.shift(i), inv),
-        }
+        impls = {"fused": lambda i: ops.norm_modulate_quant_fp8(inp.x[i], inp.scale(i), inp.shift(i), s, EPS),
+                 "unfused": lambda i: ops.fp8_quantize(inp.bf16_y(i), s),
+                 "torch": lambda i: torch_norm_modulate_fp8(inp.x[i], inp.scale(i), inp.shift(i), inv)}
         if compiled_fn is not None:
             impls["compiled"] = lambda i: compiled_fn(inp.x[i], inp.scale(i), inp.shift(i), inv)
     elif inp.op == "fp8_quantize":
@@ -265,11 +242,9 @@ def make_impls(inp: Inputs, compiled_fn: Optional[Callable]) -> Dict[str, timing
         if compiled_fn is not None:
             impls["compiled"] = lambda i: compiled_fn(inp.x[i], inv)
     elif inp.op == "gelu_fp8":
-        impls = {
-            "fused": lambda i: ops.gelu_tanh_fp8_quantize(inp.x[i], s),
-            "unfused": lambda i: ops.fp8_quantize(torch.nn.functional.gelu(inp.x[i], approximate="tanh"), s),
-            "torch": lambda i: torch_gelu_fp8(inp.x[i], inv),
-        }
+        impls = {"fused": lambda i: ops.gelu_tanh_fp8_quantize(inp.x[i], s),
+                 "unfused": lambda i: ops.fp8_quantize(torch.nn.functional.gelu(inp.x[i], approximate="tanh"), s),
+                 "torch": lambda i: torch_gelu_fp8(inp.x[i], inv)}
         if compiled_fn is not None:
             impls["compiled"] = lambda i: compiled_fn(inp.x[i], inv)
     else:
@@ -282,17 +257,8 @@ def first(out) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-def measure_case(
-    op: str,
-    rows: int,
-    dim: int,
-    modulation: str,
-    l2: int,
-    ceiling: float,
-    compiled_fn: Optional[Callable],
-    replays: int = 50,
-    log=print,
-) -> Dict[str, object]:
+def measure_case(op: str, rows: int, dim: int, modulation: str, l2: int, ceiling: float,
+                 compiled_fn: Optional[Callable], replays: int = 50, log=print) -> Dict[str, object]:
     """One case: every implementation and a copy of the case's bytes by graph replay
     (:func:`timing.compare_by_graph`), the byte check (fused == unfused on the first and last set), the torch
     peers' share of equal E4M3 bytes. ``dim``: the width (FC1_OUT for gelu_fp8)."""
@@ -301,14 +267,8 @@ def measure_case(
     calls = timing.sets_for_cold_l2(nbytes, l2, minimum=timing.GRAPH_CALLS)
     inp = Inputs(op, rows, dim, calls, per_token)
     impls = make_impls(inp, compiled_fn)
-    row: Dict[str, object] = {
-        "op": op,
-        "dim": dim,
-        "rows": rows,
-        "modulation": modulation,
-        "calls": calls,
-        "bytes": nbytes,
-    }
+    row: Dict[str, object] = {"op": op, "dim": dim, "rows": rows, "modulation": modulation, "calls": calls,
+                              "bytes": nbytes}
     if "compiled" in impls:  # compile (first call for this shape) outside the timing
         t0 = time.perf_counter()
         try:
@@ -320,9 +280,8 @@ def measure_case(
             del impls["compiled"]
             row["compile_failed"] = True
     if "unfused" in impls:
-        row["byte_exact"] = all(
-            results.outputs_equal(impls["fused"](i), impls["unfused"](i)) for i in sorted({0, calls - 1})
-        )
+        row["byte_exact"] = all(results.outputs_equal(impls["fused"](i), impls["unfused"](i))
+                                for i in sorted({0, calls - 1}))
     ours = first(impls["fused"](0))
     for peer in ("torch", "compiled"):
         if peer in impls:
@@ -340,15 +299,10 @@ def measure_case(
 # Reporting and the byte check
 # ----------------------------------------------------------------------------------------------------
 
-CSV_FIELDS = (
-    ["op", "dim", "rows", "modulation", "calls", "bytes"]
-    + [
-        f"{n}_{k}"
-        for n in ("fused", "unfused", "torch", "compiled")
-        for k in ("us", "gbps", "frac_copy", "own_copy_us", "frac_own_copy")
-    ]
-    + ["x_unfused", "x_torch", "x_compiled", "byte_exact", "torch_equal_frac", "compiled_equal_frac", "compile_s"]
-)
+CSV_FIELDS = ["op", "dim", "rows", "modulation", "calls", "bytes"] + [
+    f"{n}_{k}" for n in ("fused", "unfused", "torch", "compiled")
+    for k in ("us", "gbps", "frac_copy", "own_copy_us", "frac_own_copy")] + [
+    "x_unfused", "x_torch", "x_compiled", "byte_exact", "torch_equal_frac", "compiled_equal_frac", "compile_s"]
 
 
 def case_name(r: Dict[str, object]) -> str:
@@ -361,7 +315,8 @@ def table_lines(rows: Sequence[Dict[str, object]], op: str) -> List[str]:
     """The table of one op's cases (GPU time per call by graph replay)."""
     peers = IMPLS[op][1:]
     modulated = op in ("resnorm_quant_fp8", "norm_modulate_quant_fp8")
-    columns = ["D", "rows"] + (["modulation"] if modulated else []) + ["us", "% of a same-bytes copy", "% of ceiling"]
+    columns = ["D", "rows"] + (["modulation"] if modulated else []) + [
+        "us", "% of a same-bytes copy", "% of ceiling"]
     for p in peers:
         columns += [f"{p} us", f"x {p}"]
     if REQUIRED_CHECKS[op]:
@@ -370,15 +325,9 @@ def table_lines(rows: Sequence[Dict[str, object]], op: str) -> List[str]:
     for r in rows:
         if r["op"] != op:
             continue
-        c = (
-            [r["dim"], r["rows"]]
-            + ([r["modulation"]] if modulated else [])
-            + [
-                fmt(r.get("fused_us"), ".2f"),
-                fmt(100 * r.get("fused_frac_own_copy", float("nan")), ".1f"),
-                fmt(100 * r.get("fused_frac_copy", float("nan")), ".1f"),
-            ]
-        )
+        c = [r["dim"], r["rows"]] + ([r["modulation"]] if modulated else []) + [
+            fmt(r.get("fused_us"), ".2f"), fmt(100 * r.get("fused_frac_own_copy", float("nan")), ".1f"),
+            fmt(100 * r.get("fused_frac_copy", float("nan")), ".1f")]
         for p in peers:
             c += [fmt(r.get(f"{p}_us"), ".2f"), fmt(r.get(f"x_{p}"), ".2f")]
         if REQUIRED_CHECKS[op]:
@@ -402,38 +351,20 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="Benchmark the FP8 (E4M3) ops against a copy of the same bytes, their unfused chains (ours and "
-        "torch's) and torch.compile, by CUDA-graph replay (GPU only). Writes bench_fp8.{csv,md}.",
-    )
-    p.add_argument(
-        "--dims",
-        type=harness.positive_int_list,
-        default=None,
-        help="comma-separated D values (default 3072,5120; gelu_fp8 is always at 12288)",
-    )
-    p.add_argument(
-        "--rows",
-        type=harness.positive_int_list,
-        default=None,
-        help="comma-separated row counts (default 1,17,256,1024,4096,6889,8192,16384)",
-    )
-    p.add_argument(
-        "--ops",
-        type=harness.choice_list(OPS, "ops"),
-        default=list(OPS),
-        help=f"comma-separated subset of {','.join(OPS)} (default all)",
-    )
-    p.add_argument(
-        "--modulation",
-        type=harness.choice_list(MODULATIONS, "modulations"),
-        default=["batch"],
-        help="gate/scale/shift per batch ([1, D]) and/or per token ([1, rows, D]): batch, token or "
-        "batch,token (default batch)",
-    )
+                    "torch's) and torch.compile, by CUDA-graph replay (GPU only). Writes bench_fp8.{csv,md}.")
+    p.add_argument("--dims", type=harness.positive_int_list, default=None,
+                   help="comma-separated D values (default 3072,5120; gelu_fp8 is always at 12288)")
+    p.add_argument("--rows", type=harness.positive_int_list, default=None,
+                   help="comma-separated row counts (default 1,17,256,1024,4096,6889,8192,16384)")
+    p.add_argument("--ops", type=harness.choice_list(OPS, "ops"), default=list(OPS),
+                   help=f"comma-separated subset of {','.join(OPS)} (default all)")
+    p.add_argument("--modulation", type=harness.choice_list(MODULATIONS, "modulations"), default=["batch"],
+                   help="gate/scale/shift per batch ([1, D]) and/or per token ([1, rows, D]): batch, token or "
+                        "batch,token (default batch)")
     p.add_argument("--replays", type=harness.positive_int, default=50, help="graph replays per case (median; 50)")
     harness.add_out_argument(p)
-    p.add_argument(
-        "--quick", action="store_true", help=f"rows {','.join(map(str, QUICK_ROWS))} at D={QUICK_DIMS[0]}, 20 replays"
-    )
+    p.add_argument("--quick", action="store_true",
+                   help=f"rows {','.join(map(str, QUICK_ROWS))} at D={QUICK_DIMS[0]}, 20 replays")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
     return p
 
@@ -441,21 +372,16 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 def width_error(dims: Sequence[int]) -> Optional[str]:
     """The error for a D the FP8 ops do not take, or None."""
     bad = [d for d in dims if not (0 < d <= FP8_MAX_COLS and d % FP8_COLS_MULTIPLE == 0)]
-    return (
-        f"--dims: D must be a positive multiple of {FP8_COLS_MULTIPLE}, at most {FP8_MAX_COLS}, got {bad[0]}"
-        if bad
-        else None
-    )
+    return (f"--dims: D must be a positive multiple of {FP8_COLS_MULTIPLE}, at most {FP8_MAX_COLS}, got {bad[0]}"
+            if bad else None)
 
 
 def fp8_ops_missing() -> Optional[str]:
     """Why this build cannot run the benchmark (an FP8 op it lacks), or None."""
-    missing = [
-        n
-        for n in ("resnorm_quant_fp8", "fp8_quantize", "norm_modulate_quant_fp8")
-        if not hasattr(torch.ops.qwen_fp4, n)
-    ]
-    return f"this build of qwen_resnorm_fp4 has no torch.ops.qwen_fp4.{missing[0]} (the FP8 ops)" if missing else None
+    missing = [n for n in ("resnorm_quant_fp8", "fp8_quantize", "norm_modulate_quant_fp8")
+               if not hasattr(torch.ops.qwen_fp4, n)]
+    return (f"this build of qwen_resnorm_fp4 has no torch.ops.qwen_fp4.{missing[0]} (the FP8 ops)"
+            if missing else None)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -476,8 +402,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.cuda.init()
     header = harness.run_header() + [
         f"eps={EPS}, bf16 inputs, input_scale = amax(y) / 448 of each case, no bias; CUDA-graph replay, {replays} "
-        "replays, cold L2 (one call per input set)"
-    ]
+        "replays, cold L2 (one call per input set)"]
     print("\n".join(header))
     l2 = timing.l2_bytes()
     ceiling, per_pair = timing.copy_ceiling_gbps()
@@ -488,7 +413,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     out: List[Dict[str, object]] = []
     for op in args.ops:
-        for d in [FC1_OUT] if op == "gelu_fp8" else dims:
+        for d in ([FC1_OUT] if op == "gelu_fp8" else dims):
             compiled = None
             if not args.no_compile:  # a fresh compile per op and D; rows follow torch's automatic dynamic shapes
                 dynamo.reset()
@@ -501,29 +426,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     if r.pop("compile_failed", False):
                         compiled = None
                     out.append(r)
-                    print(
-                        f"{case_name(r)}: {r['fused_us']:.2f} us ({100 * r['fused_frac_own_copy']:.1f}% of a "
-                        "same-bytes copy), "
-                        + ", ".join(f"x {p} {fmt(r.get(f'x_{p}'), '.2f')}" for p in IMPLS[op][1:])
-                        + (f", byte-exact {r['byte_exact']}" if "byte_exact" in r else "")
-                        + f"  [{time.perf_counter() - t0:.1f} s]",
-                        flush=True,
-                    )
+                    print(f"{case_name(r)}: {r['fused_us']:.2f} us ({100 * r['fused_frac_own_copy']:.1f}% of a "
+                          "same-bytes copy), " + ", ".join(f"x {p} {fmt(r.get(f'x_{p}'), '.2f')}"
+                                                           for p in IMPLS[op][1:])
+                          + (f", byte-exact {r['byte_exact']}" if "byte_exact" in r else "")
+                          + f"  [{time.perf_counter() - t0:.1f} s]", flush=True)
 
-    notes = [
-        ceiling_note,
-        "bytes per row: resnorm_quant_fp8 2*D*2 read + D*2 residual_out + D y (+ 3*D*2 per-token modulation); "
-        "norm_modulate_quant_fp8 D*2 + D (+ 2*D*2); fp8_quantize and gelu_fp8 D*2 + D. Every implementation's "
-        "GB/s uses these bytes; '% of a same-bytes copy' = a copy of them timed the same way / the time",
-        PEER_NOTE,
-        "gelu_fp8: FC1's output [rows, 12288] -> GELU (tanh) -> E4M3 (FC2's input); fused is "
-        "gelu_tanh_fp8_quantize, unfused F.gelu then fp8_quantize, compiled is Inductor's one fused kernel",
-    ]
-    md = (
-        ["# bench_fp8: the FP8 (E4M3) ops against a same-bytes copy and their unfused chains", ""]
-        + [f"- {h}" for h in header]
-        + [f"- {n}" for n in notes]
-    )
+    notes = [ceiling_note,
+             "bytes per row: resnorm_quant_fp8 2*D*2 read + D*2 residual_out + D y (+ 3*D*2 per-token modulation); "
+             "norm_modulate_quant_fp8 D*2 + D (+ 2*D*2); fp8_quantize and gelu_fp8 D*2 + D. Every implementation's "
+             "GB/s uses these bytes; '% of a same-bytes copy' = a copy of them timed the same way / the time",
+             PEER_NOTE,
+             "gelu_fp8: FC1's output [rows, 12288] -> GELU (tanh) -> E4M3 (FC2's input); fused is "
+             "gelu_tanh_fp8_quantize, unfused F.gelu then fp8_quantize, compiled is Inductor's one fused kernel"]
+    md = ["# bench_fp8: the FP8 (E4M3) ops against a same-bytes copy and their unfused chains", ""] + \
+        [f"- {h}" for h in header] + [f"- {n}" for n in notes]
     for op in args.ops:
         lines = table_lines(out, op)
         md += ["", f"## {SUBJECT[op]}", ""] + lines

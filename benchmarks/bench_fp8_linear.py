@@ -61,9 +61,8 @@ def rel_err(out: Tensor, ref: Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def bench_shape(
-    name: str, m: int, k: int, n: int, reps: int, warmup: int, per_channel: bool, use_fast_accum: bool, flush: Tensor
-) -> Dict[str, Any]:
+def bench_shape(name: str, m: int, k: int, n: int, reps: int, warmup: int, per_channel: bool, use_fast_accum: bool,
+                flush: Tensor) -> Dict[str, Any]:
     """One layer at M rows: the BF16 Linear, FP8Linear on BF16 and on E4M3 input, fp8_quantize alone (ms), and
     the checks."""
     from qwen_resnorm_fp4 import FP8Linear, fp8_quantize
@@ -72,21 +71,15 @@ def bench_shape(
     g = torch.Generator(device=dev).manual_seed(m + k + n)
     lin = torch.nn.Linear(k, n, device=dev, dtype=torch.bfloat16)
     with torch.no_grad():
-        lin.weight.copy_(torch.randn(n, k, generator=g, device=dev) * k**-0.5)
+        lin.weight.copy_(torch.randn(n, k, generator=g, device=dev) * k ** -0.5)
         lin.bias.copy_(torch.randn(n, generator=g, device=dev) * 0.1)
     x = torch.randn(m, k, generator=g, device=dev).bfloat16()
     layer = FP8Linear.from_linear(lin, x.float().abs().amax(), per_channel=per_channel, use_fast_accum=use_fast_accum)
     q = fp8_quantize(x, layer.input_scale)
     w, b = lin.weight.detach(), lin.bias.detach()
 
-    row: Dict[str, Any] = {
-        "layer": name,
-        "M": m,
-        "K": k,
-        "N": n,
-        "per_channel": per_channel,
-        "use_fast_accum": use_fast_accum,
-    }
+    row: Dict[str, Any] = {"layer": name, "M": m, "K": k, "N": n, "per_channel": per_channel,
+                           "use_fast_accum": use_fast_accum}
     with torch.inference_mode():
         row["bf16_ms"] = time_ms(lambda: torch.nn.functional.linear(x, w, b), reps, warmup, flush)
         row["fp8_ms"] = time_ms(lambda: layer(x), reps, warmup, flush)
@@ -106,67 +99,32 @@ def bench_shape(
 
 def table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
     """The markdown table, one line per layer and M."""
-    columns = (
-        "layer",
-        "M x K x N",
-        "bf16 ms",
-        "fp8 (bf16 in) ms",
-        "x bf16",
-        "fp8 (e4m3 in) ms",
-        "x bf16",
-        "fp8_quantize ms",
-        "rel err vs dequantized",
-        "rel err vs bf16",
-        "forms equal",
-    )
-    return results.markdown_table(
-        columns,
-        (
-            (
-                r["layer"],
-                f"{r['M']} x {r['K']} x {r['N']}",
-                fmt(r["bf16_ms"], ".3f"),
-                fmt(r["fp8_ms"], ".3f"),
-                f"{r['ratio']:.2f}x",
-                fmt(r["fp8_prequantized_ms"], ".3f"),
-                f"{r['ratio_prequantized']:.2f}x",
-                fmt(r["quantize_ms"], ".3f"),
-                f"{r['rel_err_vs_reference']:.2e}",
-                f"{r['rel_err_vs_bf16']:.2e}",
-                results.yes_no(r.get("forms_equal")),
-            )
-            for r in rows
-        ),
-    )
+    columns = ("layer", "M x K x N", "bf16 ms", "fp8 (bf16 in) ms", "x bf16", "fp8 (e4m3 in) ms", "x bf16",
+               "fp8_quantize ms", "rel err vs dequantized", "rel err vs bf16", "forms equal")
+    return results.markdown_table(columns, (
+        (r["layer"], f"{r['M']} x {r['K']} x {r['N']}", fmt(r["bf16_ms"], ".3f"), fmt(r["fp8_ms"], ".3f"),
+         f"{r['ratio']:.2f}x", fmt(r["fp8_prequantized_ms"], ".3f"), f"{r['ratio_prequantized']:.2f}x",
+         fmt(r["quantize_ms"], ".3f"), f"{r['rel_err_vs_reference']:.2e}", f"{r['rel_err_vs_bf16']:.2e}",
+         results.yes_no(r.get("forms_equal")))
+        for r in rows))
 
 
 def byte_check_failures(rows: Sequence[Dict[str, Any]]) -> List[str]:
     """Every case whose two input forms differed, or whose output was not within :data:`REL_ERR_BOUND` of the
     dequantized reference (or either check not made)."""
-    return results.check_failures(
-        rows, ["forms_equal", "close_to_reference"], lambda r: f"{r['layer']} {r['M']} x {r['K']} x {r['N']}"
-    )
+    return results.check_failures(rows, ["forms_equal", "close_to_reference"],
+                                  lambda r: f"{r['layer']} {r['M']} x {r['K']} x {r['N']}")
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="FP8Linear (torch._scaled_mm) against a BF16 nn.Linear at "
-        "Qwen-Image's block shapes (GPU only). Writes bench_fp8_linear.{csv,md}.",
-    )
-    p.add_argument(
-        "--tokens",
-        type=harness.positive_int_list,
-        default=None,
-        help="comma-separated M values (default 4096,6889,10209)",
-    )
+    p = argparse.ArgumentParser(prog=prog, description="FP8Linear (torch._scaled_mm) against a BF16 nn.Linear at "
+                                "Qwen-Image's block shapes (GPU only). Writes bench_fp8_linear.{csv,md}.")
+    p.add_argument("--tokens", type=harness.positive_int_list, default=None,
+                   help="comma-separated M values (default 4096,6889,10209)")
     p.add_argument("--reps", type=harness.positive_int, default=30, help="timed calls per case (median; default 30)")
     p.add_argument("--warmup", type=harness.positive_int, default=5, help="untimed calls first (default 5)")
-    p.add_argument(
-        "--per-channel",
-        action="store_true",
-        help="per-output-channel weight scales (row-wise torch._scaled_mm) instead of ModelOpt's per-tensor scale",
-    )
+    p.add_argument("--per-channel", action="store_true", help="per-output-channel weight scales (row-wise "
+                   "torch._scaled_mm) instead of ModelOpt's per-tensor scale")
     p.add_argument("--no-fast-accum", action="store_true", help="torch._scaled_mm with use_fast_accum=False")
     harness.add_out_argument(p)
     return p
@@ -190,8 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     header = harness.run_header() + [
         f"cold L2 (256 MiB written before each call), CUDA events, median of {args.reps}; bias in every call; "
         f"weight scale {'per output channel' if args.per_channel else 'per tensor'}, use_fast_accum={fast_accum}; "
-        "x bf16 = fp8 time / bf16 F.linear time; rel err of the e4m3-input output"
-    ]
+        "x bf16 = fp8 time / bf16 F.linear time; rel err of the e4m3-input output"]
     print("\n".join(header))
     flush = timing.l2_flush_buffer()
     rows = []
@@ -199,19 +156,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for m in args.tokens or DEFAULT_TOKENS:
             r = bench_shape(name, m, k, n, args.reps, args.warmup, args.per_channel, fast_accum, flush)
             rows.append(r)
-            print(
-                f"{name} {m} x {k} x {n}: bf16 {r['bf16_ms']:.3f} ms, fp8 {r['fp8_ms']:.3f} ms ({r['ratio']:.2f}x), "
-                f"e4m3 in {r['fp8_prequantized_ms']:.3f} ms ({r['ratio_prequantized']:.2f}x), rel err vs "
-                f"dequantized {r['rel_err_vs_reference']:.2e}, forms equal {r['forms_equal']}",
-                flush=True,
-            )
+            print(f"{name} {m} x {k} x {n}: bf16 {r['bf16_ms']:.3f} ms, fp8 {r['fp8_ms']:.3f} ms ({r['ratio']:.2f}x), "
+                  f"e4m3 in {r['fp8_prequantized_ms']:.3f} ms ({r['ratio_prequantized']:.2f}x), rel err vs "
+                  f"dequantized {r['rel_err_vs_reference']:.2e}, forms equal {r['forms_equal']}", flush=True)
             torch.cuda.empty_cache()
     table = table_lines(rows)
     print("\n".join(table))
     results.write_report(args.out, PROG, rows, [f"# {PROG}", ""] + [f"- {h}" for h in header] + [""] + table)
-    return results.exit_status(
-        byte_check_failures(rows), "FP8Linear: input forms differ or output not close to the dequantized reference"
-    )
+    return results.exit_status(byte_check_failures(rows), "FP8Linear: input forms differ or output not close to "
+                               "the dequantized reference")
 
 
 if __name__ == "__main__":

@@ -52,11 +52,9 @@ GRAPH_ROWS = (17,)
 HOST_DIM = 3072
 PROG = "bench_fused"
 
-EAGER_NOTE = (
-    "eager / compiled = a plain PyTorch chain (gated residual, fp32 LayerNorm, modulation, NVFP4 "
-    "quantization in torch ops, 128x4 swizzle by index_put): a speed peer, close to but not "
-    "byte-exact with the contract. Byte-exactness is checked for fused vs unfused in every case."
-)
+EAGER_NOTE = ("eager / compiled = a plain PyTorch chain (gated residual, fp32 LayerNorm, modulation, NVFP4 "
+              "quantization in torch ops, 128x4 swizzle by index_put): a speed peer, close to but not "
+              "byte-exact with the contract. Byte-exactness is checked for fused vs unfused in every case.")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -74,17 +72,9 @@ def sf_index(rows: int, dim: int, device) -> torch.Tensor:
     return sf_offsets(rows, dim, device).reshape(-1)
 
 
-def eager_chain(
-    residual: torch.Tensor,
-    x: torch.Tensor,
-    gate: torch.Tensor,
-    scale: torch.Tensor,
-    shift: torch.Tensor,
-    global_scale: torch.Tensor,
-    index: torch.Tensor,
-    bounds: torch.Tensor,
-    eps: float = EPS,
-):
+def eager_chain(residual: torch.Tensor, x: torch.Tensor, gate: torch.Tensor, scale: torch.Tensor,
+                shift: torch.Tensor, global_scale: torch.Tensor, index: torch.Tensor, bounds: torch.Tensor,
+                eps: float = EPS):
     """Plain PyTorch: x, residual [B, S, D] bf16; gate/scale/shift [B, D]; returns (packed, scales, r)."""
     b, s, d = x.shape
     rows = b * s
@@ -159,9 +149,8 @@ def make_impls(inp: Inputs, fm: bool, compiled_fn: Optional[Callable]) -> Dict[s
 
     impls = {"fused": fused, "unfused": unfused, "eager": eager, "resnorm": resnorm, "quantize": quantize}
     if compiled_fn is not None:
-        impls["compiled"] = lambda i: compiled_fn(
-            inp.residual[i], inp.x[i], gate, scale, shift, gs, inp.index, inp.bounds
-        )
+        impls["compiled"] = lambda i: compiled_fn(inp.residual[i], inp.x[i], gate, scale, shift, gs, inp.index,
+                                                  inp.bounds)
     return impls
 
 
@@ -179,17 +168,8 @@ def fused_equals_unfused(impls: Dict[str, timing.Fn], i: int = 0) -> bool:
     return exact
 
 
-def run_case(
-    rows: int,
-    dim: int,
-    timer: timing.EventTimer,
-    l2: int,
-    ceiling: float,
-    compiled_fn: Optional[Callable],
-    max_reps: int,
-    budget_s: float,
-    log=print,
-) -> Dict[str, object]:
+def run_case(rows: int, dim: int, timer: timing.EventTimer, l2: int, ceiling: float,
+             compiled_fn: Optional[Callable], max_reps: int, budget_s: float, log=print) -> Dict[str, object]:
     """One (D, rows) case per call: every implementation, a copy of the same bytes, the byte check."""
     fm = default_fast_math()
     nbytes = bytes_moved(rows, dim)
@@ -208,10 +188,8 @@ def run_case(
             torch.cuda.synchronize()
             row["compile_s"] = time.perf_counter() - t0
         except TorchDynamoException as exc:  # a peer that fails to compile is reported, not fatal
-            log(
-                f"  torch.compile failed at rows={rows} D={dim} (the compiled peer is skipped for this D): "
-                f"{type(exc).__name__}: {str(exc)[:300]}"
-            )
+            log(f"  torch.compile failed at rows={rows} D={dim} (the compiled peer is skipped for this D): "
+                f"{type(exc).__name__}: {str(exc)[:300]}")
             del impls["compiled"]
             row["compile_s"] = float("nan")
             row["compile_failed"] = True
@@ -270,9 +248,8 @@ def host_overhead_cases() -> Dict[str, Callable[[], object]]:
     return {
         "wrapper": lambda: q.resnorm_quant(*args),
         "raw_op": lambda: torch.ops.qwen_fp4.resnorm_quant(*args, EPS, fm),
-        "fused_path": lambda: q.try_fused_resnorm_quant(
-            inp.residual[0], inp.x[0], inp.gate, inp.scale, inp.shift, fc1, eps=EPS
-        ),
+        "fused_path": lambda: q.try_fused_resnorm_quant(inp.residual[0], inp.x[0], inp.gate, inp.scale, inp.shift,
+                                                        fc1, eps=EPS),
         "layer_norm": lambda: torch.nn.functional.layer_norm(inp.x[0], (HOST_DIM,), eps=EPS),
     }
 
@@ -281,169 +258,69 @@ def host_overhead_cases() -> Dict[str, Callable[[], object]]:
 # Reporting and the byte check
 # ----------------------------------------------------------------------------------------------------
 
-CSV_FIELDS = [
-    "dim",
-    "rows",
-    "bytes",
-    "n_sets",
-    "fused_us",
-    "fused_gbps",
-    "fused_frac_copy",
-    "unfused_us",
-    "unfused_gbps",
-    "eager_us",
-    "eager_gbps",
-    "compiled_us",
-    "compiled_gbps",
-    "speedup_vs_unfused",
-    "speedup_vs_eager",
-    "speedup_vs_compiled",
-    "byte_exact",
-    "compile_s",
-    "fused_reps",
-    "unfused_reps",
-    "eager_reps",
-    "compiled_reps",
-    "copy_same_bytes_us",
-    "copy_same_bytes_frac",
-    "resnorm_us",
-    "quantize_us",
-    "graph_fused_us",
-    "graph_unfused_us",
-    "graph_speedup_vs_unfused",
-    "graph_calls",
-    "graph_fused_frac_copy",
-    "graph_copy_same_bytes_us",
-    "graph_copy_same_bytes_frac",
-    "graph_resnorm_us",
-    "graph_quantize_us",
-    "graph_byte_exact",
-]
+CSV_FIELDS = ["dim", "rows", "bytes", "n_sets", "fused_us", "fused_gbps", "fused_frac_copy", "unfused_us",
+              "unfused_gbps", "eager_us", "eager_gbps", "compiled_us", "compiled_gbps", "speedup_vs_unfused",
+              "speedup_vs_eager", "speedup_vs_compiled", "byte_exact", "compile_s", "fused_reps", "unfused_reps",
+              "eager_reps", "compiled_reps", "copy_same_bytes_us", "copy_same_bytes_frac", "resnorm_us",
+              "quantize_us", "graph_fused_us", "graph_unfused_us", "graph_speedup_vs_unfused", "graph_calls",
+              "graph_fused_frac_copy", "graph_copy_same_bytes_us", "graph_copy_same_bytes_frac", "graph_resnorm_us",
+              "graph_quantize_us", "graph_byte_exact"]
 
 GRAPH_TABLE_TITLE = "CUDA-graph replay, GPU time per call (one call per input set, no event records between calls):"
 
 
 def merge_graph(row: Dict[str, object], g: Dict[str, object], ceiling: float) -> None:
     """Add a case's graph-replay figures (:func:`graph_case`) to its per-call row."""
-    row.update(
-        graph_fused_us=g["fused"],
-        graph_unfused_us=g["unfused"],
-        graph_speedup_vs_unfused=g["unfused"] / g["fused"],
-        graph_calls=g["calls"],
-        graph_fused_frac_copy=timing.gbps(row["bytes"], g["fused"]) / ceiling,
-        graph_copy_same_bytes_us=g["copy"],
-        graph_copy_same_bytes_frac=timing.gbps(g["copy_bytes"], g["copy"]) / ceiling,
-        graph_resnorm_us=g["resnorm"],
-        graph_quantize_us=g["quantize"],
-        graph_byte_exact=g["byte_exact"],
-    )
+    row.update(graph_fused_us=g["fused"], graph_unfused_us=g["unfused"],
+               graph_speedup_vs_unfused=g["unfused"] / g["fused"], graph_calls=g["calls"],
+               graph_fused_frac_copy=timing.gbps(row["bytes"], g["fused"]) / ceiling,
+               graph_copy_same_bytes_us=g["copy"],
+               graph_copy_same_bytes_frac=timing.gbps(g["copy_bytes"], g["copy"]) / ceiling,
+               graph_resnorm_us=g["resnorm"], graph_quantize_us=g["quantize"], graph_byte_exact=g["byte_exact"])
 
 
 def table_lines(rows: List[Dict[str, object]]) -> List[str]:
     """The per-call table."""
-    columns = (
-        "D",
-        "rows",
-        "fused us",
-        "fused GB/s",
-        "% copy",
-        "copy of same bytes, % copy",
-        "unfused us",
-        "eager us",
-        "compiled us",
-        "x unfused",
-        "x eager",
-        "x compiled",
-        "byte-exact",
-    )
-    return results.markdown_table(
-        columns,
-        (
-            (
-                r["dim"],
-                r["rows"],
-                fmt(r["fused_us"], ".2f"),
-                fmt(r["fused_gbps"], ".0f"),
-                fmt(100 * r["fused_frac_copy"], ".1f"),
-                fmt(100 * r.get("copy_same_bytes_frac", float("nan")), ".1f"),
-                fmt(r["unfused_us"], ".2f"),
-                fmt(r["eager_us"], ".1f"),
-                fmt(r["compiled_us"], ".1f"),
-                fmt(r["speedup_vs_unfused"], ".2f"),
-                fmt(r["speedup_vs_eager"], ".1f"),
-                fmt(r["speedup_vs_compiled"], ".1f"),
-                results.yes_no(r.get("byte_exact")),
-            )
-            for r in rows
-        ),
-    )
+    columns = ("D", "rows", "fused us", "fused GB/s", "% copy", "copy of same bytes, % copy", "unfused us",
+               "eager us", "compiled us", "x unfused", "x eager", "x compiled", "byte-exact")
+    return results.markdown_table(columns, (
+        (r["dim"], r["rows"], fmt(r["fused_us"], ".2f"), fmt(r["fused_gbps"], ".0f"),
+         fmt(100 * r["fused_frac_copy"], ".1f"), fmt(100 * r.get("copy_same_bytes_frac", float("nan")), ".1f"),
+         fmt(r["unfused_us"], ".2f"), fmt(r["eager_us"], ".1f"), fmt(r["compiled_us"], ".1f"),
+         fmt(r["speedup_vs_unfused"], ".2f"), fmt(r["speedup_vs_eager"], ".1f"), fmt(r["speedup_vs_compiled"], ".1f"),
+         results.yes_no(r.get("byte_exact")))
+        for r in rows))
 
 
 def graph_table_lines(rows: List[Dict[str, object]]) -> List[str]:
     """The CUDA-graph replay figures of every case that has them (GPU time per call)."""
-    columns = (
-        "D",
-        "rows",
-        "calls (input sets)",
-        "fused us",
-        "% copy",
-        "copy of same bytes us",
-        "its % copy",
-        "unfused pair us",
-        "x unfused",
-        "resnorm alone us",
-        "nvfp4_quantize alone us",
-        "byte-exact",
-    )
-    return results.markdown_table(
-        columns,
-        (
-            (
-                r["dim"],
-                r["rows"],
-                r["graph_calls"],
-                f"{r['graph_fused_us']:.2f}",
-                f"{100 * r['graph_fused_frac_copy']:.1f}",
-                f"{r['graph_copy_same_bytes_us']:.2f}",
-                f"{100 * r['graph_copy_same_bytes_frac']:.1f}",
-                f"{r['graph_unfused_us']:.2f}",
-                f"{r['graph_speedup_vs_unfused']:.2f}",
-                f"{r['graph_resnorm_us']:.2f}",
-                f"{r['graph_quantize_us']:.2f}",
-                results.yes_no(r.get("graph_byte_exact")),
-            )
-            for r in rows
-            if "graph_fused_us" in r
-        ),
-    )
+    columns = ("D", "rows", "calls (input sets)", "fused us", "% copy", "copy of same bytes us", "its % copy",
+               "unfused pair us", "x unfused", "resnorm alone us", "nvfp4_quantize alone us", "byte-exact")
+    return results.markdown_table(columns, (
+        (r["dim"], r["rows"], r["graph_calls"], f"{r['graph_fused_us']:.2f}", f"{100 * r['graph_fused_frac_copy']:.1f}",
+         f"{r['graph_copy_same_bytes_us']:.2f}", f"{100 * r['graph_copy_same_bytes_frac']:.1f}",
+         f"{r['graph_unfused_us']:.2f}", f"{r['graph_speedup_vs_unfused']:.2f}", f"{r['graph_resnorm_us']:.2f}",
+         f"{r['graph_quantize_us']:.2f}", results.yes_no(r.get("graph_byte_exact")))
+        for r in rows if "graph_fused_us" in r))
 
 
 def plot_spec(ceiling: float, title: str) -> results.Plot:
     """The plot: effective GB/s of each implementation against rows, one panel per D."""
-    return results.Plot(
-        x="rows",
-        panel="dim",
-        series={n: f"{n}_gbps" for n in ("fused", "unfused", "eager", "compiled")},
-        xlabel="rows (M)",
-        ylabel="effective GB/s (op's necessary bytes / time)",
-        title=title,
-        hline=(ceiling, f"copy ceiling {ceiling:.0f} GB/s"),
-        panel_label="D",
-    )
+    series = {n: f"{n}_gbps" for n in ("fused", "unfused", "eager", "compiled")}
+    return results.Plot(x="rows", panel="dim", series=series,
+                        xlabel="rows (M)", ylabel="effective GB/s (op's necessary bytes / time)", title=title,
+                        hline=(ceiling, f"copy ceiling {ceiling:.0f} GB/s"), panel_label="D")
 
 
-def byte_check_failures(
-    rows: Sequence[Dict[str, object]], graph: Dict[Tuple[int, int], Dict[str, object]]
-) -> List[str]:
+def byte_check_failures(rows: Sequence[Dict[str, object]], graph: Dict[Tuple[int, int], Dict[str, object]]
+                        ) -> List[str]:
     """Every case whose fused == unfused check failed or was not made: each per-call row ("byte_exact"),
     each graph-replay case (its own inputs)."""
-
     def case(r):
         return f"D={r['dim']} rows={r['rows']}"
 
-    return results.check_failures(rows, ["byte_exact"], case) + results.check_failures(
-        graph.values(), ["byte_exact"], lambda g: case(g) + " (graph replay)"
-    )
+    return (results.check_failures(rows, ["byte_exact"], case)
+            + results.check_failures(graph.values(), ["byte_exact"], lambda g: case(g) + " (graph replay)"))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -456,41 +333,21 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="Benchmark fused resnorm_quant vs the unfused pair, an eager PyTorch chain and torch.compile "
-        "of it, against the copy-bandwidth ceiling (GPU only). Writes bench_fused.{csv,md,png}.",
-    )
-    p.add_argument(
-        "--dims", type=harness.positive_int_list, default=None, help="comma-separated D values (default 3072,5120)"
-    )
-    p.add_argument(
-        "--rows",
-        type=harness.positive_int_list,
-        default=None,
-        help="comma-separated row counts (default 17,256,1024,4096,4608,6889,8192,16384,32768)",
-    )
-    p.add_argument(
-        "--reps",
-        type=harness.positive_int,
-        default=100,
-        help="max timed calls per implementation and case (default 100; fewer for big shapes, adaptively)",
-    )
+                    "of it, against the copy-bandwidth ceiling (GPU only). Writes bench_fused.{csv,md,png}.")
+    p.add_argument("--dims", type=harness.positive_int_list, default=None,
+                   help="comma-separated D values (default 3072,5120)")
+    p.add_argument("--rows", type=harness.positive_int_list, default=None,
+                   help="comma-separated row counts (default 17,256,1024,4096,4608,6889,8192,16384,32768)")
+    p.add_argument("--reps", type=harness.positive_int, default=100,
+                   help="max timed calls per implementation and case (default 100; fewer for big shapes, adaptively)")
     harness.add_out_argument(p)
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"a subset: rows {','.join(map(str, QUICK_ROWS))} at D={QUICK_DIMS[0]}, fewer reps",
-    )
+    p.add_argument("--quick", action="store_true",
+                   help=f"a subset: rows {','.join(map(str, QUICK_ROWS))} at D={QUICK_DIMS[0]}, fewer reps")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
-    p.add_argument(
-        "--compile-mode",
-        default="default",
-        choices=["default", "max-autotune-no-cudagraphs"],
-        help="torch.compile mode (default: default)",
-    )
-    p.add_argument(
-        "--compile-static",
-        action="store_true",
-        help="compile a static graph for every shape (default: torch's automatic dynamic shapes)",
-    )
+    p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune-no-cudagraphs"],
+                   help="torch.compile mode (default: default)")
+    p.add_argument("--compile-static", action="store_true",
+                   help="compile a static graph for every shape (default: torch's automatic dynamic shapes)")
     return p
 
 
@@ -545,15 +402,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if r.pop("compile_failed", False):
                 compiled = None
             rows_out.append(r)
-            print(
-                f"D={d} rows={m}: fused {r['fused_us']:.2f} us ({r['fused_gbps']:.0f} GB/s, "
-                f"{100 * r['fused_frac_copy']:.1f}% of copy; a copy of the same bytes "
-                f"{100 * r['copy_same_bytes_frac']:.1f}%), unfused {r['unfused_us']:.2f} us "
-                f"(resnorm alone {r['resnorm_us']:.2f}, nvfp4_quantize alone {r['quantize_us']:.2f}), "
-                f"eager {r['eager_us']:.1f} us, compiled {fmt(r['compiled_us'], '.1f')} us, "
-                f"byte-exact {r['byte_exact']}  [{time.perf_counter() - t0:.1f} s]",
-                flush=True,
-            )
+            print(f"D={d} rows={m}: fused {r['fused_us']:.2f} us ({r['fused_gbps']:.0f} GB/s, "
+                  f"{100 * r['fused_frac_copy']:.1f}% of copy; a copy of the same bytes "
+                  f"{100 * r['copy_same_bytes_frac']:.1f}%), unfused {r['unfused_us']:.2f} us "
+                  f"(resnorm alone {r['resnorm_us']:.2f}, nvfp4_quantize alone {r['quantize_us']:.2f}), "
+                  f"eager {r['eager_us']:.1f} us, compiled {fmt(r['compiled_us'], '.1f')} us, "
+                  f"byte-exact {r['byte_exact']}  [{time.perf_counter() - t0:.1f} s]", flush=True)
 
     graph: Dict[Tuple[int, int], Dict[str, object]] = {}
     for d in dims:
@@ -567,57 +421,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     extra = []
     for (d, m), g in graph.items():
         if not any(r["dim"] == d and r["rows"] == m for r in rows_out):  # 17 rows when not in --rows
-            extra.append(
-                f"{m} rows, D={d}, CUDA-graph replay of {g['calls']} calls on {g['calls']} input sets "
-                f"(GPU time per call): fused {g['fused']:.2f} us, unfused pair {g['unfused']:.2f} us "
-                f"({g['unfused'] / g['fused']:.2f}x); the pair's kernels alone: resnorm "
-                f"{g['resnorm']:.2f} us, nvfp4_quantize {g['quantize']:.2f} us; copy of the same bytes "
-                f"{g['copy']:.2f} us; byte-exact {results.yes_no(g['byte_exact'])}"
-            )
-    extra.append(
-        f"eager host overhead per call (1 x {HOST_DIM}, wall time, GPU not the bottleneck): "
-        f"Python wrapper qwen_resnorm_fp4.resnorm_quant {host['wrapper']:.1f} us, "
-        f"raw torch.ops.qwen_fp4.resnorm_quant {host['raw_op']:.1f} us, the integrations' fused path "
-        f"try_fused_resnorm_quant {host['fused_path']:.1f} us; peer in the same run: "
-        f"torch.nn.functional.layer_norm of the same x {host['layer_norm']:.1f} us"
-    )
+            extra.append(f"{m} rows, D={d}, CUDA-graph replay of {g['calls']} calls on {g['calls']} input sets "
+                         f"(GPU time per call): fused {g['fused']:.2f} us, unfused pair {g['unfused']:.2f} us "
+                         f"({g['unfused'] / g['fused']:.2f}x); the pair's kernels alone: resnorm "
+                         f"{g['resnorm']:.2f} us, nvfp4_quantize {g['quantize']:.2f} us; copy of the same bytes "
+                         f"{g['copy']:.2f} us; byte-exact {results.yes_no(g['byte_exact'])}")
+    extra.append(f"eager host overhead per call (1 x {HOST_DIM}, wall time, GPU not the bottleneck): "
+                 f"Python wrapper qwen_resnorm_fp4.resnorm_quant {host['wrapper']:.1f} us, "
+                 f"raw torch.ops.qwen_fp4.resnorm_quant {host['raw_op']:.1f} us, the integrations' fused path "
+                 f"try_fused_resnorm_quant {host['fused_path']:.1f} us; peer in the same run: "
+                 f"torch.nn.functional.layer_norm of the same x {host['layer_norm']:.1f} us")
     notes = [
-        ceiling_note,
-        timer.clock_note(),
+        ceiling_note, timer.clock_note(),
         "bytes per case: 2*D*2*M read + D*2*M residual_out + D/2*M packed + D/16*round_up(M,128) scales; "
         "GB/s of every implementation uses these bytes",
         "timing: CUDA events per call, queue pre-filled, cold L2 (input sets rotated over > 2x L2), medians; "
-        "compile time excluded"
-        + (
-            ""
-            if args.no_compile
-            else f" (torch.compile mode={args.compile_mode}, "
-            f"{'static' if args.compile_static else 'automatic dynamic'} shapes)"
-        ),
+        "compile time excluded" + ("" if args.no_compile else f" (torch.compile mode={args.compile_mode}, "
+                                   f"{'static' if args.compile_static else 'automatic dynamic'} shapes)"),
         EAGER_NOTE,
     ]
     lines, glines = table_lines(rows_out), graph_table_lines(rows_out)
     print("\n" + "\n".join(lines) + "\n\n" + GRAPH_TABLE_TITLE + "\n" + "\n".join(glines) + "\n\n" + "\n".join(extra))
 
-    md = (
-        ["# bench_fused: resnorm_quant against its peers", ""]
-        + [f"- {h}" for h in header]
-        + [f"- {n}" for n in notes]
-        + [""]
-        + lines
-        + ["", GRAPH_TABLE_TITLE, ""]
-        + glines
-        + [""]
-        + [f"- {e}" for e in extra]
-    )
-    results.write_report(
-        args.out,
-        "bench_fused",
-        rows_out,
-        md,
-        CSV_FIELDS,
-        plot_spec(ceiling, f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"),
-    )
+    md = ["# bench_fused: resnorm_quant against its peers", ""] + [f"- {h}" for h in header] + \
+        [f"- {n}" for n in notes] + [""] + lines + ["", GRAPH_TABLE_TITLE, ""] + glines + [""] + \
+        [f"- {e}" for e in extra]
+    results.write_report(args.out, "bench_fused", rows_out, md, CSV_FIELDS,
+                         plot_spec(ceiling, f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"))
     print(f"total {time.perf_counter() - t_start:.0f} s")
     return results.exit_status(byte_check_failures(rows_out, graph), "fused and unfused outputs differ")
 

@@ -43,15 +43,14 @@ def time_ms(fn: Callable[[], Any], reps: int, warmup: int, flush: Tensor) -> flo
     return timing.flushed_per_call_us(fn, reps, warmup, flush) / 1e3
 
 
-def bench_gemm_shape(
-    m: int, k: int, n: int, reps: int, warmup: int, with_reference: bool, flush: Tensor
-) -> Dict[str, Any]:
+def bench_gemm_shape(m: int, k: int, n: int, reps: int, warmup: int, with_reference: bool,
+                     flush: Tensor) -> Dict[str, Any]:
     """One M x K x N shape: the NVFP4 paths and the BF16 GEMM, times in ms, and the operand check."""
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(m + k)
     lin = torch.nn.Linear(k, n, device=dev, dtype=torch.bfloat16)
     with torch.no_grad():
-        lin.weight.copy_(torch.randn(n, k, generator=g, device=dev) * k**-0.5)
+        lin.weight.copy_(torch.randn(n, k, generator=g, device=dev) * k ** -0.5)
         lin.bias.copy_(torch.randn(n, generator=g, device=dev) * 0.1)
     x = torch.randn(m, k, generator=g, device=dev).bfloat16()
     layer = NVFP4Linear.from_linear(lin, x.float().abs().amax(), gemm_backend="tensor_core")
@@ -60,12 +59,9 @@ def bench_gemm_shape(
     # exactness of the operands: bf16 dequantization == the fp32 reference without global scale, bit for bit
     one = torch.ones(1, device=dev)
     exact = all(
-        torch.equal(
-            dequantize_to_bf16(p, s).float().view(torch.int32),
-            reference.dequantize_nvfp4(p, s, one, p.shape[0]).view(torch.int32),
-        )
-        for p, s in ((packed, scales), (layer.weight_packed, layer.weight_scales))
-    )
+        torch.equal(dequantize_to_bf16(p, s).float().view(torch.int32),
+                    reference.dequantize_nvfp4(p, s, one, p.shape[0]).view(torch.int32))
+        for p, s in ((packed, scales), (layer.weight_packed, layer.weight_scales)))
 
     def tc() -> Tensor:
         return apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="tensor_core")
@@ -84,59 +80,25 @@ def bench_gemm_shape(
     ref = apply_nvfp4_gemm_prequantized(layer, packed, scales, torch.float32, backend="reference")
     row["rel_err_vs_reference"] = ((out_tc.float() - ref).norm() / ref.norm()).item()
     del ref
-    row["reference_ms"] = (
-        time_ms(
-            lambda: apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="reference"),
-            max(3, reps // 5),
-            1,
-            flush,
-        )
-        if with_reference
-        else None
-    )
-    row["flashinfer_ms"] = (
-        time_ms(lambda: apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="auto"), reps, warmup, flush)
-        if flashinfer_serves(dev)
-        else None
-    )
+    row["reference_ms"] = (time_ms(lambda: apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="reference"),
+                                   max(3, reps // 5), 1, flush) if with_reference else None)
+    row["flashinfer_ms"] = (time_ms(lambda: apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="auto"),
+                                    reps, warmup, flush) if flashinfer_serves(dev) else None)
     row["operands_exact"] = exact
     return row
 
 
 def gemm_table(rows: List[Dict[str, Any]]) -> List[str]:
     """The markdown table of the shapes: times, the ratios to the BF16 GEMM, the error and the operand check."""
-    columns = (
-        "M x K x N",
-        "tensor_core ms",
-        "tensor_core cached ms",
-        "bf16 mm ms",
-        "bf16 linear ms",
-        "ratio",
-        "ratio cached",
-        "reference ms",
-        "FlashInfer ms",
-        "rel err vs reference",
-        "operands exact",
-    )
-    return results.markdown_table(
-        columns,
-        (
-            (
-                f"{r['M']} x {r['K']} x {r['N']}",
-                fmt(r["tensor_core_ms"], ".3f"),
-                fmt(r["tensor_core_cached_ms"], ".3f"),
-                fmt(r["bf16_mm_ms"], ".3f"),
-                fmt(r["bf16_linear_ms"], ".3f"),
-                f"{r['ratio']:.2f}x",
-                f"{r['ratio_cached']:.2f}x",
-                fmt(r["reference_ms"], ".3f"),
-                fmt(r["flashinfer_ms"], ".3f"),
-                f"{r['rel_err_vs_reference']:.2e}",
-                results.yes_no(r.get("operands_exact")),
-            )
-            for r in rows
-        ),
-    )
+    columns = ("M x K x N", "tensor_core ms", "tensor_core cached ms", "bf16 mm ms", "bf16 linear ms", "ratio",
+               "ratio cached", "reference ms", "FlashInfer ms", "rel err vs reference", "operands exact")
+    return results.markdown_table(columns, (
+        (f"{r['M']} x {r['K']} x {r['N']}", fmt(r["tensor_core_ms"], ".3f"), fmt(r["tensor_core_cached_ms"], ".3f"),
+         fmt(r["bf16_mm_ms"], ".3f"), fmt(r["bf16_linear_ms"], ".3f"),
+         f"{r['ratio']:.2f}x", f"{r['ratio_cached']:.2f}x",
+         fmt(r["reference_ms"], ".3f"), fmt(r["flashinfer_ms"], ".3f"), f"{r['rel_err_vs_reference']:.2e}",
+         results.yes_no(r.get("operands_exact")))
+        for r in rows))
 
 
 def byte_check_failures(rows: Sequence[Dict[str, Any]]) -> List[str]:
@@ -145,19 +107,14 @@ def byte_check_failures(rows: Sequence[Dict[str, Any]]) -> List[str]:
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog, description="NVFP4 GEMM paths against the BF16 GEMM (GPU only). Writes bench_gemm.{csv,md}."
-    )
-    p.add_argument(
-        "--rows", type=harness.positive_int_list, default=None, help="comma-separated M values (default 256,4096,13778)"
-    )
+    p = argparse.ArgumentParser(prog=prog, description="NVFP4 GEMM paths against the BF16 GEMM (GPU only). "
+                                "Writes bench_gemm.{csv,md}.")
+    p.add_argument("--rows", type=harness.positive_int_list, default=None,
+                   help="comma-separated M values (default 256,4096,13778)")
     p.add_argument("--reps", type=harness.positive_int, default=30, help="timed calls per case (median; default 30)")
     p.add_argument("--warmup", type=harness.positive_int, default=5, help="untimed calls first (default 5)")
-    p.add_argument(
-        "--with-reference",
-        action="store_true",
-        help="time the reference path at every shape (default: at the first shape only)",
-    )
+    p.add_argument("--with-reference", action="store_true", help="time the reference path at every shape "
+                   "(default: at the first shape only)")
     harness.add_out_argument(p)
     return p
 
@@ -168,16 +125,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return rc
     header = harness.run_header() + [
         f"cold L2 (256 MiB written before each call), CUDA events, median of {args.reps}; bias in every NVFP4 call "
-        "and in bf16 linear, none in bf16 mm; ratio = tensor_core / bf16 mm"
-    ]
+        "and in bf16 linear, none in bf16 mm; ratio = tensor_core / bf16 mm"]
     print("\n".join(header))
     flush = timing.l2_flush_buffer()
     rows = []
     for i, (k, n) in enumerate((FC1, FC2)):
         for j, m in enumerate(args.rows or DEFAULT_ROWS):
-            rows.append(
-                bench_gemm_shape(m, k, n, args.reps, args.warmup, args.with_reference or (i == 0 and j == 0), flush)
-            )
+            rows.append(bench_gemm_shape(m, k, n, args.reps, args.warmup, args.with_reference or (i == 0 and j == 0),
+                                         flush))
             torch.cuda.empty_cache()
     table = gemm_table(rows)
     print("\n".join(table))

@@ -48,28 +48,10 @@ ZERO_COND_T = {"off": (False,), "on": (True,), "both": (False, True)}
 #: --quick: these formats and linears presets only.
 QUICK_FORMATS, QUICK_LINEARS = ("fp8",), ("all",)
 REQUIRED_CHECKS = ("fused_equals_unfused", "no_fallback", "restored_equals_bf16")
-CSV_FIELDS = [
-    "tokens",
-    "zero_cond_t",
-    "image_shapes",
-    "batch",
-    "format",
-    "linears",
-    "bf16_ms",
-    "bf16_after_ms",
-    "fused_ms",
-    "unfused_ms",
-    "fused_over_bf16",
-    "unfused_over_bf16",
-    "fp8_over_nvfp4",
-    "rel_err_vs_bf16",
-    "fused_segments",
-    "fallbacks",
-    "decline_reasons",
-    "fused_equals_unfused",
-    "no_fallback",
-    "restored_equals_bf16",
-]
+CSV_FIELDS = ["tokens", "zero_cond_t", "image_shapes", "batch", "format", "linears", "bf16_ms", "bf16_after_ms",
+              "fused_ms", "unfused_ms", "fused_over_bf16", "unfused_over_bf16", "fp8_over_nvfp4", "rel_err_vs_bf16",
+              "fused_segments", "fallbacks", "decline_reasons", "fused_equals_unfused", "no_fallback",
+              "restored_equals_bf16"]
 
 
 def image_shapes(tokens: int, zero_cond_t: bool) -> List[Tuple[int, int, int]]:
@@ -93,7 +75,7 @@ def model_inputs(batch: int, shapes: List[Tuple[int, int, int]], text_len: int, 
     tokens = sum(f * h * w for f, h, w in shapes)
     mask = torch.ones(batch, text_len, dtype=torch.bool)
     if batch > 1:
-        mask[1, text_len // 2 :] = False  # a shorter negative prompt
+        mask[1, text_len // 2:] = False  # a shorter negative prompt
     return dict(
         hidden_states=torch.randn(batch, tokens, 64, generator=g).bfloat16().cuda(),
         encoder_hidden_states=torch.randn(batch, text_len, 3584, generator=g).bfloat16().cuda(),
@@ -113,20 +95,16 @@ def stats_fields(stats: Dict[str, Any], segments: int) -> Dict[str, Any]:
     """A fused forward's ``fused_path_stats`` as row fields: segments fused, fallbacks and their reasons, and
     ``no_fallback`` (every one of ``segments`` fused, none unfused or fallen back)."""
     reasons = stats.get("decline_reasons") or {}
-    return {
-        "fused_segments": stats.get("fused"),
-        "fallbacks": stats.get("fallback"),
-        "decline_reasons": "; ".join(f"{k}: {v}" for k, v in sorted(reasons.items())),
-        "no_fallback": stats.get("fused") == segments and stats.get("fallback") == 0 and stats.get("unfused") == 0,
-    }
+    return {"fused_segments": stats.get("fused"), "fallbacks": stats.get("fallback"),
+            "decline_reasons": "; ".join(f"{k}: {v}" for k, v in sorted(reasons.items())),
+            "no_fallback": stats.get("fused") == segments and stats.get("fallback") == 0
+            and stats.get("unfused") == 0}
 
 
 def case_name(r: Dict[str, Any]) -> str:
     """A row's case, as the lines printed and the check failures name it."""
-    return (
-        f"{r['tokens']} tokens{' zero_cond_t' if r['zero_cond_t'] else ''} batch {r['batch']} "
-        f"format={r['format']} linears={r['linears']}"
-    )
+    return (f"{r['tokens']} tokens{' zero_cond_t' if r['zero_cond_t'] else ''} batch {r['batch']} "
+            f"format={r['format']} linears={r['linears']}")
 
 
 def add_fp8_over_nvfp4(rows: List[Dict[str, Any]]) -> None:
@@ -140,42 +118,15 @@ def add_fp8_over_nvfp4(rows: List[Dict[str, Any]]) -> None:
 
 def table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
     """The markdown table, one line per case, format and linears."""
-    columns = (
-        "image tokens",
-        "zero_cond_t",
-        "batch",
-        "format",
-        "linears",
-        "bf16 ms",
-        "fused ms",
-        "unfused ms",
-        "fused / bf16",
-        "fp8 / nvfp4 (fused)",
-        "rel err vs bf16",
-        "fused == unfused",
-        "segments fused (fallbacks)",
-    )
-    return results.markdown_table(
-        columns,
-        (
-            (
-                r["tokens"],
-                "yes" if r["zero_cond_t"] else "no",
-                r["batch"],
-                r["format"],
-                r["linears"],
-                f"{r['bf16_ms']:.2f}",
-                f"{r['fused_ms']:.2f}",
-                f"{r['unfused_ms']:.2f}",
-                f"{r['fused_over_bf16']:.2f}x",
-                results.fmt(r.get("fp8_over_nvfp4"), ".2f"),
-                f"{r['rel_err_vs_bf16']:.4f}",
-                results.yes_no(r.get("fused_equals_unfused")),
-                f"{r.get('fused_segments')} ({r.get('fallbacks')})",
-            )
-            for r in rows
-        ),
-    )
+    columns = ("image tokens", "zero_cond_t", "batch", "format", "linears", "bf16 ms", "fused ms", "unfused ms",
+               "fused / bf16", "fp8 / nvfp4 (fused)", "rel err vs bf16", "fused == unfused",
+               "segments fused (fallbacks)")
+    return results.markdown_table(columns, (
+        (r["tokens"], "yes" if r["zero_cond_t"] else "no", r["batch"], r["format"], r["linears"],
+         f"{r['bf16_ms']:.2f}", f"{r['fused_ms']:.2f}", f"{r['unfused_ms']:.2f}", f"{r['fused_over_bf16']:.2f}x",
+         results.fmt(r.get("fp8_over_nvfp4"), ".2f"), f"{r['rel_err_vs_bf16']:.4f}",
+         results.yes_no(r.get("fused_equals_unfused")), f"{r.get('fused_segments')} ({r.get('fallbacks')})")
+        for r in rows))
 
 
 def byte_check_failures(rows: Sequence[Dict[str, Any]]) -> List[str]:
@@ -184,57 +135,30 @@ def byte_check_failures(rows: Sequence[Dict[str, Any]]) -> List[str]:
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="diffusers Qwen-Image transformer: BF16 against the NVFP4 and "
-        "FP8 conversions, fused and unfused (GPU only). Writes bench_model.{csv,md}.",
-    )
-    p.add_argument(
-        "--layers", type=harness.positive_int, default=4, help="transformer blocks (default 4; Qwen-Image has 60)"
-    )
-    p.add_argument(
-        "--tokens",
-        type=harness.positive_int_list,
-        default=None,
-        help="comma-separated image token counts (default 6889,10209)",
-    )
-    p.add_argument(
-        "--zero-cond-t",
-        choices=tuple(ZERO_COND_T),
-        default="both",
-        help="without (off), with (on) or both (default) zero_cond_t",
-    )
-    p.add_argument(
-        "--formats",
-        type=harness.choice_list(FORMATS, "formats"),
-        default=None,
-        help="comma-separated subset of nvfp4,fp8 (default both)",
-    )
-    p.add_argument(
-        "--linears",
-        type=harness.choice_list(LINEARS, "linears presets"),
-        default=None,
-        help="comma-separated subset of all,fc1 (default both)",
-    )
-    p.add_argument(
-        "--batches", type=harness.positive_int_list, default=[1], help="comma-separated batch sizes (default 1)"
-    )
+    p = argparse.ArgumentParser(prog=prog, description="diffusers Qwen-Image transformer: BF16 against the NVFP4 and "
+                                "FP8 conversions, fused and unfused (GPU only). Writes bench_model.{csv,md}.")
+    p.add_argument("--layers", type=harness.positive_int, default=4,
+                   help="transformer blocks (default 4; Qwen-Image has 60)")
+    p.add_argument("--tokens", type=harness.positive_int_list, default=None,
+                   help="comma-separated image token counts (default 6889,10209)")
+    p.add_argument("--zero-cond-t", choices=tuple(ZERO_COND_T), default="both",
+                   help="without (off), with (on) or both (default) zero_cond_t")
+    p.add_argument("--formats", type=harness.choice_list(FORMATS, "formats"), default=None,
+                   help="comma-separated subset of nvfp4,fp8 (default both)")
+    p.add_argument("--linears", type=harness.choice_list(LINEARS, "linears presets"), default=None,
+                   help="comma-separated subset of all,fc1 (default both)")
+    p.add_argument("--batches", type=harness.positive_int_list, default=[1], help="comma-separated batch sizes "
+                   "(default 1)")
     p.add_argument("--text-len", type=harness.positive_int, default=128, help="text tokens (default 128)")
     p.add_argument("--reps", type=harness.positive_int, default=10, help="timed forwards per case (default 10)")
     p.add_argument("--warmup", type=harness.positive_int, default=3, help="untimed forwards first (default 3)")
-    p.add_argument("--quick", action="store_true", help='format="fp8", linears="all" only, 3 timed forwards after 2')
-    p.add_argument(
-        "--peers",
-        action="store_true",
-        help="instead: ours compiled against BF16 eager / compiled and torchao FP8 compiled (batch 1; "
-        "writes bench_model_peers.{csv,md}; needs torchao)",
-    )
-    p.add_argument(
-        "--variants",
-        type=harness.choice_list(PEER_NAMES, "variants"),
-        default=None,
-        help="with --peers: comma-separated subset of " + ",".join(PEER_NAMES) + " (default all)",
-    )
+    p.add_argument("--quick", action="store_true",
+                   help='format="fp8", linears="all" only, 3 timed forwards after 2')
+    p.add_argument("--peers", action="store_true",
+                   help="instead: ours compiled against BF16 eager / compiled and torchao FP8 compiled (batch 1; "
+                        "writes bench_model_peers.{csv,md}; needs torchao)")
+    p.add_argument("--variants", type=harness.choice_list(PEER_NAMES, "variants"), default=None,
+                   help="with --peers: comma-separated subset of " + ",".join(PEER_NAMES) + " (default all)")
     harness.add_out_argument(p)
     return p
 
@@ -256,30 +180,15 @@ def build_model(layers: int, zero_cond_t: bool):
 
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = QwenImageTransformer2DModel(
-            num_layers=layers,
-            attention_head_dim=128,
-            num_attention_heads=24,
-            joint_attention_dim=3584,
-            axes_dims_rope=(16, 56, 56),
-            zero_cond_t=zero_cond_t,
-        )
+        model = QwenImageTransformer2DModel(num_layers=layers, attention_head_dim=128, num_attention_heads=24,
+                                            joint_attention_dim=3584, axes_dims_rope=(16, 56, 56),
+                                            zero_cond_t=zero_cond_t)
     return model.to(torch.bfloat16).eval()
 
 
-def measure_model(
-    zero_cond_t: bool,
-    tokens_list: Sequence[int],
-    batches: Sequence[int],
-    formats: Sequence[str],
-    linears_list: Sequence[str],
-    layers: int,
-    text_len: int,
-    reps: int,
-    warmup: int,
-    flush: torch.Tensor,
-    log=print,
-) -> List[Dict[str, Any]]:
+def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequence[int], formats: Sequence[str],
+                  linears_list: Sequence[str], layers: int, text_len: int, reps: int, warmup: int,
+                  flush: torch.Tensor, log=print) -> List[Dict[str, Any]]:
     """Every case of one model (``zero_cond_t`` off or on): the BF16 forward; per format and linears, the
     converted model fused and unfused, its error and checks; the restored model's forward again. One row
     per (tokens, batch, format, linears)."""
@@ -298,9 +207,8 @@ def measure_model(
         bf16_out = {c: model(**inp)[0] for c, inp in inputs.items()}
         for fmt in formats:
             for linears in linears_list:
-                qd.convert_transformer(
-                    model, mode="fused", format=fmt, linears=linears, calibration_inputs=list(inputs.values())
-                )
+                qd.convert_transformer(model, mode="fused", format=fmt, linears=linears,
+                                       calibration_inputs=list(inputs.values()))
                 segments = qd.conversion_info(model).segments_per_forward
                 for t, b, shapes in cases:
                     inp = inputs[(t, b)]
@@ -312,34 +220,24 @@ def measure_model(
                     qd.set_mode(model, "unfused")
                     unfused_ms = forward_ms(inp)
                     unfused = model(**inp)[0]
-                    row = {
-                        "tokens": t,
-                        "zero_cond_t": zero_cond_t,
-                        "image_shapes": str(shapes),
-                        "batch": b,
-                        "format": fmt,
-                        "linears": linears,
-                        "bf16_ms": bf16_ms[(t, b)],
-                        "fused_ms": fused_ms,
-                        "unfused_ms": unfused_ms,
-                        "fused_over_bf16": fused_ms / bf16_ms[(t, b)],
-                        "unfused_over_bf16": unfused_ms / bf16_ms[(t, b)],
-                        "rel_err_vs_bf16": rel_err(fused, bf16_out[(t, b)]),
-                        "fused_equals_unfused": results.outputs_equal(fused, unfused),
-                        **stats_fields(stats, segments),
-                    }
+                    row = {"tokens": t, "zero_cond_t": zero_cond_t, "image_shapes": str(shapes), "batch": b,
+                           "format": fmt, "linears": linears, "bf16_ms": bf16_ms[(t, b)], "fused_ms": fused_ms,
+                           "unfused_ms": unfused_ms, "fused_over_bf16": fused_ms / bf16_ms[(t, b)],
+                           "unfused_over_bf16": unfused_ms / bf16_ms[(t, b)],
+                           "rel_err_vs_bf16": rel_err(fused, bf16_out[(t, b)]),
+                           "fused_equals_unfused": results.outputs_equal(fused, unfused),
+                           **stats_fields(stats, segments)}
                     rows.append(row)
-                    log(
-                        f"{case_name(row)}: bf16 {row['bf16_ms']:.2f} ms, fused {fused_ms:.2f} ms "
+                    log(f"{case_name(row)}: bf16 {row['bf16_ms']:.2f} ms, fused {fused_ms:.2f} ms "
                         f"({row['fused_over_bf16']:.3f}x), unfused {unfused_ms:.2f} ms, rel err "
                         f"{row['rel_err_vs_bf16']:.4f}, fused == unfused {row['fused_equals_unfused']}, "
                         f"segments fused {row['fused_segments']}/{segments}"
-                        + (f" (declined: {row['decline_reasons']})" if row["fallbacks"] else "")
-                    )
+                        + (f" (declined: {row['decline_reasons']})" if row["fallbacks"] else ""))
                     del fused, unfused
                 qd.restore_transformer(model)
         # The restored model: the BF16 bytes again, and its time (the drift over the run).
-        after = {c: (forward_ms(inp), results.outputs_equal(model(**inp)[0], bf16_out[c])) for c, inp in inputs.items()}
+        after = {c: (forward_ms(inp), results.outputs_equal(model(**inp)[0], bf16_out[c]))
+                 for c, inp in inputs.items()}
     for r in rows:
         r["bf16_after_ms"], r["restored_equals_bf16"] = after[(r["tokens"], r["batch"])]
     return rows
@@ -366,19 +264,8 @@ PEER_VARIANTS = (
     ("ours_nvfp4_compiled", 'ours nvfp4 "all" fused, torch.compile(model, fullgraph=True)'),
 )
 PEER_NAMES = tuple(n for n, _ in PEER_VARIANTS)
-PEER_FIELDS = [
-    "variant",
-    "tokens",
-    "zero_cond_t",
-    "ms",
-    "over_bf16_eager",
-    "over_torchao_row",
-    "compile_s",
-    "graphs",
-    "rel_err_vs_bf16",
-    "fused_equals_unfused",
-    "compiled_paths",
-]
+PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "over_torchao_row", "compile_s",
+               "graphs", "rel_err_vs_bf16", "fused_equals_unfused", "compiled_paths"]
 
 
 def _torchao_model(model: torch.nn.Module, names: Sequence[str], granularity: str) -> torch.nn.Module:
@@ -401,9 +288,8 @@ def _ours_model(model: torch.nn.Module, fmt: str, calibration: List[Dict[str, An
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
     twin = copy.deepcopy(model)
-    return qd.convert_transformer(
-        twin, format=fmt, linears="all", mode="fused", calibration_inputs=calibration, keep_original=False
-    )
+    return qd.convert_transformer(twin, format=fmt, linears="all", mode="fused", calibration_inputs=calibration,
+                                  keep_original=False)
 
 
 def _peer_callable(variant: str, model: torch.nn.Module) -> Callable[..., Any]:
@@ -434,17 +320,8 @@ def _traced_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any]) ->
     return results.outputs_equal(outs[0], outs[1])
 
 
-def measure_peers(
-    zero_cond_t: bool,
-    tokens_list: Sequence[int],
-    variants: Sequence[str],
-    layers: int,
-    text_len: int,
-    reps: int,
-    warmup: int,
-    flush: torch.Tensor,
-    log=print,
-) -> List[Dict[str, Any]]:
+def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Sequence[str], layers: int,
+                  text_len: int, reps: int, warmup: int, flush: torch.Tensor, log=print) -> List[Dict[str, Any]]:
     """Every variant of one model (``zero_cond_t`` off or on) at every token count, one variant at a time
     (dynamo reset between variants, so no variant inherits another's graphs or recompile budget). Per
     variant and token count: the forward time (:func:`timing.flushed_per_call_us`, median of ``reps``), the
@@ -484,32 +361,23 @@ def measure_peers(
                 torch.cuda.synchronize()
                 first_s = time.perf_counter() - start
                 ms = timing.flushed_per_call_us(lambda run=run, inp=inp: run(**inp), reps, warmup, flush) / 1e3
-                row = {
-                    "variant": variant,
-                    "tokens": t,
-                    "zero_cond_t": zero_cond_t,
-                    "ms": ms,
-                    "compile_s": 0.0 if variant.endswith("_eager") else max(first_s - ms / 1e3, 0.0),
-                    "graphs": int(dynamo.utils.counters["stats"]["unique_graphs"]),
-                    "rel_err_vs_bf16": rel_err(out, reference[t]),
-                }
+                row = {"variant": variant, "tokens": t, "zero_cond_t": zero_cond_t, "ms": ms,
+                       "compile_s": 0.0 if variant.endswith("_eager") else max(first_s - ms / 1e3, 0.0),
+                       "graphs": int(dynamo.utils.counters["stats"]["unique_graphs"]),
+                       "rel_err_vs_bf16": rel_err(out, reference[t])}
                 if variant.startswith("ours") and variant != "ours_eager":
                     paths = qd.fused_path_stats(subject)["compiled"]
                     row["compiled_paths"] = "; ".join(f"{k}: {'/'.join(v)}" for k, v in paths.items())
                     row["compiled_all_fused"] = bool(paths) and all(v == ["fused"] for v in paths.values())
             rows.append(row)
-            log(
-                f"{'zct ' if zero_cond_t else ''}{t} tokens {variant}: {ms:.2f} ms, compile {row['compile_s']:.1f} s, "
+            log(f"{'zct ' if zero_cond_t else ''}{t} tokens {variant}: {ms:.2f} ms, compile {row['compile_s']:.1f} s, "
                 f"graphs {row['graphs']}, rel err {row['rel_err_vs_bf16']:.4f}"
-                + (f", compiled paths {row['compiled_paths']}" if row.get("compiled_paths") else "")
-            )
+                + (f", compiled paths {row['compiled_paths']}" if row.get("compiled_paths") else ""))
         if variant == "ours_compiled":  # after the timed and noted graphs: its aot_eager traces note "unfused"
-            for r in rows[-len(inputs) :]:
+            for r in rows[-len(inputs):]:
                 r["fused_equals_unfused"] = _traced_fused_equals_unfused(subject, inputs[r["tokens"]])
-                log(
-                    f"{'zct ' if zero_cond_t else ''}{r['tokens']} tokens {variant}: fused == unfused under "
-                    f"compile (aot_eager) {r['fused_equals_unfused']}"
-                )
+                log(f"{'zct ' if zero_cond_t else ''}{r['tokens']} tokens {variant}: fused == unfused under "
+                    f"compile (aot_eager) {r['fused_equals_unfused']}")
         del run, subject
         torch.cuda.empty_cache()
     dynamo.reset()
@@ -523,36 +391,14 @@ def measure_peers(
 
 def peers_table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
     """The ``--peers`` markdown table, one line per variant, token count and zero_cond_t."""
-    columns = (
-        "image tokens",
-        "zero_cond_t",
-        "variant",
-        "ms",
-        "x BF16 eager",
-        "x torchao row compiled",
-        "compile s",
-        "graphs",
-        "rel err vs BF16",
-        "fused == unfused (compiled)",
-    )
-    return results.markdown_table(
-        columns,
-        (
-            (
-                r["tokens"],
-                "yes" if r["zero_cond_t"] else "no",
-                r["variant"],
-                f"{r['ms']:.2f}",
-                results.fmt(r.get("over_bf16_eager"), ".3f"),
-                results.fmt(r.get("over_torchao_row"), ".3f"),
-                f"{r['compile_s']:.1f}",
-                r["graphs"],
-                f"{r['rel_err_vs_bf16']:.4f}",
-                results.yes_no(r["fused_equals_unfused"]) if "fused_equals_unfused" in r else "",
-            )
-            for r in rows
-        ),
-    )
+    columns = ("image tokens", "zero_cond_t", "variant", "ms", "x BF16 eager", "x torchao row compiled",
+               "compile s", "graphs", "rel err vs BF16", "fused == unfused (compiled)")
+    return results.markdown_table(columns, (
+        (r["tokens"], "yes" if r["zero_cond_t"] else "no", r["variant"], f"{r['ms']:.2f}",
+         results.fmt(r.get("over_bf16_eager"), ".3f"), results.fmt(r.get("over_torchao_row"), ".3f"),
+         f"{r['compile_s']:.1f}", r["graphs"], f"{r['rel_err_vs_bf16']:.4f}",
+         results.yes_no(r["fused_equals_unfused"]) if "fused_equals_unfused" in r else "")
+        for r in rows))
 
 
 def peers_main(args: argparse.Namespace) -> int:
@@ -574,44 +420,22 @@ def peers_main(args: argparse.Namespace) -> int:
         f"QwenImageTransformer2DModel, {args.layers} blocks, 24 heads x 128 (width 3072), random weights, batch 1, "
         f"{args.text_len} text tokens; forward time, CUDA events, median of {reps} after {warmup} (cold L2); "
         "compile s: the first call's wall time less one forward; graphs: dynamo's graphs for the variant so far; "
-        "rel err: Frobenius, against the BF16 eager output",
-        *(f"{n}: {d}" for n, d in PEER_VARIANTS if n in variants),
-    ]
+        "rel err: Frobenius, against the BF16 eager output", *(f"{n}: {d}" for n, d in PEER_VARIANTS if n in variants)]
     print("\n".join(header))
     flush = timing.l2_flush_buffer()
     rows: List[Dict[str, Any]] = []
     for zct in zero_cond:
-        rows += measure_peers(
-            zct,
-            tokens_list,
-            variants,
-            args.layers,
-            args.text_len,
-            reps,
-            warmup,
-            flush,
-            log=lambda line: print(line, flush=True),
-        )
+        rows += measure_peers(zct, tokens_list, variants, args.layers, args.text_len, reps, warmup, flush,
+                              log=lambda line: print(line, flush=True))
         torch.cuda.empty_cache()
     lines = peers_table_lines(rows)
     print("\n".join(lines))
-    results.write_report(
-        args.out,
-        f"{PROG}_peers",
-        rows,
-        [f"# {PROG} --peers", ""] + [f"- {h}" for h in header] + [""] + lines,
-        PEER_FIELDS,
-    )
-    failures = [
-        f"{r['tokens']} tokens{' zct' if r['zero_cond_t'] else ''} {r['variant']}: "
-        + (
-            "fused != unfused under compile"
-            if r.get("fused_equals_unfused") is False
-            else f"compiled paths {r['compiled_paths']}"
-        )
-        for r in rows
-        if r.get("fused_equals_unfused") is False or r.get("compiled_all_fused") is False
-    ]
+    results.write_report(args.out, f"{PROG}_peers", rows, [f"# {PROG} --peers", ""] + [f"- {h}" for h in header]
+                         + [""] + lines, PEER_FIELDS)
+    failures = [f"{r['tokens']} tokens{' zct' if r['zero_cond_t'] else ''} {r['variant']}: "
+                + ("fused != unfused under compile" if r.get("fused_equals_unfused") is False
+                   else f"compiled paths {r['compiled_paths']}")
+                for r in rows if r.get("fused_equals_unfused") is False or r.get("compiled_all_fused") is False]
     return results.exit_status(failures, "the converted model under torch.compile")
 
 
@@ -635,26 +459,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"QwenImageTransformer2DModel, {args.layers} blocks, 24 heads x 128 (width 3072), random weights, "
         f"{args.text_len} text tokens; forward time, CUDA events, median of {reps} after {warmup} (cold L2); "
         "each conversion calibrated on every case's inputs of its model; rel err: Frobenius, against the BF16 "
-        "model's output"
-    ]
+        "model's output"]
     print("\n".join(header))
     flush = timing.l2_flush_buffer()
 
     rows: List[Dict[str, Any]] = []
     for zct in zero_cond:
-        rows += measure_model(
-            zct,
-            tokens_list,
-            args.batches,
-            formats,
-            linears_list,
-            args.layers,
-            args.text_len,
-            reps,
-            warmup,
-            flush,
-            log=lambda line: print(line, flush=True),
-        )
+        rows += measure_model(zct, tokens_list, args.batches, formats, linears_list, args.layers, args.text_len,
+                              reps, warmup, flush, log=lambda line: print(line, flush=True))
         torch.cuda.empty_cache()  # the model of this zero_cond_t is gone: free its memory for the next
     add_fp8_over_nvfp4(rows)
     lines = table_lines(rows)

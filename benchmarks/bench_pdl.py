@@ -33,23 +33,10 @@ from results import fmt
 DEFAULT_ROWS = (256, 4096, 6889)
 DIM = 3072
 PROG = "bench_pdl"
-CSV_FIELDS = [
-    "dim",
-    "rows",
-    "calls",
-    "pair_pdl_us",
-    "pair_no_pdl_us",
-    "pdl_saves_us",
-    "pdl_saves_frac",
-    "gemm_us",
-    "op_pdl_us",
-    "op_no_pdl_us",
-    "byte_exact",
-]
-TITLE = (
-    "GEMM -> fused op under CUDA-graph replay, programmatic dependent launch on and off (GPU time per pair; "
-    "the GEMM: torch.mm of bf16 [M, D] x [D, D]^T into x, the fused op's input):"
-)
+CSV_FIELDS = ["dim", "rows", "calls", "pair_pdl_us", "pair_no_pdl_us", "pdl_saves_us", "pdl_saves_frac",
+              "gemm_us", "op_pdl_us", "op_no_pdl_us", "byte_exact"]
+TITLE = ("GEMM -> fused op under CUDA-graph replay, programmatic dependent launch on and off (GPU time per pair; "
+         "the GEMM: torch.mm of bf16 [M, D] x [D, D]^T into x, the fused op's input):")
 
 
 @contextmanager
@@ -72,7 +59,7 @@ class SequenceInputs:
         opts = dict(device="cuda", generator=gen)
         bf = torch.bfloat16
         self.rows, self.dim = rows, dim
-        self.weight = (torch.randn(dim, dim, **opts) * dim**-0.5).to(bf)
+        self.weight = (torch.randn(dim, dim, **opts) * dim ** -0.5).to(bf)
         self.a = [torch.randn(rows, dim, **opts).to(bf) for _ in range(calls)]
         self.x = [torch.empty(rows, dim, device="cuda", dtype=bf) for _ in range(calls)]
         self.residual = [(torch.randn(1, rows, dim, **opts) * 2).to(bf) for _ in range(calls)]
@@ -80,9 +67,8 @@ class SequenceInputs:
         self.scale = (torch.randn(1, dim, **opts) * 0.1).to(bf)
         self.shift = (torch.randn(1, dim, **opts) * 0.1).to(bf)
         self.gemm(0)
-        y, _ = torch.ops.qwen_fp4.resnorm(
-            self.residual[0], self.x[0].view(1, rows, dim), None, self.gate, self.scale, self.shift, EPS
-        )
+        y, _ = torch.ops.qwen_fp4.resnorm(self.residual[0], self.x[0].view(1, rows, dim), None, self.gate,
+                                          self.scale, self.shift, EPS)
         self.global_scale = harness.global_scale_for(y)
         self.fast_math = default_fast_math()
 
@@ -90,17 +76,9 @@ class SequenceInputs:
         return torch.mm(self.a[i], self.weight.t(), out=self.x[i])
 
     def op(self, i: int):
-        return torch.ops.qwen_fp4.resnorm_quant(
-            self.residual[i],
-            self.x[i].view(1, self.rows, self.dim),
-            None,
-            self.gate,
-            self.scale,
-            self.shift,
-            self.global_scale,
-            EPS,
-            self.fast_math,
-        )
+        return torch.ops.qwen_fp4.resnorm_quant(self.residual[i], self.x[i].view(1, self.rows, self.dim), None,
+                                                self.gate, self.scale, self.shift, self.global_scale, EPS,
+                                                self.fast_math)
 
     def pair(self, i: int):
         self.gemm(i)
@@ -132,57 +110,22 @@ def measure(rows: int, dim: int = DIM, replays: int = 50) -> Dict[str, object]:
     us = timing.replay_in_turns_us(graphs, calls, replays)
     del graphs
     on, off = us["pair_True"], us["pair_False"]
-    row = {
-        "dim": dim,
-        "rows": rows,
-        "calls": calls,
-        "pair_pdl_us": on,
-        "pair_no_pdl_us": off,
-        "pdl_saves_us": off - on,
-        "pdl_saves_frac": (off - on) / off,
-        "gemm_us": us["gemm"],
-        "op_pdl_us": us["op_True"],
-        "op_no_pdl_us": us["op_False"],
-        "byte_exact": exact,
-    }
+    row = {"dim": dim, "rows": rows, "calls": calls, "pair_pdl_us": on, "pair_no_pdl_us": off,
+           "pdl_saves_us": off - on, "pdl_saves_frac": (off - on) / off, "gemm_us": us["gemm"],
+           "op_pdl_us": us["op_True"], "op_no_pdl_us": us["op_False"], "byte_exact": exact}
     del inp
     torch.cuda.empty_cache()
     return row
 
 
 def table_lines(rows: List[Dict[str, object]]) -> List[str]:
-    columns = (
-        "D",
-        "rows",
-        "pairs (input sets)",
-        "GEMM -> fused, PDL on, us",
-        "PDL off, us",
-        "PDL saves, us",
-        "saves, %",
-        "GEMM alone us",
-        "fused alone, PDL on, us",
-        "fused alone, PDL off, us",
-        "same bytes on/off",
-    )
-    return results.markdown_table(
-        columns,
-        (
-            (
-                r["dim"],
-                r["rows"],
-                r["calls"],
-                fmt(r["pair_pdl_us"], ".2f"),
-                fmt(r["pair_no_pdl_us"], ".2f"),
-                fmt(r["pdl_saves_us"], ".2f"),
-                fmt(100 * r["pdl_saves_frac"], ".1f"),
-                fmt(r["gemm_us"], ".2f"),
-                fmt(r["op_pdl_us"], ".2f"),
-                fmt(r["op_no_pdl_us"], ".2f"),
-                results.yes_no(r.get("byte_exact")),
-            )
-            for r in rows
-        ),
-    )
+    columns = ("D", "rows", "pairs (input sets)", "GEMM -> fused, PDL on, us", "PDL off, us", "PDL saves, us",
+               "saves, %", "GEMM alone us", "fused alone, PDL on, us", "fused alone, PDL off, us", "same bytes on/off")
+    return results.markdown_table(columns, (
+        (r["dim"], r["rows"], r["calls"], fmt(r["pair_pdl_us"], ".2f"), fmt(r["pair_no_pdl_us"], ".2f"),
+         fmt(r["pdl_saves_us"], ".2f"), fmt(100 * r["pdl_saves_frac"], ".1f"), fmt(r["gemm_us"], ".2f"),
+         fmt(r["op_pdl_us"], ".2f"), fmt(r["op_no_pdl_us"], ".2f"), results.yes_no(r.get("byte_exact")))
+        for r in rows))
 
 
 def byte_check_failures(rows: Sequence[Dict[str, object]]) -> List[str]:
@@ -191,17 +134,10 @@ def byte_check_failures(rows: Sequence[Dict[str, object]]) -> List[str]:
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="A GEMM -> fused op pair under CUDA-graph replay with "
-        "programmatic dependent launch on and off (GPU only). Writes bench_pdl.{csv,md}.",
-    )
-    p.add_argument(
-        "--rows",
-        type=harness.positive_int_list,
-        default=None,
-        help="comma-separated row counts (default 256,4096,6889)",
-    )
+    p = argparse.ArgumentParser(prog=prog, description="A GEMM -> fused op pair under CUDA-graph replay with "
+                                "programmatic dependent launch on and off (GPU only). Writes bench_pdl.{csv,md}.")
+    p.add_argument("--rows", type=harness.positive_int_list, default=None,
+                   help="comma-separated row counts (default 256,4096,6889)")
     p.add_argument("--replays", type=harness.positive_int, default=50, help="graph replays per median (default 50)")
     harness.add_out_argument(p)
     return p
@@ -217,21 +153,14 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = prin
     for m in args.rows or DEFAULT_ROWS:
         r = measure(m, replays=args.replays)
         rows_out.append(r)
-        log(
-            f"GEMM -> fused op, D={r['dim']} rows={m}: PDL on {r['pair_pdl_us']:.2f} us, off "
+        log(f"GEMM -> fused op, D={r['dim']} rows={m}: PDL on {r['pair_pdl_us']:.2f} us, off "
             f"{r['pair_no_pdl_us']:.2f} us per pair (PDL saves {r['pdl_saves_us']:.2f} us, "
             f"{100 * r['pdl_saves_frac']:.1f}%); GEMM alone {r['gemm_us']:.2f} us, fused alone {r['op_pdl_us']:.2f} "
-            f"/ {r['op_no_pdl_us']:.2f} us (PDL on / off); same bytes on and off: {r['byte_exact']}"
-        )
+            f"/ {r['op_no_pdl_us']:.2f} us (PDL on / off); same bytes on and off: {r['byte_exact']}")
     lines = table_lines(rows_out)
     log("\n" + TITLE + "\n" + "\n".join(lines))
-    results.write_report(
-        args.out,
-        "bench_pdl",
-        rows_out,
-        ["# bench_pdl", ""] + [f"- {h}" for h in header] + ["", TITLE, ""] + lines,
-        CSV_FIELDS,
-    )
+    results.write_report(args.out, "bench_pdl", rows_out,
+                         ["# bench_pdl", ""] + [f"- {h}" for h in header] + ["", TITLE, ""] + lines, CSV_FIELDS)
     return results.exit_status(byte_check_failures(rows_out), "the pair's bytes differ with PDL on and off")
 
 

@@ -45,15 +45,11 @@ DIM = 3072
 PROG = "bench_per_token"
 UNSUPPORTED = "per-token modulation not supported by this build"
 IMPLS = ("flashinfer_dit", "resnorm", "resnorm_quant")
-CSV_FIELDS = (
-    ["dim", "rows", "calls"]
-    + [f"{n}_{k}" for n in IMPLS for k in ("bytes", "us", "gbps", "frac_copy", "frac_own_copy", "own_copy_us")]
-    + ["fused_equals_unfused", "flashinfer_residual_out_equal", "flashinfer_y_differs_frac"]
-)
-TITLE = (
-    "Per-token modulation (gate/scale/shift [1, S, D] from temb.chunk(6, dim=2), row stride 6D), CUDA-graph "
-    "replay, GPU time per call, each also against a copy of its own bytes:"
-)
+CSV_FIELDS = ["dim", "rows", "calls"] + [f"{n}_{k}" for n in IMPLS for k in ("bytes", "us", "gbps", "frac_copy",
+                                                                               "frac_own_copy", "own_copy_us")] + \
+    ["fused_equals_unfused", "flashinfer_residual_out_equal", "flashinfer_y_differs_frac"]
+TITLE = ("Per-token modulation (gate/scale/shift [1, S, D] from temb.chunk(6, dim=2), row stride 6D), CUDA-graph "
+         "replay, GPU time per call, each also against a copy of its own bytes:")
 
 
 def modulation_bytes(rows: int, dim: int) -> int:
@@ -69,11 +65,8 @@ def bf16_output_bytes(rows: int, dim: int) -> int:
 def impl_bytes(rows: int, dim: int) -> Dict[str, int]:
     """Bytes each implementation must move, modulation included."""
     mod = modulation_bytes(rows, dim)
-    return {
-        "flashinfer_dit": bf16_output_bytes(rows, dim) + mod,
-        "resnorm": bf16_output_bytes(rows, dim) + mod,
-        "resnorm_quant": bytes_moved(rows, dim) + mod,
-    }
+    return {"flashinfer_dit": bf16_output_bytes(rows, dim) + mod, "resnorm": bf16_output_bytes(rows, dim) + mod,
+            "resnorm_quant": bytes_moved(rows, dim) + mod}
 
 
 class PerTokenInputs:
@@ -99,40 +92,20 @@ class PerTokenInputs:
         self.fast_math = default_fast_math()
 
     def resnorm(self, i: int):
-        return torch.ops.qwen_fp4.resnorm(
-            self.residual[i], self.x[i], None, self.gate[i], self.scale[i], self.shift[i], EPS
-        )
+        return torch.ops.qwen_fp4.resnorm(self.residual[i], self.x[i], None, self.gate[i], self.scale[i],
+                                          self.shift[i], EPS)
 
     def resnorm_quant(self, i: int):
-        return torch.ops.qwen_fp4.resnorm_quant(
-            self.residual[i],
-            self.x[i],
-            None,
-            self.gate[i],
-            self.scale[i],
-            self.shift[i],
-            self.global_scale,
-            EPS,
-            self.fast_math,
-        )
+        return torch.ops.qwen_fp4.resnorm_quant(self.residual[i], self.x[i], None, self.gate[i], self.scale[i],
+                                                self.shift[i], self.global_scale, EPS, self.fast_math)
 
     def flashinfer_fn(self, ext) -> timing.Fn:
         b = self.zero_bias
 
         def call(i: int):
-            ext.gate_residual_layernorm_scale_shift_bf16(
-                self.x[i],
-                self.residual[i],
-                self.gate[i],
-                self.scale[i],
-                self.shift[i],
-                b,
-                b,
-                b,
-                self.residual_out[i],
-                self.norm_out[i],
-                EPS,
-            )
+            ext.gate_residual_layernorm_scale_shift_bf16(self.x[i], self.residual[i], self.gate[i], self.scale[i],
+                                                         self.shift[i], b, b, b, self.residual_out[i],
+                                                         self.norm_out[i], EPS)
             return self.residual_out[i], self.norm_out[i]
 
         return call
@@ -165,15 +138,11 @@ def measure(rows: int, ceiling: float, ext, ours: bool, dim: int = DIM, replays:
     """One row count: each available implementation and a copy of its bytes by graph replay, and the byte
     checks. ``ext``: the FlashInfer peer's extension or None; ``ours``: whether this build's ops take the
     views (:func:`per_token_refusal`)."""
-    calls = timing.sets_for_cold_l2(max(impl_bytes(rows, dim).values()), timing.l2_bytes(), minimum=timing.GRAPH_CALLS)
+    calls = timing.sets_for_cold_l2(max(impl_bytes(rows, dim).values()), timing.l2_bytes(),
+                                    minimum=timing.GRAPH_CALLS)
     inp = PerTokenInputs(rows, dim, calls)
-    row: Dict[str, object] = {
-        "dim": dim,
-        "rows": rows,
-        "calls": calls,
-        "ours_supported": ours,
-        "flashinfer_measured": ext is not None,
-    }
+    row: Dict[str, object] = {"dim": dim, "rows": rows, "calls": calls, "ours_supported": ours,
+                              "flashinfer_measured": ext is not None}
     impls: Dict[str, timing.Fn] = {}
     if ext is not None:
         impls["flashinfer_dit"] = inp.flashinfer_fn(ext)
@@ -199,32 +168,16 @@ def measure(rows: int, ceiling: float, ext, ours: bool, dim: int = DIM, replays:
 
 
 def table_lines(rows: List[Dict[str, object]]) -> List[str]:
-    columns = (
-        "D",
-        "rows",
-        "calls (input sets)",
-        "implementation",
-        "MB moved",
-        "us",
-        "GB/s",
-        "% copy ceiling",
-        "% of a copy of its bytes",
-    )
+    columns = ("D", "rows", "calls (input sets)", "implementation", "MB moved", "us", "GB/s", "% copy ceiling",
+               "% of a copy of its bytes")
     nan = float("nan")
 
     def cells(r: Dict[str, object], name: str) -> tuple:
         us = r.get(f"{name}_us", nan)
-        return (
-            r["dim"],
-            r["rows"],
-            r["calls"],
-            name if math.isfinite(us) else f"{name} (not measured)",
-            f"{r[f'{name}_bytes'] / 1e6:.1f}",
-            fmt(us, ".2f"),
-            fmt(r.get(f"{name}_gbps", nan), ".0f"),
-            fmt(100 * r.get(f"{name}_frac_copy", nan), ".1f"),
-            fmt(100 * r.get(f"{name}_frac_own_copy", nan), ".1f"),
-        )
+        return (r["dim"], r["rows"], r["calls"], name if math.isfinite(us) else f"{name} (not measured)",
+                f"{r[f'{name}_bytes'] / 1e6:.1f}", fmt(us, ".2f"), fmt(r.get(f"{name}_gbps", nan), ".0f"),
+                fmt(100 * r.get(f"{name}_frac_copy", nan), ".1f"),
+                fmt(100 * r.get(f"{name}_frac_own_copy", nan), ".1f"))
 
     return results.markdown_table(columns, (cells(r, name) for r in rows for name in IMPLS))
 
@@ -235,27 +188,18 @@ def check_lines(rows: List[Dict[str, object]]) -> List[str]:
     for r in rows:
         parts = [f"{k} {results.yes_no(r.get(k))}" for k in required_checks(r)]
         if "flashinfer_y_differs_frac" in r:
-            parts.append(
-                f"FlashInfer's y differs from resnorm's in {100 * r['flashinfer_y_differs_frac']:.2f}% of "
-                "elements (a measurement, not a check)"
-            )
+            parts.append(f"FlashInfer's y differs from resnorm's in {100 * r['flashinfer_y_differs_frac']:.2f}% of "
+                         "elements (a measurement, not a check)")
         lines.append(f"rows={r['rows']}: " + ("; ".join(parts) if parts else "nothing of this build's to check"))
     return lines
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="Per-token modulation (temb.chunk(6, dim=2) views) against "
-        "FlashInfer's DiT LayerNorm kernel, built now from FlashInfer's header where "
-        "installed, else skipped (GPU only, D=3072). Writes bench_per_token.{csv,md}.",
-    )
-    p.add_argument(
-        "--rows",
-        type=harness.positive_int_list,
-        default=None,
-        help="comma-separated row counts (default 256,4096,6889,16384)",
-    )
+    p = argparse.ArgumentParser(prog=prog, description="Per-token modulation (temb.chunk(6, dim=2) views) against "
+                                "FlashInfer's DiT LayerNorm kernel, built now from FlashInfer's header where "
+                                "installed, else skipped (GPU only, D=3072). Writes bench_per_token.{csv,md}.")
+    p.add_argument("--rows", type=harness.positive_int_list, default=None,
+                   help="comma-separated row counts (default 256,4096,6889,16384)")
     p.add_argument("--replays", type=harness.positive_int, default=50, help="graph replays per median (default 50)")
     harness.add_out_argument(p)
     return p
@@ -273,10 +217,8 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = prin
     if ext is None:
         notes.append(f"FlashInfer's DiT kernel skipped: {where}")
     else:
-        notes.append(
-            f"FlashInfer's DiT kernel (fused_dit_gate_residual_layernorm_scale_shift, BF16 output, zero "
-            f"fp32 biases): {where}"
-        )
+        notes.append(f"FlashInfer's DiT kernel (fused_dit_gate_residual_layernorm_scale_shift, BF16 output, zero "
+                     f"fp32 biases): {where}")
         notes.append(flashinfer_dit.NUMERICS_NOTE)
     refusal = per_token_refusal(PerTokenInputs(17, DIM, 1))
     if refusal is not None:
@@ -286,23 +228,13 @@ def main(argv: Optional[Sequence[str]] = None, log: Callable[[str], None] = prin
     for m in args.rows or DEFAULT_ROWS:
         r = measure(m, ceiling, ext, refusal is None, replays=args.replays)
         rows_out.append(r)
-        parts = [
-            f"{n} {r[f'{n}_us']:.2f} us ({100 * r[f'{n}_frac_own_copy']:.1f}% of a copy of its bytes)"
-            for n in IMPLS
-            if f"{n}_us" in r
-        ]
+        parts = [f"{n} {r[f'{n}_us']:.2f} us ({100 * r[f'{n}_frac_own_copy']:.1f}% of a copy of its bytes)"
+                 for n in IMPLS if f"{n}_us" in r]
         log(f"per-token D={r['dim']} rows={m}: " + (", ".join(parts) if parts else "nothing to measure"))
     lines, checks = table_lines(rows_out), check_lines(rows_out)
     log("\n" + TITLE + "\n" + "\n".join(lines) + "\n\nbyte checks:\n" + "\n".join(checks))
-    md = (
-        ["# bench_per_token", ""]
-        + [f"- {h}" for h in header]
-        + [f"- {n}" for n in notes]
-        + ["", TITLE, ""]
-        + lines
-        + ["", "Byte checks:", ""]
-        + [f"- {c}" for c in checks]
-    )
+    md = ["# bench_per_token", ""] + [f"- {h}" for h in header] + [f"- {n}" for n in notes] + ["", TITLE, ""] + \
+        lines + ["", "Byte checks:", ""] + [f"- {c}" for c in checks]
     results.write_report(args.out, "bench_per_token", rows_out, md, CSV_FIELDS)
     return results.exit_status(byte_check_failures(rows_out), "a per-token byte check")
 

@@ -25,7 +25,6 @@ EPS = 1e-6
 def choice_list(allowed: Sequence[str], what: str) -> Callable[[str], List[str]]:
     """argparse type: comma-separated values of ``allowed`` (``what`` names them in the error), at least one,
     duplicates dropped, in the order given."""
-
     def parse(text: str) -> List[str]:
         values = [v for v in text.replace(" ", "").split(",") if v]
         bad = [v for v in values if v not in allowed]
@@ -49,9 +48,8 @@ def compile_for_many_shapes(at_least: int = 64):
 
 def add_out_argument(parser: argparse.ArgumentParser) -> None:
     """``--out DIR`` (default benchmarks/results), the directory every benchmark writes into."""
-    parser.add_argument(
-        "--out", type=Path, default=Path("benchmarks/results"), help="output directory (default benchmarks/results)"
-    )
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                        help="output directory (default benchmarks/results)")
 
 
 def gpu_unavailable_reason() -> Optional[str]:
@@ -71,11 +69,8 @@ def refuse_without_gpu(prog: str) -> Optional[int]:
     reason = gpu_unavailable_reason()
     if reason is None:
         return None
-    print(
-        f"{prog}: GPU only, and {reason}. Nothing to measure; run it on a machine with a CUDA GPU and a build "
-        "of qwen_resnorm_fp4 with its kernels.",
-        file=sys.stderr,
-    )
+    print(f"{prog}: GPU only, and {reason}. Nothing to measure; run it on a machine with a CUDA GPU and a build "
+          "of qwen_resnorm_fp4 with its kernels.", file=sys.stderr)
     return 2
 
 

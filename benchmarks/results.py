@@ -26,30 +26,26 @@ import torch
 Row = Dict[str, object]
 
 
-def outputs_equal(
-    a: Union[torch.Tensor, Sequence[torch.Tensor]], b: Union[torch.Tensor, Sequence[torch.Tensor]]
-) -> bool:
+def outputs_equal(a: Union[torch.Tensor, Sequence[torch.Tensor]], b: Union[torch.Tensor, Sequence[torch.Tensor]]
+                  ) -> bool:
     """Whether two outputs (a tensor or a tuple of tensors) are byte for byte the same: same number of
     tensors, each of the same shape and dtype with equal bytes (so NaNs with equal bits compare equal)."""
     a = (a,) if isinstance(a, torch.Tensor) else tuple(a)
     b = (b,) if isinstance(b, torch.Tensor) else tuple(b)
     return len(a) == len(b) and all(
-        x.shape == y.shape
-        and x.dtype == y.dtype
+        x.shape == y.shape and x.dtype == y.dtype
         and torch.equal(x.contiguous().reshape(-1).view(torch.uint8), y.contiguous().reshape(-1).view(torch.uint8))
-        for x, y in zip(a, b)
-    )
+        for x, y in zip(a, b))
 
 
-def check_failures(
-    rows: Iterable[Row], required: Union[Sequence[str], Callable[[Row], Sequence[str]]], case: Callable[[Row], str]
-) -> List[str]:
+def check_failures(rows: Iterable[Row], required: Union[Sequence[str], Callable[[Row], Sequence[str]]],
+                   case: Callable[[Row], str]) -> List[str]:
     """``"<case>: <check> failed"`` or ``"<case>: <check> not checked"`` for every row and required check
     that is not True. ``required``: the check fields of every row, or a function of the row naming them
     (for checks that apply to some rows only); ``case`` names a row."""
     failures = []
     for r in rows:
-        for key in required(r) if callable(required) else required:
+        for key in (required(r) if callable(required) else required):
             if key not in r:
                 failures.append(f"{case(r)}: {key} not checked")
             elif r[key] is not True:
@@ -62,12 +58,9 @@ def exit_status(failures: Sequence[str], what: str) -> int:
     (one line per failure, then what the exit status means)."""
     if not failures:
         return 0
-    print(
-        f"check failed: {what}:\n  "
-        + "\n  ".join(failures)
-        + "\nexit status 1: a correctness check failed (the measurements were written all the same)",
-        file=sys.stderr,
-    )
+    print(f"check failed: {what}:\n  " + "\n  ".join(failures)
+          + "\nexit status 1: a correctness check failed (the measurements were written all the same)",
+          file=sys.stderr)
     return 1
 
 
@@ -79,7 +72,7 @@ def fmt(v: object, spec: str) -> str:
 
 
 def yes_no(v: object) -> str:
-    """ "yes" for True, "NO" for anything else (a failed or missing check shows)."""
+    """"yes" for True, "NO" for anything else (a failed or missing check shows)."""
     return "yes" if v is True else "NO"
 
 
@@ -150,14 +143,8 @@ def write_png(path: Path, rows: Sequence[Row], plot: Plot) -> Optional[str]:
     return None
 
 
-def write_report(
-    out_dir: Path,
-    name: str,
-    rows: Sequence[Row],
-    md_lines: Sequence[str],
-    fields: Optional[Sequence[str]] = None,
-    plot: Optional[Plot] = None,
-) -> List[Path]:
+def write_report(out_dir: Path, name: str, rows: Sequence[Row], md_lines: Sequence[str],
+                 fields: Optional[Sequence[str]] = None, plot: Optional[Plot] = None) -> List[Path]:
     """Write ``<out_dir>/<name>.csv`` (``rows``, :func:`write_csv`), ``<name>.md`` (``md_lines``) and, with
     ``plot``, ``<name>.png``; print what was written (or why the plot was skipped) and return the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)

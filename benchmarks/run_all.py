@@ -36,12 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run_all", description="Run every benchmark (GPU only), each into --out.")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output directory")
     p.add_argument("--quick", action="store_true", help="the short variants where a benchmark has one")
-    p.add_argument(
-        "--only",
-        type=lambda s: [n for n in s.split(",") if n],
-        default=None,
-        help=f"comma-separated subset of {','.join(BENCHMARKS)}",
-    )
+    p.add_argument("--only", type=lambda s: [n for n in s.split(",") if n], default=None,
+                   help=f"comma-separated subset of {','.join(BENCHMARKS)}")
     return p
 
 

@@ -253,7 +253,8 @@ def graph_per_call_us(fn: Fn, calls: int, replays: int = 50) -> float:
     return us
 
 
-def replay_in_turns_us(graphs: Mapping[str, torch.cuda.CUDAGraph], calls: int, replays: int = 50) -> Dict[str, float]:
+def replay_in_turns_us(graphs: Mapping[str, torch.cuda.CUDAGraph], calls: int,
+                       replays: int = 50) -> Dict[str, float]:
     """GPU time per call (us) of each graph of ``calls`` calls (:func:`capture_calls`): the graphs replayed in
     turns, so that a drift of the GPU's clocks moves them alike; the median replay / ``calls``. The caller
     captures them (under whatever setting each needs)."""
@@ -269,9 +270,8 @@ def replay_in_turns_us(graphs: Mapping[str, torch.cuda.CUDAGraph], calls: int, r
 # ----------------------------------------------------------------------------------------------------
 
 
-def host_us_per_call(
-    cases: Mapping[str, Callable[[], object]], calls: int = 300, rounds: int = 9
-) -> Dict[str, Tuple[float, float, float]]:
+def host_us_per_call(cases: Mapping[str, Callable[[], object]], calls: int = 300,
+                     rounds: int = 9) -> Dict[str, Tuple[float, float, float]]:
     """Host wall time per call (us) of each case: (median, min, max) over the rounds. The cases take turns
     within each round, so a drift of the host's speed moves them alike instead of favouring whichever ran
     first. Meant for work whose GPU time is far shorter than its host time; the stream is synchronized
@@ -312,18 +312,14 @@ def copy_bandwidth_gbps(src: torch.Tensor, dst: torch.Tensor, reps: int = 20) ->
     return 2 * src.numel() * src.element_size() / statistics.median(times) / 1e9
 
 
-def copy_ceiling_gbps(
-    nbytes: int = COPY_BYTES,
-    reps: int = 20,
-    pairs: int = COPY_PAIRS,
-    measure: Callable[[torch.Tensor, torch.Tensor, int], float] = copy_bandwidth_gbps,
-) -> Tuple[float, List[float]]:
+def copy_ceiling_gbps(nbytes: int = COPY_BYTES, reps: int = 20, pairs: int = COPY_PAIRS,
+                      measure: Callable[[torch.Tensor, torch.Tensor, int], float] = copy_bandwidth_gbps
+                      ) -> Tuple[float, List[float]]:
     """The copy ceiling and each pair's figure: the highest copy bandwidth of ``pairs`` pairs of ``nbytes``
     buffers, all allocated before any is timed (so that they lie in different memory). One pair's figure
     moves by a few percent between processes while kernel times do not; the highest of several is the best
     a copy reaches, the conservative ceiling for fractions against it. Fewer pairs where memory runs out
     (at least one)."""
-
     def pair() -> Tuple[torch.Tensor, torch.Tensor]:  # (no name outside `buffers` keeps a buffer alive)
         src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE).fill_(1)
         return src, torch.empty_like(src)
@@ -344,15 +340,10 @@ def copy_ceiling_gbps(
 
 def ceiling_note(ceiling: float, per_pair: List[float]) -> str:
     """One line naming the copy ceiling and how it was taken."""
-    detail = (
-        f"the highest of {len(per_pair)} buffer pairs: " + ", ".join(f"{g:.0f}" for g in per_pair)
-        if len(per_pair) > 1
-        else "one buffer pair"
-    )
-    return (
-        f"copy ceiling: {ceiling:.0f} GB/s ({COPY_BYTES >> 20} MiB device-to-device copy, read + write bytes / "
-        f"median time; {detail})"
-    )
+    detail = (f"the highest of {len(per_pair)} buffer pairs: " + ", ".join(f"{g:.0f}" for g in per_pair)
+              if len(per_pair) > 1 else "one buffer pair")
+    return (f"copy ceiling: {ceiling:.0f} GB/s ({COPY_BYTES >> 20} MiB device-to-device copy, read + write bytes / "
+            f"median time; {detail})")
 
 
 def same_bytes_copy(nbytes: int, n_sets: int) -> Tuple[Fn, int]:
@@ -369,9 +360,8 @@ def same_bytes_copy(nbytes: int, n_sets: int) -> Tuple[Fn, int]:
 # ----------------------------------------------------------------------------------------------------
 
 
-def compare_by_graph(
-    impls: Mapping[str, Fn], nbytes: Union[int, Mapping[str, int]], calls: int, ceiling_gbps: float, replays: int = 50
-) -> Dict[str, float]:
+def compare_by_graph(impls: Mapping[str, Fn], nbytes: Union[int, Mapping[str, int]], calls: int,
+                     ceiling_gbps: float, replays: int = 50) -> Dict[str, float]:
     """Each ``impls[name]`` (``fn(i)`` over ``calls`` input sets) by :func:`graph_per_call_us`, and a copy of
     its bytes timed the same way (one per distinct byte count). ``nbytes``: the bytes every implementation
     must move, one number or one per name. Returns ``{name}_bytes``, ``{name}_us``, ``{name}_gbps``,
@@ -386,14 +376,7 @@ def compare_by_graph(
             copy_fn, copied = same_bytes_copy(n, calls)
             copy_us[n] = graph_per_call_us(copy_fn, calls, replays) * n / copied
             del copy_fn
-        row.update(
-            {
-                f"{name}_bytes": n,
-                f"{name}_us": us,
-                f"{name}_gbps": gbps(n, us),
-                f"{name}_frac_copy": gbps(n, us) / ceiling_gbps,
-                f"{name}_own_copy_us": copy_us[n],
-                f"{name}_frac_own_copy": copy_us[n] / us,
-            }
-        )
+        row.update({f"{name}_bytes": n, f"{name}_us": us, f"{name}_gbps": gbps(n, us),
+                    f"{name}_frac_copy": gbps(n, us) / ceiling_gbps, f"{name}_own_copy_us": copy_us[n],
+                    f"{name}_frac_own_copy": copy_us[n] / us})
     return row

@@ -26,29 +26,10 @@ from .info import package_version
 
 __version__ = package_version()
 
-__all__ = [
-    *api.__all__,
-    "sf_offset_128x4",
-    "__version__",
-    "try_fused_resnorm_quant",
-    "last_decline_reason",
-    "last_decline_detail",
-    "DeclineReason",
-    "NVFP4Linear",
-    "apply_nvfp4_gemm_prequantized",
-    "NVFP44Over6Config",
-    "recipe",
-    "set_launch_options",
-    "launch_options",
-    "LaunchOptions",
-    "FP8Linear",
-    "try_fused_resnorm_quant_fp8",
-    "try_fused_norm_modulate_quant_fp8",
-    "try_fused_gelu_tanh_fp8_quantize",
-    # the gates that return their Decline (compile-safe reasons, kept by the call site)
-    "Decline",
-    "serve_fused_resnorm_quant",
-    "serve_fused_resnorm_quant_fp8",
-    "serve_fused_norm_modulate_quant_fp8",
-    "serve_fused_gelu_tanh_fp8_quantize",
-]
+__all__ = [*api.__all__, "sf_offset_128x4", "__version__", "try_fused_resnorm_quant", "last_decline_reason",
+           "last_decline_detail", "DeclineReason", "NVFP4Linear", "apply_nvfp4_gemm_prequantized", "NVFP44Over6Config",
+           "recipe", "set_launch_options", "launch_options", "LaunchOptions", "FP8Linear",
+           "try_fused_resnorm_quant_fp8", "try_fused_norm_modulate_quant_fp8", "try_fused_gelu_tanh_fp8_quantize",
+           # the gates that return their Decline (compile-safe reasons, kept by the call site)
+           "Decline", "serve_fused_resnorm_quant", "serve_fused_resnorm_quant_fp8",
+           "serve_fused_norm_modulate_quant_fp8", "serve_fused_gelu_tanh_fp8_quantize"]

@@ -117,16 +117,14 @@ def public_result(outcome: Union[T, Decline]) -> Optional[T]:
             _DECLINE_LOG.set(replace(log, last=outcome))
         else:
             _DECLINE_LOG.set(_DeclineLog(outcome, log.logged | {outcome.reason}))
-            logger.debug(
-                "fused path declined: %s: %s (%s)", outcome.reason.value, outcome.detail, outcome.reason.description
-            )
+            logger.debug("fused path declined: %s: %s (%s)", outcome.reason.value, outcome.detail,
+                         outcome.reason.description)
     return None if declined else outcome
 
 
 def public_gate(serve: Callable[..., Any]) -> Callable[..., Any]:
     """The public ``try_fused_*`` form of a ``serve_fused_*`` gate: the same arguments and docstring, the
     result or None (:func:`public_result`)."""
-
     @functools.wraps(serve)
     def gate(*args: Any, **kwargs: Any) -> Any:
         return public_result(serve(*args, **kwargs))
@@ -135,17 +133,13 @@ def public_gate(serve: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(serve)
     returns = signature.return_annotation
     # the result type without Decline (the annotations are strings under `from __future__ import annotations`)
-    result = (
-        returns.replace("Union[", "Optional[", 1).replace(", Decline]", "]")
-        if isinstance(returns, str)
-        else Optional[Any]
-    )
+    result = (returns.replace("Union[", "Optional[", 1).replace(", Decline]", "]") if isinstance(returns, str)
+              else Optional[Any])
     gate.__signature__ = signature.replace(return_annotation=result)
     gate.__annotations__ = {**serve.__annotations__, "return": result}
     gate.__doc__ = (serve.__doc__ or "") + (
         "\n\n    (The ``try_fused_*`` form: the result or None, the reason kept for :func:`last_decline_reason`; the "
-        "``serve_fused_*`` form returns the :class:`Decline` instead of None.)"
-    )
+        "``serve_fused_*`` form returns the :class:`Decline` instead of None.)")
     del gate.__wrapped__
     return gate
 
@@ -215,21 +209,17 @@ def activations_declined(x: Tensor, residual: Tensor, normalized_shape: Optional
     if x.numel() == 0:
         return decline(R.UNSUPPORTED_SHAPE, "x has 0 rows")
     if not x.is_contiguous() or not residual.is_contiguous():
-        return decline(
-            R.NON_CONTIGUOUS, "x contiguous: {}, residual contiguous: {}", x.is_contiguous(), residual.is_contiguous()
-        )
+        return decline(R.NON_CONTIGUOUS, "x contiguous: {}, residual contiguous: {}", x.is_contiguous(),
+                       residual.is_contiguous())
     if normalized_shape is not None and tuple(normalized_shape) != (cols,):
-        return decline(R.UNSUPPORTED_NORM, "LayerNorm normalizes over {}, not ({},)", tuple(normalized_shape), cols)
+        return decline(R.UNSUPPORTED_NORM, "LayerNorm normalizes over {}, not ({},)", tuple(normalized_shape),
+                       cols)
     return None
 
 
-def norm_and_inputs_served(
-    x: Tensor,
-    residual: Tensor,
-    norm: Any,
-    eps: float,
-    op_rules: Callable[[Any, Optional[Tensor], Optional[Tensor]], Optional[Problem]],
-) -> Union[Tuple[Optional[Tensor], Optional[Tensor], Any], Decline]:
+def norm_and_inputs_served(x: Tensor, residual: Tensor, norm: Any, eps: float,
+                           op_rules: Callable[[Any, Optional[Tensor], Optional[Tensor]], Optional[Problem]]
+                           ) -> Union[Tuple[Optional[Tensor], Optional[Tensor], Any], Decline]:
     """(weight, norm_bias, eps) of the norm where the fused path serves the call's norm and inputs, else a
     Decline: :func:`norm_settings`, then the op's rules (``op_rules(eps, weight, norm_bias)``, the other
     arguments bound by the caller), then :func:`activations_declined`."""

@@ -5,11 +5,11 @@ from the environment, :mod:`qwen_resnorm_fp4.recipe`), then calls the op once wi
 The op enforces its rules once per call (its Python implementation on CPU tensors, its C++ checks on CUDA
 ones, its fake while tracing); a refused call raises the op table's rule for it (ops.py,
 :mod:`qwen_resnorm_fp4.validation`): TypeError (wrong type or dtype) or ValueError (wrong shape, device or
-value) naming the argument, with nothing written. Inputs are never modified (except residual by an out-variant given ``residual_out=residual``).
-Non-contiguous or misaligned inputs are copied for the CUDA kernels (:mod:`qwen_resnorm_fp4.operands`),
-except gate, scale and shift where the op reads them in place (e.g. ``temb.chunk(6, dim=-1)`` views); the
-outputs an out-variant is given are never copied, so they must fit as they are (validation.py's out-variant
-rules).
+value) naming the argument, with nothing written. Inputs are never modified (except residual by an out-variant
+given ``residual_out=residual``). Non-contiguous or misaligned inputs are copied for the CUDA kernels
+(:mod:`qwen_resnorm_fp4.operands`), except gate, scale and shift where the op reads them in place (e.g.
+``temb.chunk(6, dim=-1)`` views); the outputs an out-variant is given are never copied, so they must fit as they
+are (validation.py's out-variant rules).
 """
 
 from __future__ import annotations
@@ -30,11 +30,8 @@ Tensor = torch.Tensor
 _qwen_fp4 = getattr(torch.ops, ops.NAMESPACE)
 #: Each op of the table with its overload, looked up once (calling an overload skips the OpOverloadPacket's
 #: own dispatch), and where its arguments sit.
-_BOUND = {
-    name: (entry, OpArguments(getattr(_qwen_fp4, name).default))
-    for name, entry in ops.OPS.items()
-    if entry.rules is not None
-}
+_BOUND = {name: (entry, OpArguments(getattr(_qwen_fp4, name).default))
+          for name, entry in ops.OPS.items() if entry.rules is not None}
 
 
 def _call(name: str, args: tuple, memory: Optional[bool] = None):
@@ -63,7 +60,6 @@ def _prepared_call(name: str) -> Callable[..., Any]:
 
     def call(*args):
         return arguments.op(*arguments.prepared(args))
-
     call.__name__ = f"call_{name}"
     call.__doc__ = f"``torch.ops.qwen_fp4.{name}`` on arguments (schema order) that already satisfy its rules."
     return call
@@ -120,39 +116,14 @@ def resnorm_quant(
 
     Bytes are identical to ``nvfp4_quantize(*resnorm(...))``.
     """
-    return _call(
-        "resnorm_quant",
-        (
-            residual,
-            x,
-            bias,
-            gate,
-            scale,
-            shift,
-            global_scale,
-            eps,
-            resolve_fast_math(fast_math),
-            weight,
-            norm_bias,
-            modulate_index,
-            resolve_nvfp4_4over6(nvfp4_4over6),
-        ),
-    )
+    return _call("resnorm_quant", (residual, x, bias, gate, scale, shift, global_scale, eps,
+                                   resolve_fast_math(fast_math), weight, norm_bias, modulate_index,
+                                   resolve_nvfp4_4over6(nvfp4_4over6)))
 
 
-def resnorm(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    eps: float = 1e-6,
-    *,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+            eps: float = 1e-6, *, weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+            modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """The BF16 half of :func:`resnorm_quant`, same numerics: returns (y, residual_out), both bf16 like x.
 
     y = bf16(fma(LayerNorm(r), 1 + scale, shift)). Arguments as in :func:`resnorm_quant`, except that D may be
@@ -161,13 +132,13 @@ def resnorm(
     return _call("resnorm", (residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index))
 
 
-def nvfp4_quantize(
-    y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None, *, nvfp4_4over6: object = UNSET
-) -> Tuple[Tensor, Tensor]:
+def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None, *,
+                   nvfp4_4over6: object = UNSET) -> Tuple[Tensor, Tensor]:
     """NVFP4-quantize bf16 ``y`` [..., D] with the production recipe (FlashInfer / TensorRT-LLM fp4_quantize,
     128x4 swizzled E4M3 scales). Returns (packed uint8 [M, D/2], scales uint8 [round_up(M, 128), D/16]).
     ``nvfp4_4over6`` as in :func:`resnorm_quant`."""
-    return _call("nvfp4_quantize", (y, global_scale, resolve_fast_math(fast_math), resolve_nvfp4_4over6(nvfp4_4over6)))
+    return _call("nvfp4_quantize", (y, global_scale, resolve_fast_math(fast_math),
+                                    resolve_nvfp4_4over6(nvfp4_4over6)))
 
 
 def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: Optional[int] = None) -> Tensor:
@@ -204,10 +175,8 @@ def empty_quantize_outputs(like: Tensor, scale_dtype: torch.dtype = torch.uint8)
     :func:`nvfp4_quantize_out` take (the kernels write every byte, the scale padding rows too)."""
     d = like.shape[-1]
     rows = like.numel() // d if d else 0
-    return (
-        torch.empty((rows, d // 2), dtype=torch.uint8, device=like.device),
-        torch.empty((round_up(rows, 128), d // 16), dtype=scale_dtype, device=like.device),
-    )
+    return (torch.empty((rows, d // 2), dtype=torch.uint8, device=like.device),
+            torch.empty((round_up(rows, 128), d // 16), dtype=scale_dtype, device=like.device))
 
 
 def empty_resnorm_quant_outputs(x: Tensor, scale_dtype: torch.dtype = torch.uint8) -> Tuple[Tensor, Tensor, Tensor]:
@@ -220,31 +189,15 @@ def empty_resnorm_quant_outputs(x: Tensor, scale_dtype: torch.dtype = torch.uint
 
 def empty_resnorm_outputs(x: Tensor) -> Tuple[Tensor, Tensor]:
     """Uninitialised (y, residual_out), bf16 of x's shape on x's device, for :func:`resnorm_out`."""
-    return (
-        torch.empty(x.shape, dtype=torch.bfloat16, device=x.device),
-        torch.empty(x.shape, dtype=torch.bfloat16, device=x.device),
-    )
+    return (torch.empty(x.shape, dtype=torch.bfloat16, device=x.device),
+            torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
 
 
-def resnorm_quant_out(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    global_scale: Tensor,
-    eps: float = 1e-6,
-    fast_math: Optional[bool] = None,
-    *,
-    packed: Tensor,
-    scales: Tensor,
-    residual_out: Tensor,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    nvfp4_4over6: object = UNSET,
-) -> Tuple[Tensor, Tensor, Tensor]:
+def resnorm_quant_out(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+                      global_scale: Tensor, eps: float = 1e-6, fast_math: Optional[bool] = None, *, packed: Tensor,
+                      scales: Tensor, residual_out: Tensor, weight: Optional[Tensor] = None,
+                      norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                      nvfp4_4over6: object = UNSET) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`resnorm_quant` writing into the given outputs: the same bytes, no allocation.
 
     Args:
@@ -261,74 +214,30 @@ def resnorm_quant_out(
     Returns:
         (packed, scales, residual_out), the given tensors.
     """
-    _call(
-        "resnorm_quant_out",
-        (
-            residual,
-            x,
-            bias,
-            gate,
-            scale,
-            shift,
-            global_scale,
-            eps,
-            resolve_fast_math(fast_math),
-            packed,
-            scales,
-            residual_out,
-            weight,
-            norm_bias,
-            modulate_index,
-            resolve_nvfp4_4over6(nvfp4_4over6),
-        ),
-        _memory_rules(),
-    )
+    _call("resnorm_quant_out", (residual, x, bias, gate, scale, shift, global_scale, eps,
+                                resolve_fast_math(fast_math), packed, scales, residual_out, weight, norm_bias,
+                                modulate_index, resolve_nvfp4_4over6(nvfp4_4over6)), _memory_rules())
     return packed, scales, residual_out
 
 
-def resnorm_out(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    eps: float = 1e-6,
-    *,
-    y: Tensor,
-    residual_out: Tensor,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm_out(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+                eps: float = 1e-6, *, y: Tensor, residual_out: Tensor, weight: Optional[Tensor] = None,
+                norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """:func:`resnorm` writing into the given outputs: y and residual_out bf16 of x's shape, contiguous,
     16-byte aligned, on x's device; residual_out may be ``residual`` itself, as in :func:`resnorm_quant_out`,
     whose rules apply. Returns (y, residual_out), the given tensors."""
-    _call(
-        "resnorm_out",
-        (residual, x, bias, gate, scale, shift, eps, y, residual_out, weight, norm_bias, modulate_index),
-        _memory_rules(),
-    )
+    _call("resnorm_out", (residual, x, bias, gate, scale, shift, eps, y, residual_out, weight, norm_bias,
+                          modulate_index), _memory_rules())
     return y, residual_out
 
 
-def nvfp4_quantize_out(
-    y: Tensor,
-    global_scale: Tensor,
-    fast_math: Optional[bool] = None,
-    *,
-    packed: Tensor,
-    scales: Tensor,
-    nvfp4_4over6: object = UNSET,
-) -> Tuple[Tensor, Tensor]:
+def nvfp4_quantize_out(y: Tensor, global_scale: Tensor, fast_math: Optional[bool] = None, *, packed: Tensor,
+                       scales: Tensor, nvfp4_4over6: object = UNSET) -> Tuple[Tensor, Tensor]:
     """:func:`nvfp4_quantize` writing into the given packed and scales (as in :func:`resnorm_quant_out`);
     neither may share memory with y, global_scale or the other. ``nvfp4_4over6`` as in :func:`resnorm_quant`.
     Returns (packed, scales), the given tensors."""
-    _call(
-        "nvfp4_quantize_out",
-        (y, global_scale, resolve_fast_math(fast_math), packed, scales, resolve_nvfp4_4over6(nvfp4_4over6)),
-        _memory_rules(),
-    )
+    _call("nvfp4_quantize_out", (y, global_scale, resolve_fast_math(fast_math), packed, scales,
+                                 resolve_nvfp4_4over6(nvfp4_4over6)), _memory_rules())
     return packed, scales
 
 
@@ -347,20 +256,10 @@ def check_fp8_input_scale(input_scale: Tensor) -> None:
     require(input_scale_problem(input_scale, device) or input_scale_value_problem(input_scale))
 
 
-def resnorm_quant_fp8(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    input_scale: Tensor,
-    eps: float = 1e-6,
-    *,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm_quant_fp8(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor,
+                      shift: Tensor, input_scale: Tensor, eps: float = 1e-6, *, weight: Optional[Tensor] = None,
+                      norm_bias: Optional[Tensor] = None,
+                      modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Gated residual update + LayerNorm + adaLN modulation + static FP8 (E4M3) quantization, in one kernel.
 
     Args:
@@ -378,62 +277,28 @@ def resnorm_quant_fp8(
 
     Bytes are identical to ``fp8_quantize(resnorm(...)[0], input_scale)``.
     """
-    return _call(
-        "resnorm_quant_fp8",
-        (residual, x, bias, gate, scale, shift, input_scale, eps, weight, norm_bias, modulate_index),
-    )
+    return _call("resnorm_quant_fp8", (residual, x, bias, gate, scale, shift, input_scale, eps, weight, norm_bias,
+                                       modulate_index))
 
 
 def empty_resnorm_quant_fp8_outputs(x: Tensor) -> Tuple[Tensor, Tensor]:
     """Uninitialised (y float8_e4m3fn, residual_out bf16), of x's shape on x's device, for
     :func:`resnorm_quant_fp8_out` (or pass the residual itself as residual_out)."""
-    return (
-        torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
-        torch.empty(x.shape, dtype=torch.bfloat16, device=x.device),
-    )
+    return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
+            torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
 
 
-def resnorm_quant_fp8_out(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    input_scale: Tensor,
-    eps: float = 1e-6,
-    *,
-    y: Tensor,
-    residual_out: Tensor,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    y_bf16: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm_quant_fp8_out(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor,
+                          shift: Tensor, input_scale: Tensor, eps: float = 1e-6, *, y: Tensor,
+                          residual_out: Tensor, weight: Optional[Tensor] = None,
+                          norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                          y_bf16: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """:func:`resnorm_quant_fp8` writing into the given outputs: y float8_e4m3fn and residual_out bf16 of x's
     shape, contiguous, 16-byte aligned, on x's device; residual_out may be ``residual`` itself (the in-place
     update, as in :func:`resnorm_quant_out`). ``y_bf16`` (optional, bf16 like x) also receives resnorm's bf16
     y in the same launch (SGLang's normalized output). Returns (y, residual_out), the given tensors."""
-    _call(
-        "resnorm_quant_fp8_out",
-        (
-            residual,
-            x,
-            bias,
-            gate,
-            scale,
-            shift,
-            input_scale,
-            eps,
-            y,
-            residual_out,
-            weight,
-            norm_bias,
-            modulate_index,
-            y_bf16,
-        ),
-        _memory_rules(),
-    )
+    _call("resnorm_quant_fp8_out", (residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out, weight,
+                                    norm_bias, modulate_index, y_bf16), _memory_rules())
     return y, residual_out
 
 
@@ -465,77 +330,35 @@ def gelu_tanh_fp8_quantize_out(y: Tensor, input_scale: Tensor, *, out: Tensor) -
     return out
 
 
-def norm_modulate_quant(
-    x: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    global_scale: Tensor,
-    eps: float = 1e-6,
-    fast_math: Optional[bool] = None,
-    *,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    nvfp4_4over6: object = UNSET,
-) -> Tuple[Tensor, Tensor]:
+def norm_modulate_quant(x: Tensor, scale: Tensor, shift: Tensor, global_scale: Tensor, eps: float = 1e-6,
+                        fast_math: Optional[bool] = None, *, weight: Optional[Tensor] = None,
+                        norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                        nvfp4_4over6: object = UNSET) -> Tuple[Tensor, Tensor]:
     """LayerNorm + adaLN modulation + NVFP4 of ``x`` itself, with no residual update (a block's first norm):
     steps 3-8 of :func:`resnorm_quant` on r = x (x's -0 read as +0), in one kernel. Arguments as in
     :func:`resnorm_quant` (D a multiple of 64); returns (packed, scales) as it does."""
-    return _call(
-        "norm_modulate_quant",
-        (
-            x,
-            scale,
-            shift,
-            global_scale,
-            eps,
-            resolve_fast_math(fast_math),
-            weight,
-            norm_bias,
-            modulate_index,
-            resolve_nvfp4_4over6(nvfp4_4over6),
-        ),
-    )
+    return _call("norm_modulate_quant", (x, scale, shift, global_scale, eps, resolve_fast_math(fast_math), weight,
+                                         norm_bias, modulate_index, resolve_nvfp4_4over6(nvfp4_4over6)))
 
 
-def norm_modulate_quant_fp8(
-    x: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    input_scale: Tensor,
-    eps: float = 1e-6,
-    *,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tensor:
+def norm_modulate_quant_fp8(x: Tensor, scale: Tensor, shift: Tensor, input_scale: Tensor, eps: float = 1e-6, *,
+                            weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+                            modulate_index: Optional[Tensor] = None) -> Tensor:
     """LayerNorm + adaLN modulation + FP8 (E4M3) of ``x`` itself, no residual update, in one kernel: the
     bytes of ``fp8_quantize(y, input_scale)`` for y the bf16 LayerNorm + modulation of x (steps 3-7 on r = x,
     -0 read as +0). Arguments as in :func:`resnorm_quant_fp8`; returns float8_e4m3fn like x."""
     return _call("norm_modulate_quant_fp8", (x, scale, shift, input_scale, eps, weight, norm_bias, modulate_index))
 
 
-def norm_modulate_quant_fp8_out(
-    x: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    input_scale: Tensor,
-    eps: float = 1e-6,
-    *,
-    y: Tensor,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    y_bf16: Optional[Tensor] = None,
-) -> Tensor:
+def norm_modulate_quant_fp8_out(x: Tensor, scale: Tensor, shift: Tensor, input_scale: Tensor, eps: float = 1e-6, *,
+                                y: Tensor, weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+                                modulate_index: Optional[Tensor] = None, y_bf16: Optional[Tensor] = None) -> Tensor:
     """:func:`norm_modulate_quant_fp8` into ``y`` (float8_e4m3fn like x, contiguous, 16-byte aligned);
     ``y_bf16`` (optional, bf16 like x) also receives the bf16 y. Returns y."""
-    _call(
-        "norm_modulate_quant_fp8_out",
-        (x, scale, shift, input_scale, eps, y, weight, norm_bias, modulate_index, y_bf16),
-        _memory_rules(),
-    )
+    _call("norm_modulate_quant_fp8_out", (x, scale, shift, input_scale, eps, y, weight, norm_bias, modulate_index,
+                                          y_bf16), _memory_rules())
     return y
+
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -563,9 +386,8 @@ def _by_format(fusion: str, format: str, values: dict, settings: dict):
         if quant_scale is not None:
             raise ValueError(f"quant_scale must be None with format={format!r} (no quantization)")
     elif quant_scale is None:
-        raise ValueError(
-            f"quant_scale is required with format={format!r} (the {'global' if format == 'nvfp4' else 'input'} scale)"
-        )
+        kind = "global" if format == "nvfp4" else "input"
+        raise ValueError(f"quant_scale is required with format={format!r} (the {kind} scale)")
     values.update(global_scale=quant_scale, input_scale=quant_scale)
     if "fast_math" in names:
         values["fast_math"] = resolve_fast_math(settings["fast_math"][0])
@@ -574,23 +396,11 @@ def _by_format(fusion: str, format: str, values: dict, settings: dict):
     return _call(name, tuple(values[n] for n in names))
 
 
-def residual_norm(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    quant_scale: Optional[Tensor] = None,
-    eps: float = 1e-6,
-    *,
-    format: str = "nvfp4",
-    fast_math: Optional[bool] = None,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    nvfp4_4over6: object = UNSET,
-) -> Tuple[Tensor, ...]:
+def residual_norm(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+                  quant_scale: Optional[Tensor] = None, eps: float = 1e-6, *, format: str = "nvfp4",
+                  fast_math: Optional[bool] = None, weight: Optional[Tensor] = None,
+                  norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                  nvfp4_4over6: object = UNSET) -> Tuple[Tensor, ...]:
     """Gated residual update + LayerNorm + adaLN modulation, in the output ``format``, in one kernel.
 
     format "nvfp4": :func:`resnorm_quant` (``quant_scale`` the global scale) -> (packed, scales, residual_out);
@@ -599,98 +409,38 @@ def residual_norm(
     ``fast_math`` and ``nvfp4_4over6`` are NVFP4 settings (a ValueError with another format). Bytes equal the
     format's own wrapper's.
     """
-    values = dict(
-        residual=residual,
-        x=x,
-        bias=bias,
-        gate=gate,
-        scale=scale,
-        shift=shift,
-        quant_scale=quant_scale,
-        eps=eps,
-        weight=weight,
-        norm_bias=norm_bias,
-        modulate_index=modulate_index,
-    )
-    return _by_format(
-        "residual_norm", format, values, {"fast_math": (fast_math, None), "nvfp4_4over6": (nvfp4_4over6, UNSET)}
-    )
+    values = dict(residual=residual, x=x, bias=bias, gate=gate, scale=scale, shift=shift, quant_scale=quant_scale,
+                  eps=eps, weight=weight, norm_bias=norm_bias, modulate_index=modulate_index)
+    return _by_format("residual_norm", format, values, {"fast_math": (fast_math, None),
+                                                        "nvfp4_4over6": (nvfp4_4over6, UNSET)})
 
 
-def norm_modulate_quantize(
-    x: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    quant_scale: Tensor,
-    eps: float = 1e-6,
-    *,
-    format: str = "nvfp4",
-    fast_math: Optional[bool] = None,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    nvfp4_4over6: object = UNSET,
-):
+def norm_modulate_quantize(x: Tensor, scale: Tensor, shift: Tensor, quant_scale: Tensor, eps: float = 1e-6, *,
+                           format: str = "nvfp4", fast_math: Optional[bool] = None, weight: Optional[Tensor] = None,
+                           norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                           nvfp4_4over6: object = UNSET):
     """LayerNorm + adaLN modulation of ``x`` (no residual update) and quantization in the output ``format``:
     :func:`norm_modulate_quant` ("nvfp4" -> (packed, scales)) or :func:`norm_modulate_quant_fp8` ("fp8" -> y
     E4M3), arguments as there (``quant_scale`` the global or the input scale)."""
-    values = dict(
-        x=x,
-        scale=scale,
-        shift=shift,
-        quant_scale=quant_scale,
-        eps=eps,
-        weight=weight,
-        norm_bias=norm_bias,
-        modulate_index=modulate_index,
-    )
+    values = dict(x=x, scale=scale, shift=shift, quant_scale=quant_scale, eps=eps, weight=weight,
+                  norm_bias=norm_bias, modulate_index=modulate_index)
     return _by_format("norm", format, values, {"fast_math": (fast_math, None), "nvfp4_4over6": (nvfp4_4over6, UNSET)})
 
 
-def quantize(
-    y: Tensor,
-    quant_scale: Tensor,
-    *,
-    format: str = "nvfp4",
-    fast_math: Optional[bool] = None,
-    nvfp4_4over6: object = UNSET,
-):
+def quantize(y: Tensor, quant_scale: Tensor, *, format: str = "nvfp4", fast_math: Optional[bool] = None,
+             nvfp4_4over6: object = UNSET):
     """bf16 ``y`` quantized in the output ``format``: :func:`nvfp4_quantize` ("nvfp4" -> (packed, scales),
     ``quant_scale`` the global scale) or :func:`fp8_quantize` ("fp8" -> E4M3 of y's shape, ``quant_scale`` the
     input scale)."""
-    return _by_format(
-        "quantize",
-        format,
-        dict(y=y, quant_scale=quant_scale),
-        {"fast_math": (fast_math, None), "nvfp4_4over6": (nvfp4_4over6, UNSET)},
-    )
+    return _by_format("quantize", format, dict(y=y, quant_scale=quant_scale),
+                      {"fast_math": (fast_math, None), "nvfp4_4over6": (nvfp4_4over6, UNSET)})
 
 
 #: The typed wrappers the package exports (``qwen_resnorm_fp4.<name>``).
-__all__ = [
-    "resnorm_quant",
-    "resnorm",
-    "nvfp4_quantize",
-    "dequantize_nvfp4",
-    "resnorm_quant_out",
-    "resnorm_out",
-    "nvfp4_quantize_out",
-    "empty_quantize_outputs",
-    "empty_resnorm_quant_outputs",
-    "empty_resnorm_outputs",
-    "check_fp8_input_scale",
-    "resnorm_quant_fp8",
-    "resnorm_quant_fp8_out",
-    "empty_resnorm_quant_fp8_outputs",
-    "fp8_quantize",
-    "fp8_quantize_out",
-    "gelu_tanh_fp8_quantize",
-    "gelu_tanh_fp8_quantize_out",
-    "norm_modulate_quant",
-    "norm_modulate_quant_fp8",
-    "norm_modulate_quant_fp8_out",
-    # the unified entries (the output format an argument)
-    "residual_norm",
-    "norm_modulate_quantize",
-    "quantize",
-]
+__all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "resnorm_quant_out", "resnorm_out",
+           "nvfp4_quantize_out", "empty_quantize_outputs", "empty_resnorm_quant_outputs", "empty_resnorm_outputs",
+           "check_fp8_input_scale", "resnorm_quant_fp8", "resnorm_quant_fp8_out", "empty_resnorm_quant_fp8_outputs",
+           "fp8_quantize", "fp8_quantize_out", "gelu_tanh_fp8_quantize", "gelu_tanh_fp8_quantize_out",
+           "norm_modulate_quant", "norm_modulate_quant_fp8", "norm_modulate_quant_fp8_out",
+           # the unified entries (the output format an argument)
+           "residual_norm", "norm_modulate_quantize", "quantize"]

@@ -66,9 +66,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         lines.append("GPU:              none found")
         lines.append(f"  path:           {info['path']}")
     lines.append(f"fast math:        {'on' if info['fast_math_default'] else 'off'} by default")
-    lines.append(
-        f"PDL:              {'on' if info['pdl'] else 'off'} (programmatic dependent launch; QWEN_FP4_PDL=1 on, 0 off)"
-    )
+    lines.append(f"PDL:              {'on' if info['pdl'] else 'off'} (programmatic dependent launch; "
+                 "QWEN_FP4_PDL=1 on, 0 off)")
     sw = info["switches"]
     lines.append("switches:         " + (", ".join(f"{k}={v}" for k, v in sw.items()) if sw else "none set"))
     print("\n".join(lines))
@@ -141,18 +140,9 @@ def demo_stream(name: str, rows: int, dim: int, device: torch.device, seed: int,
         return api.nvfp4_quantize(yy, gs)
 
     unfused_us = _time_us(unfused, device, reps, warmup)
-    return {
-        "stream": name,
-        "shape": [1, rows, dim],
-        "global_scale": gs.item(),
-        "byte_exact": all(exact.values()),
-        "exact": exact,
-        "dequant_max_abs": max_abs,
-        "dequant_rel_rms": rel_rms,
-        "y_amax": amax.item(),
-        "fused_us": fused_us,
-        "unfused_us": unfused_us,
-    }
+    return {"stream": name, "shape": [1, rows, dim], "global_scale": gs.item(), "byte_exact": all(exact.values()),
+            "exact": exact, "dequant_max_abs": max_abs, "dequant_rel_rms": rel_rms, "y_amax": amax.item(),
+            "fused_us": fused_us, "unfused_us": unfused_us}
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -164,11 +154,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         device = torch.device(args.device)
         if device.type == "cuda" and not gpu_ok:
-            why = (
-                "no CUDA GPU is available"
-                if not torch.cuda.is_available()
-                else f"the compiled library is not loaded ({_library.status()})"
-            )
+            why = "no CUDA GPU is available" if not torch.cuda.is_available() else \
+                f"the compiled library is not loaded ({_library.status()})"
             print(f"qwen_resnorm_fp4 demo: --device cuda asked for, but {why}", file=sys.stderr)
             return 2
     dim = args.dim
@@ -180,10 +167,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if image_rows is None:
         image_rows = 4096 if device.type == "cuda" else CPU_DEFAULT_IMAGE_ROWS
         if device.type == "cpu":
-            say(
-                f"on CPU (pure-PyTorch reference): {image_rows} image rows instead of 4096 "
-                "(pass --rows-image 4096 for the full size)"
-            )
+            say(f"on CPU (pure-PyTorch reference): {image_rows} image rows instead of 4096 "
+                "(pass --rows-image 4096 for the full size)")
     reps = args.reps if args.reps is not None else (50 if device.type == "cuda" else 3)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
@@ -196,23 +181,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         r = demo_stream(name, rows, dim, device, seed=i, reps=reps)
         results.append(r)
         bad = [k for k, v in r["exact"].items() if not v]
-        say(
-            f"{name:5s} stream [1, {rows}, {dim}]: fused == unfused byte-exact: "
+        say(f"{name:5s} stream [1, {rows}, {dim}]: fused == unfused byte-exact: "
             f"{'yes' if not bad else 'NO (' + ', '.join(bad) + ' differ)'}; "
             f"global scale {r['global_scale']:.4g}; dequant error vs y: max abs {r['dequant_max_abs']:.4g}, "
-            f"rel RMS {r['dequant_rel_rms']:.4f}"
-        )
+            f"rel RMS {r['dequant_rel_rms']:.4f}")
         speed = r["unfused_us"] / r["fused_us"] if r["fused_us"] > 0 else math.nan
-        say(
-            f"      fused {r['fused_us']:.1f} us/call, unfused (resnorm + nvfp4_quantize) {r['unfused_us']:.1f} "
-            f"us/call ({speed:.2f}x)"
-        )
+        say(f"      fused {r['fused_us']:.1f} us/call, unfused (resnorm + nvfp4_quantize) {r['unfused_us']:.1f} "
+            f"us/call ({speed:.2f}x)")
     if args.json:
-        print(
-            json.dumps(
-                {"device": str(device), "path": kernel_path(cap) if cap else PATH_CPU, "streams": results}, indent=2
-            )
-        )
+        print(json.dumps({"device": str(device), "path": kernel_path(cap) if cap else PATH_CPU,
+                          "streams": results}, indent=2))
     if not all(r["byte_exact"] for r in results):
         print("FAIL: fused and unfused outputs are not byte-exact", file=sys.stderr)
         return 1
@@ -224,15 +202,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------------
 
 #: The benchmark commands and the scripts under the repository's benchmarks/ that they run.
-BENCHMARKS = {
-    "bench": "bench_fused.py",
-    "bench-pdl": "bench_pdl.py",
-    "bench-per-token": "bench_per_token.py",
-    "bench-gemm": "bench_gemm.py",
-    "bench-fp8": "bench_fp8.py",
-    "bench-fp8-linear": "bench_fp8_linear.py",
-    "bench-model": "bench_model.py",
-}
+BENCHMARKS = {"bench": "bench_fused.py", "bench-pdl": "bench_pdl.py", "bench-per-token": "bench_per_token.py",
+              "bench-gemm": "bench_gemm.py", "bench-fp8": "bench_fp8.py", "bench-fp8-linear": "bench_fp8_linear.py",
+              "bench-model": "bench_model.py"}
 #: A checkout's benchmarks/ directory, for an installed package that does not sit in a checkout.
 BENCHMARKS_DIR_VAR = "QWEN_FP4_BENCHMARKS"
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -257,14 +229,13 @@ def find_benchmarks() -> Tuple[Optional[Path], str]:
 def how_to_get_benchmarks(command: str, why: str) -> str:
     """The message for a benchmark command where no benchmarks/ directory was found."""
     script = BENCHMARKS[command]
-    return (
-        f"qwen_resnorm_fp4 {command}: the benchmarks are not part of the installed package, and none were found "
-        f"({why}).\nThey live in benchmarks/ of the qwen-resnorm-fp4 source repository (also in its source "
-        f"distribution). Get a checkout of it and run, from its root, with this package installed:\n"
-        f"    python benchmarks/{script} --help\n"
-        f"or point {BENCHMARKS_DIR_VAR} at that checkout's benchmarks/ directory and run this command again:\n"
-        f"    {BENCHMARKS_DIR_VAR}=/path/to/qwen-resnorm-fp4/benchmarks python -m qwen_resnorm_fp4 {command} --help"
-    )
+    return (f"qwen_resnorm_fp4 {command}: the benchmarks are not part of the installed package, and none were found "
+            f"({why}).\nThey live in benchmarks/ of the qwen-resnorm-fp4 source repository (also in its source "
+            f"distribution). Get a checkout of it and run, from its root, with this package installed:\n"
+            f"    python benchmarks/{script} --help\n"
+            f"or point {BENCHMARKS_DIR_VAR} at that checkout's benchmarks/ directory and run this command again:\n"
+            f"    {BENCHMARKS_DIR_VAR}=/path/to/qwen-resnorm-fp4/benchmarks "
+            f"python -m qwen_resnorm_fp4 {command} --help")
 
 
 def run_benchmark(command: str, argv: Sequence[str]) -> int:
@@ -292,40 +263,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="python -m qwen_resnorm_fp4",
-        description="qwen-resnorm-fp4: fused residual + LayerNorm + adaLN + NVFP4 quantization.",
-    )
+        description="qwen-resnorm-fp4: fused residual + LayerNorm + adaLN + NVFP4 quantization.")
     p.add_argument("--version", action="version", version=f"qwen_resnorm_fp4 {__version__}")
     sub = p.add_subparsers(dest="command", metavar="{info,demo," + ",".join(BENCHMARKS) + "}")
     sub.required = True
     pi = sub.add_parser("info", help="versions, build, library, GPU and kernel path, environment switches")
     pi.add_argument("--json", action="store_true", help="print JSON")
     pd = sub.add_parser("demo", help="a Qwen-Image-shaped step: fused vs unfused, error, time")
-    pd.add_argument(
-        "--device",
-        choices=["cpu", "cuda"],
-        default=None,
-        help="default: cuda when a GPU and the compiled library are present, else cpu",
-    )
-    pd.add_argument(
-        "--rows-image", type=positive_int, default=None, help="image-stream rows (default 4096; 256 on CPU)"
-    )
+    pd.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                    help="default: cuda when a GPU and the compiled library are present, else cpu")
+    pd.add_argument("--rows-image", type=positive_int, default=None,
+                    help="image-stream rows (default 4096; 256 on CPU)")
     pd.add_argument("--rows-text", type=positive_int, default=17, help="text-stream rows (default 17)")
     pd.add_argument("--dim", type=int, default=3072, help=f"hidden size D, {WIDTH_RULE} (default 3072)")
     pd.add_argument("--reps", type=positive_int, default=None, help="timed calls (default 50 on GPU, 3 on CPU)")
     pd.add_argument("--json", action="store_true", help="print the results as JSON only")
-    what = {
-        "bench": "the fused op vs its peers",
-        "bench-pdl": "a GEMM -> fused op pair, PDL on and off",
-        "bench-per-token": "per-token modulation vs FlashInfer's DiT kernel",
-        "bench-gemm": "NVFP4 GEMM paths vs BF16",
-        "bench-fp8": "the FP8 ops vs their peers",
-        "bench-fp8-linear": "FP8Linear vs BF16 Linear",
-        "bench-model": "Qwen-Image transformer vs BF16",
-    }
+    what = {"bench": "the fused op vs its peers", "bench-pdl": "a GEMM -> fused op pair, PDL on and off",
+            "bench-per-token": "per-token modulation vs FlashInfer's DiT kernel",
+            "bench-gemm": "NVFP4 GEMM paths vs BF16", "bench-fp8": "the FP8 ops vs their peers",
+            "bench-fp8-linear": "FP8Linear vs BF16 Linear", "bench-model": "Qwen-Image transformer vs BF16"}
     for name, script in BENCHMARKS.items():
-        sub.add_parser(
-            name, add_help=False, help=f"{what[name]} (GPU only; runs a checkout's benchmarks/{script}; {name} --help)"
-        )
+        sub.add_parser(name, add_help=False,
+                       help=f"{what[name]} (GPU only; runs a checkout's benchmarks/{script}; {name} --help)")
     return p
 
 

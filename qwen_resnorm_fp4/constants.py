@@ -34,15 +34,5 @@ def is_fp8_input_scale(value):
     return (value >= FLT_MIN_NORMAL) & (value <= FLT_MAX)
 
 
-__all__ = [
-    "E4M3_MAX",
-    "E2M1_MAX",
-    "E2M1_VALUES",
-    "NVFP4_BLOCK",
-    "E4M3_MAX_4OVER6_256",
-    "FP4_AMAX_SCALE",
-    "FLT_MAX",
-    "FLT_MIN_NORMAL",
-    "FP8_DTYPE",
-    "is_fp8_input_scale",
-]
+__all__ = ["E4M3_MAX", "E2M1_MAX", "E2M1_VALUES", "NVFP4_BLOCK", "E4M3_MAX_4OVER6_256", "FP4_AMAX_SCALE", "FLT_MAX",
+           "FLT_MIN_NORMAL", "FP8_DTYPE", "is_fp8_input_scale"]

@@ -31,12 +31,8 @@ FOUR_OVER_SIX_E4M3_256_VAR = "FLASHINFER_NVFP4_4OVER6_E4M3_USE_256"
 FOUR_OVER_SIX_ERR_MODE_VAR = "FLASHINFER_NVFP4_4OVER6_ERR_MODE"
 #: "1": the fp16 form of the block error.
 FOUR_OVER_SIX_ERR_FAST_MATH_VAR = "FLASHINFER_NVFP4_4OVER6_ERR_USE_FAST_MATH"
-FOUR_OVER_SIX_VARS = (
-    FOUR_OVER_SIX_VAR,
-    FOUR_OVER_SIX_E4M3_256_VAR,
-    FOUR_OVER_SIX_ERR_MODE_VAR,
-    FOUR_OVER_SIX_ERR_FAST_MATH_VAR,
-)
+FOUR_OVER_SIX_VARS = (FOUR_OVER_SIX_VAR, FOUR_OVER_SIX_E4M3_256_VAR, FOUR_OVER_SIX_ERR_MODE_VAR,
+                      FOUR_OVER_SIX_ERR_FAST_MATH_VAR)
 #: "1" turns the fused paths off (every try_fused_* gate declines).
 DISABLE_VAR = "QWEN_FP4_DISABLE"
 #: Programmatic dependent launch of the kernels at package load: "0" off, "1" on, unset (or any other

@@ -123,15 +123,8 @@ def serve_fused_resnorm_quant(
 
     # 3-5. The norm (a LayerNorm's parameters and eps), the ops' rules (resnorm_quant's: D a multiple of
     # COLS_MULTIPLE), the fused path's own rules for the activations.
-    served = norm_and_inputs_served(
-        x,
-        residual,
-        norm,
-        eps,
-        lambda e, w, nb: resnorm_inputs_problem(
-            residual, x, bias, gate, scale, shift, e, w, nb, modulate_index, COLS_MULTIPLE
-        ),
-    )
+    served = norm_and_inputs_served(x, residual, norm, eps, lambda e, w, nb: resnorm_inputs_problem(
+        residual, x, bias, gate, scale, shift, e, w, nb, modulate_index, COLS_MULTIPLE))
     if isinstance(served, Decline):
         return served
     weight, norm_bias, norm_eps = served
@@ -152,18 +145,12 @@ def serve_fused_resnorm_quant(
 
     fm = resolve_fast_math(getattr(fc1, "fast_math", None) if fast_math is None else fast_math)
     packed, scales, residual_out = call_resnorm_quant(
-        residual, x, bias, gate, scale, shift, g, float(norm_eps), fm, weight, norm_bias, modulate_index, recipe_code
-    )
+        residual, x, bias, gate, scale, shift, g, float(norm_eps), fm, weight, norm_bias, modulate_index, recipe_code)
     return (packed, scales), residual_out, gate_out
 
 
 try_fused_resnorm_quant = public_gate(serve_fused_resnorm_quant)
 
-__all__ = [
-    "DeclineReason",
-    "try_fused_resnorm_quant",
-    "serve_fused_resnorm_quant",
-    "last_decline_reason",
-    "last_decline_detail",
-    "reset_decline_log",
-]
+__all__ = ["DeclineReason", "try_fused_resnorm_quant", "serve_fused_resnorm_quant", "last_decline_reason",
+           "last_decline_detail",
+           "reset_decline_log"]

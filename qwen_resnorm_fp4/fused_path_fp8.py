@@ -3,8 +3,8 @@
 The FP8 counterpart of :func:`~qwen_resnorm_fp4.try_fused_resnorm_quant`: it takes the block's tensors and
 FC1's static ``input_scale`` (ModelOpt's amax / 448) and either returns ``(y_e4m3, residual_out)`` from one
 call of :func:`~qwen_resnorm_fp4.resnorm_quant_fp8`, or returns ``None`` so that the caller runs its
-unfused code (the bf16 row op + :func:`~qwen_resnorm_fp4.fp8_quantize`, the same bytes). It never raises for a condition the fused path
-cannot serve; the reason is kept where the NVFP4 path keeps its own
+unfused code (the bf16 row op + :func:`~qwen_resnorm_fp4.fp8_quantize`, the same bytes). It never raises for a
+condition the fused path cannot serve; the reason is kept where the NVFP4 path keeps its own
 (:func:`~qwen_resnorm_fp4.last_decline_reason`, :func:`~qwen_resnorm_fp4.last_decline_detail`, per thread, eager
 calls). Each ``try_fused_*`` has a ``serve_fused_*`` twin that returns the
 :class:`~qwen_resnorm_fp4._fused_common.Decline` instead of None (for call sites that keep their own reasons).
@@ -74,15 +74,8 @@ def serve_fused_resnorm_quant_fp8(
     declined = gate_declined({"x": x, "residual": residual}, allow_cpu)
     if declined is not None:
         return declined
-    served = norm_and_inputs_served(
-        x,
-        residual,
-        norm,
-        eps,
-        lambda e, w, nb: resnorm_quant_fp8_problem(
-            residual, x, bias, gate, scale, shift, input_scale, e, w, nb, modulate_index
-        ),
-    )
+    served = norm_and_inputs_served(x, residual, norm, eps, lambda e, w, nb: resnorm_quant_fp8_problem(
+        residual, x, bias, gate, scale, shift, input_scale, e, w, nb, modulate_index))
     if isinstance(served, Decline):
         return served
     weight, norm_bias, norm_eps = served
@@ -91,26 +84,11 @@ def serve_fused_resnorm_quant_fp8(
     if with_bf16:
         y, residual_out = empty_resnorm_quant_fp8_outputs(x)
         y_bf16 = torch.empty_like(x)
-        call_resnorm_quant_fp8_out(
-            residual,
-            x,
-            bias,
-            gate,
-            scale,
-            shift,
-            input_scale,
-            float(norm_eps),
-            y,
-            residual_out,
-            weight,
-            norm_bias,
-            modulate_index,
-            y_bf16,
-        )
+        call_resnorm_quant_fp8_out(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps), y,
+                                   residual_out, weight, norm_bias, modulate_index, y_bf16)
         return y, residual_out, y_bf16
-    y, residual_out = call_resnorm_quant_fp8(
-        residual, x, bias, gate, scale, shift, input_scale, float(norm_eps), weight, norm_bias, modulate_index
-    )
+    y, residual_out = call_resnorm_quant_fp8(residual, x, bias, gate, scale, shift, input_scale, float(norm_eps),
+                                             weight, norm_bias, modulate_index)
     return y, residual_out
 
 
@@ -137,13 +115,8 @@ def serve_fused_norm_modulate_quant_fp8(
     declined = gate_declined({"x": x}, allow_cpu)
     if declined is not None:
         return declined
-    served = norm_and_inputs_served(
-        x,
-        x,
-        norm,
-        eps,
-        lambda e, w, nb: norm_modulate_quant_fp8_problem(x, scale, shift, input_scale, e, w, nb, modulate_index),
-    )
+    served = norm_and_inputs_served(x, x, norm, eps, lambda e, w, nb: norm_modulate_quant_fp8_problem(
+        x, scale, shift, input_scale, e, w, nb, modulate_index))
     if isinstance(served, Decline):
         return served
     weight, norm_bias, norm_eps = served
@@ -151,9 +124,8 @@ def serve_fused_norm_modulate_quant_fp8(
     return y
 
 
-def serve_fused_gelu_tanh_fp8_quantize(
-    h: Tensor, input_scale: Tensor, *, allow_cpu: bool = False
-) -> Union[Tensor, Decline]:
+def serve_fused_gelu_tanh_fp8_quantize(h: Tensor, input_scale: Tensor, *,
+                                       allow_cpu: bool = False) -> Union[Tensor, Decline]:
     """The fused ``GELU(tanh) -> E4M3`` between a GELU FeedForward's two Linears when the second is an
     :class:`~qwen_resnorm_fp4.FP8Linear`, or None: :func:`~qwen_resnorm_fp4.gelu_tanh_fp8_quantize` of the
     first Linear's bf16 output ``h`` with the second's ``input_scale`` (the bytes of
@@ -176,11 +148,6 @@ try_fused_resnorm_quant_fp8 = public_gate(serve_fused_resnorm_quant_fp8)
 try_fused_norm_modulate_quant_fp8 = public_gate(serve_fused_norm_modulate_quant_fp8)
 try_fused_gelu_tanh_fp8_quantize = public_gate(serve_fused_gelu_tanh_fp8_quantize)
 
-__all__ = [
-    "try_fused_resnorm_quant_fp8",
-    "try_fused_norm_modulate_quant_fp8",
-    "try_fused_gelu_tanh_fp8_quantize",
-    "serve_fused_resnorm_quant_fp8",
-    "serve_fused_norm_modulate_quant_fp8",
-    "serve_fused_gelu_tanh_fp8_quantize",
-]
+__all__ = ["try_fused_resnorm_quant_fp8", "try_fused_norm_modulate_quant_fp8", "try_fused_gelu_tanh_fp8_quantize",
+           "serve_fused_resnorm_quant_fp8", "serve_fused_norm_modulate_quant_fp8",
+           "serve_fused_gelu_tanh_fp8_quantize"]

@@ -18,14 +18,14 @@ Three paths (``backend``):
   ``"trtllm"`` backend is refused: it needs weights prepared with ``do_shuffle=True``, which these are not.
 - **tensor_core** (the default on other CUDA GPUs, e.g. Hopper): both operands become their exact bf16 values
   without the global scale, ``e2m1 * e4m3`` (:func:`~qwen_resnorm_fp4.api.dequantize_to_bf16`, a CUDA kernel; at
-  most 6 significant bits in [2^-10, 2688], so exact in bf16), and one bf16 tensor-core GEMM with fp32
-  accumulation computes ``round_to_out_dtype(acc * alpha (+ bias))``: alpha (fp32) applied once to the fp32
-  accumulator, bias added in fp32, one rounding. That is what a Blackwell block-scaled FP4 MMA computes, up to the order of the fp32
-  accumulation. cuBLAS does it in its epilogue (``addmm`` with ``alpha``), with reduced-precision split-K
-  reductions turned off for the call (``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``,
-  restored afterwards); for a float32 bias or a float16/float32 output the fp32 product is written and one
-  elementwise pass applies alpha, bias and the cast. The weight operand is dequantized on every call (N * K * 2
-  bytes written and read again) unless the layer has ``cache_dequantized_weight=True``, which keeps it.
+  most 6 significant bits in [2^-10, 2688], so exact in bf16), and one bf16 tensor-core GEMM with fp32 accumulation
+  computes ``round_to_out_dtype(acc * alpha (+ bias))``: alpha (fp32) applied once to the fp32 accumulator, bias
+  added in fp32, one rounding. That is what a Blackwell block-scaled FP4 MMA computes, up to the order of the fp32
+  accumulation. cuBLAS does it in its epilogue (``addmm`` with ``alpha``), with reduced-precision split-K reductions
+  turned off for the call (``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``, restored
+  afterwards); for a float32 bias or a float16/float32 output the fp32 product is written and one elementwise pass
+  applies alpha, bias and the cast. The weight operand is dequantized on every call (N * K * 2 bytes written and
+  read again) unless the layer has ``cache_dequantized_weight=True``, which keeps it.
 - **reference** everywhere, the default on CPU: both operands
   are dequantized exactly as the format defines them (``e2m1 * e4m3 / global_scale``, fp32, see
   :func:`~qwen_resnorm_fp4.dequantize_nvfp4`), multiplied in fp32 (``torch.matmul``; TF32 only if the caller
@@ -137,10 +137,8 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if flashinfer_serves(device):
         return "flashinfer"
     if backend != "auto":
-        raise ValueError(
-            f"backend {backend!r} needs FlashInfer on a Blackwell GPU (compute capability 10.x-12.x); "
-            f"use 'auto', 'tensor_core' or 'reference' on {device}"
-        )
+        raise ValueError(f"backend {backend!r} needs FlashInfer on a Blackwell GPU (compute capability 10.x-12.x); "
+                         f"use 'auto', 'tensor_core' or 'reference' on {device}")
     return TENSOR_CORE if device.type == "cuda" else REFERENCE
 
 
@@ -200,9 +198,8 @@ def _mm_fp32_out(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a.float(), b.float())
 
 
-def _scale_bias_cast(
-    acc: Tensor, alpha: Union[float, Tensor], bias: Optional[Tensor], out_dtype: torch.dtype
-) -> Tensor:
+def _scale_bias_cast(acc: Tensor, alpha: Union[float, Tensor], bias: Optional[Tensor],
+                     out_dtype: torch.dtype) -> Tensor:
     """round_to_out_dtype(acc * alpha (+ bias)), in fp32 until the one cast (alpha a float or an fp32 tensor)."""
     out = acc * alpha
     if bias is not None:
@@ -210,9 +207,8 @@ def _scale_bias_cast(
     return out.to(out_dtype)
 
 
-def _bf16_gemm_fp32_accumulate_eager(
-    a: Tensor, w: Tensor, alpha: float, bias: Optional[Tensor], out_dtype: torch.dtype
-) -> Tensor:
+def _bf16_gemm_fp32_accumulate_eager(a: Tensor, w: Tensor, alpha: float, bias: Optional[Tensor],
+                                     out_dtype: torch.dtype) -> Tensor:
     """round_to_out_dtype(fp32 acc(a @ w.T) * alpha (+ bias)) for exact bf16 operands a [M, K], w [N, K]."""
     if not a.is_cuda:
         return _scale_bias_cast(torch.mm(a.float(), w.float().t()), alpha, bias, out_dtype)
@@ -227,14 +223,10 @@ def _bf16_gemm_fp32_accumulate_eager(
     return _scale_bias_cast(acc, alpha, bias, out_dtype)
 
 
-@torch.library.custom_op(
-    "qwen_fp4::_bf16_gemm_fp32_accumulate_scaled",
-    mutates_args=(),
-    schema="(Tensor a, Tensor w, Tensor alpha, Tensor? bias, ScalarType out_dtype) -> Tensor",
-)
-def _bf16_gemm_fp32_accumulate_scaled(
-    a: Tensor, w: Tensor, alpha: Tensor, bias: Optional[Tensor], out_dtype: torch.dtype
-) -> Tensor:
+@torch.library.custom_op("qwen_fp4::_bf16_gemm_fp32_accumulate_scaled", mutates_args=(),
+                         schema="(Tensor a, Tensor w, Tensor alpha, Tensor? bias, ScalarType out_dtype) -> Tensor")
+def _bf16_gemm_fp32_accumulate_scaled(a: Tensor, w: Tensor, alpha: Tensor, bias: Optional[Tensor],
+                                      out_dtype: torch.dtype) -> Tensor:
     """round_to_out_dtype(fp32(acc * alpha) (+ bias)) with alpha the layer's fp32 [1] buffer on the device: the
     form torch.compile traces (a host float would be a per-layer constant, so every layer would need its own
     graph). The eager form (cuBLAS's epilogue, bf16 out) computes the same formula; where cuBLAS picks another
@@ -266,10 +258,8 @@ def host_alpha(layer: Any, cache: GemmCache) -> float:
     if cached is not None and cached[0] == key:
         return cached[1]
     if alpha.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            "layer.alpha changed since the layer last ran eagerly: call it once outside the CUDA "
-            "graph capture (reading alpha to the host needs a synchronisation)"
-        )
+        raise RuntimeError("layer.alpha changed since the layer last ran eagerly: call it once outside the CUDA "
+                           "graph capture (reading alpha to the host needs a synchronisation)")
     value = float(alpha.reshape(-1)[0].item())
     cache.host_alpha = (key, value)
     return value
@@ -296,12 +286,14 @@ def weight_operand(layer: Any, cache: GemmCache) -> Tensor:
     return w
 
 
-def _tensor_core(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype, bias: Optional[Tensor]) -> Tensor:
+def _tensor_core(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype,
+                 bias: Optional[Tensor]) -> Tensor:
     a = _dequantize_bf16(x_fp4, x_scales)  # checked by apply_nvfp4_gemm_prequantized's _check
     cache = _cache_of(layer)
     if torch.compiler.is_compiling():  # alpha stays a tensor: one graph serves layers of different alphas
         return _bf16_gemm_fp32_accumulate_scaled(a, weight_operand(layer, cache), layer.alpha, bias, out_dtype)
-    return _bf16_gemm_fp32_accumulate_eager(a, weight_operand(layer, cache), host_alpha(layer, cache), bias, out_dtype)
+    return _bf16_gemm_fp32_accumulate_eager(a, weight_operand(layer, cache), host_alpha(layer, cache), bias,
+                                            out_dtype)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -350,10 +342,8 @@ def _check(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype) 
     if x_scales.numel() < need:
         raise ValueError(f"x_scales has {x_scales.numel()} bytes, {need} needed for {m} rows of K = {k}")
     if x_scales.device != x_fp4.device or layer.weight_packed.device != x_fp4.device:
-        raise ValueError(
-            f"x_fp4 ({x_fp4.device}), x_scales ({x_scales.device}) and the layer "
-            f"({layer.weight_packed.device}) must be on one device"
-        )
+        raise ValueError(f"x_fp4 ({x_fp4.device}), x_scales ({x_scales.device}) and the layer "
+                         f"({layer.weight_packed.device}) must be on one device")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
     return k
@@ -370,7 +360,8 @@ def _dequantize(packed: Tensor, scales: Tensor, global_scale: Tensor, rows: int)
     return reference.dequantize_nvfp4(packed, scales, global_scale, rows)
 
 
-def _reference(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype, bias: Optional[Tensor]) -> Tensor:
+def _reference(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype,
+               bias: Optional[Tensor]) -> Tensor:
     m = x_fp4.shape[0]
     n = _out_features(layer)
     a = _dequantize(x_fp4, x_scales, layer.input_global_scale, m)
@@ -379,9 +370,8 @@ def _reference(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dty
     return _add_bias(out, bias, out_dtype)
 
 
-def _flashinfer(
-    layer: Any, x_fp4: Tensor, x_scales: Tensor, k: int, out_dtype: torch.dtype, bias: Optional[Tensor], backend: str
-) -> Tensor:
+def _flashinfer(layer: Any, x_fp4: Tensor, x_scales: Tensor, k: int, out_dtype: torch.dtype,
+                bias: Optional[Tensor], backend: str) -> Tensor:
     mm_fp4 = flashinfer_mm_fp4()
     m = x_fp4.shape[0]
     n = _out_features(layer)
@@ -390,19 +380,8 @@ def _flashinfer(
     w_scales = layer.weight_scales.view(torch.uint8).reshape(-1, k // 16)  # [round_up(N, 128), K/16]
     a_scales = x_scales.view(torch.uint8).reshape(-1, k // 16)[: round_up(m, 128)]
     gemm_dtype = out_dtype if out_dtype != torch.float32 else torch.bfloat16  # mm_fp4 writes bf16/fp16 only
-    out = mm_fp4(
-        x_fp4.contiguous(),
-        w.t(),
-        a_scales,
-        w_scales.t(),
-        layer.alpha,
-        gemm_dtype,
-        None,
-        block_size=16,
-        use_8x4_sf_layout=False,
-        backend=backend,
-        use_nvfp4=True,
-    )
+    out = mm_fp4(x_fp4.contiguous(), w.t(), a_scales, w_scales.t(), layer.alpha, gemm_dtype, None,
+                 block_size=16, use_8x4_sf_layout=False, backend=backend, use_nvfp4=True)
     if n_pad != n:
         out = out[:, :n]
     return _add_bias(out, bias, out_dtype)
@@ -445,13 +424,5 @@ def apply_nvfp4_gemm_prequantized(
     return _flashinfer(layer, x_fp4, x_scales, k, out_dtype, bias, backend)
 
 
-__all__ = [
-    "apply_nvfp4_gemm_prequantized",
-    "resolve_backend",
-    "flashinfer_serves",
-    "flashinfer_mm_fp4",
-    "BACKENDS",
-    "TENSOR_CORE",
-    "REFERENCE",
-    "GemmCache",
-]
+__all__ = ["apply_nvfp4_gemm_prequantized", "resolve_backend", "flashinfer_serves", "flashinfer_mm_fp4", "BACKENDS",
+           "TENSOR_CORE", "REFERENCE", "GemmCache"]

@@ -11,18 +11,14 @@ from . import _library, launch
 from .env import default_fast_math, switches_in_force
 
 PATH_BLACKWELL = "Blackwell (FlashInfer conversion)"
-PATH_BLACKWELL_EMULATED = (
-    "Blackwell (FlashInfer conversion, its E2M1 instructions emulated in software on sm_90: "
-    "an emulation build, never shipped)"
-)
+PATH_BLACKWELL_EMULATED = ("Blackwell (FlashInfer conversion, its E2M1 instructions emulated in software on sm_90: "
+                           "an emulation build, never shipped)")
 PATH_PORTABLE = "portable (software E2M1, = cuda_fp4.h)"
 PATH_PORTABLE_JIT = "portable (software E2M1, = cuda_fp4.h; compute_90 PTX JIT)"
 PATH_CPU = "CPU reference"
 #: The compiled library is loaded but its build info is missing: its GPU targets are not known here.
-PATH_UNRECORDED = (
-    "unknown: the compiled library is loaded but its build wrote no _build_info.py (its GPU targets "
-    "are not recorded); the CUDA ops say at the call whether they serve this GPU"
-)
+PATH_UNRECORDED = ("unknown: the compiled library is loaded but its build wrote no _build_info.py (its GPU targets "
+                   "are not recorded); the CUDA ops say at the call whether they serve this GPU")
 
 
 def package_version() -> str:
@@ -39,14 +35,8 @@ def build_info() -> Dict[str, object]:
     try:
         from . import _build_info as b
     except ImportError:
-        return {
-            "cuda_archs": None,
-            "flashinfer": None,
-            "build_torch": None,
-            "build_cuda": None,
-            "build_commit": None,
-            "blackwell_emulation": False,
-        }
+        return {"cuda_archs": None, "flashinfer": None, "build_torch": None, "build_cuda": None, "build_commit": None,
+                "blackwell_emulation": False}
     return {
         "cuda_archs": list(getattr(b, "CUDA_ARCHS", []) or []),
         "flashinfer": getattr(b, "FLASHINFER", None),
@@ -63,7 +53,7 @@ def _parse_arch(arch: str) -> Optional[Tuple[bool, int, int, str]]:
     ptx = a.startswith("compute_")
     a = a.replace("compute_", "").replace("sm_", "")
     digits = "".join(c for c in a if c.isdigit())
-    suffix = a[len(digits) :]
+    suffix = a[len(digits):]
     if len(digits) < 2:
         return None
     num = int(digits)
@@ -77,13 +67,9 @@ def _cubin_runs_on(major: int, minor: int, am: int, an: int, suffix: str) -> boo
     return major == am and minor >= an
 
 
-def kernel_path(
-    capability: Optional[Tuple[int, int]],
-    archs: Optional[List[str]] = None,
-    library_loaded: Optional[bool] = None,
-    choice: Optional[str] = None,
-    emulation: Optional[bool] = None,
-) -> str:
+def kernel_path(capability: Optional[Tuple[int, int]], archs: Optional[List[str]] = None,
+                library_loaded: Optional[bool] = None, choice: Optional[str] = None,
+                emulation: Optional[bool] = None) -> str:
     """Which implementation the quantizing ops take on a GPU of this compute capability (None: no GPU), as
     csrc/ops.cpp chooses it: choice is the kernel path (None: the launch options in force), emulation whether
     this is the Blackwell emulation build (None: from the build info); archs and library_loaded likewise."""
@@ -114,20 +100,17 @@ def kernel_path(
     if blackwell is not None and choice != "portable":
         return blackwell
     if choice == "blackwell":
-        return (
-            f"error: kernel path blackwell (QWEN_FP4_KERNEL_PATH or set_launch_options), but this build ({' '.join(archs) or 'no GPU targets'}) has no "
-            f"Blackwell path for sm_{major}{minor}; the quantizing CUDA ops raise"
-        )
+        built = " ".join(archs) or "no GPU targets"
+        return (f"error: kernel path blackwell (QWEN_FP4_KERNEL_PATH or set_launch_options), but this build "
+                f"({built}) has no Blackwell path for sm_{major}{minor}; the quantizing CUDA ops raise")
     if cubins:
         return PATH_PORTABLE
     if any(ptx and (am, an) <= (major, minor) for ptx, am, an, _ in parsed):
         return PATH_PORTABLE_JIT
     if not recorded:
         return PATH_UNRECORDED
-    return (
-        f"none: this build ({' '.join(archs) or 'no GPU targets'}) has no kernel for sm_{major}{minor}; "
-        "CUDA tensors will fail, CPU tensors use the reference"
-    )
+    return (f"none: this build ({' '.join(archs) or 'no GPU targets'}) has no kernel for sm_{major}{minor}; "
+            "CUDA tensors will fail, CPU tensors use the reference")
 
 
 def collect_info() -> Dict[str, object]:
@@ -138,14 +121,8 @@ def collect_info() -> Dict[str, object]:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             cap = torch.cuda.get_device_capability(i)
-            gpus.append(
-                {
-                    "index": i,
-                    "name": torch.cuda.get_device_name(i),
-                    "capability": f"{cap[0]}.{cap[1]}",
-                    "path": kernel_path(cap),
-                }
-            )
+            gpus.append({"index": i, "name": torch.cuda.get_device_name(i),
+                         "capability": f"{cap[0]}.{cap[1]}", "path": kernel_path(cap)})
     return {
         "version": package_version(),
         "torch": torch.__version__,

@@ -46,8 +46,7 @@ def _from_env() -> LaunchOptions:
 def _push(options: LaunchOptions) -> None:
     if _library.cuda_available():
         getattr(torch.ops, ops.NAMESPACE)._set_launch_options(
-            _KERNEL_PATH_CODES.get(options.kernel_path, _INVALID_KERNEL_PATH), options.pdl
-        )
+            _KERNEL_PATH_CODES.get(options.kernel_path, _INVALID_KERNEL_PATH), options.pdl)
 
 
 _options = _from_env()
@@ -87,9 +86,8 @@ def set_launch_options(kernel_path: Optional[str] = None, pdl: Optional[bool] = 
         raise TypeError(f"pdl must be a bool or None, got {type(pdl).__name__}")
     with _lock:
         before = _options
-        new = LaunchOptions(
-            before.kernel_path if kernel_path is None else kernel_path, before.pdl if pdl is None else pdl
-        )
+        new = LaunchOptions(before.kernel_path if kernel_path is None else kernel_path,
+                            before.pdl if pdl is None else pdl)
         _push(new)
         _options = new
     return before

@@ -30,6 +30,7 @@ from .validation import WIDTH_RULE, is_supported_width
 Tensor = torch.Tensor
 
 
+
 def swizzle_scales_128x4(scales: Tensor, rows: int, cols: int) -> Tensor:
     """uint8 [round_up(rows, 128), cols / 16]: row-major E4M3 block scales [rows, cols / 16] (uint8 or
     float8_e4m3fn) moved into the 128x4 layout (:func:`~qwen_resnorm_fp4.layout.sf_offsets`), padding rows zero.
@@ -75,19 +76,10 @@ class NVFP4Linear(torch.nn.Module):
             dequantizing the weight on every call (False by default; setting it False frees the copy).
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        *,
-        device: Optional[Union[str, torch.device]] = None,
-        bias_dtype: torch.dtype = torch.bfloat16,
-        fast_math: Optional[bool] = None,
-        gemm_backend: str = "auto",
-        cache_dequantized_weight: bool = False,
-        nvfp4_4over6: Any = UNSET,
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 device: Optional[Union[str, torch.device]] = None, bias_dtype: torch.dtype = torch.bfloat16,
+                 fast_math: Optional[bool] = None, gemm_backend: str = "auto",
+                 cache_dequantized_weight: bool = False, nvfp4_4over6: Any = UNSET) -> None:
         super().__init__()
         if not is_supported_width(in_features):
             raise ValueError(f"in_features must be {WIDTH_RULE}, got {in_features}")
@@ -146,15 +138,8 @@ class NVFP4Linear(torch.nn.Module):
         if not value:
             self.gemm_cache.weight_bf16 = None
 
-    def _set_quantized(
-        self,
-        packed: Tensor,
-        scales: Tensor,
-        weight_global_scale: Tensor,
-        input_global_scale: Tensor,
-        alpha: Tensor,
-        bias: Optional[Tensor],
-    ) -> None:
+    def _set_quantized(self, packed: Tensor, scales: Tensor, weight_global_scale: Tensor,
+                       input_global_scale: Tensor, alpha: Tensor, bias: Optional[Tensor]) -> None:
         """Copy a quantized weight and its scales into the buffers; read alpha to the host once."""
         with torch.no_grad():
             self.weight_packed.copy_(packed)
@@ -167,16 +152,9 @@ class NVFP4Linear(torch.nn.Module):
         host_alpha(self, self.gemm_cache)
 
     @classmethod
-    def from_linear(
-        cls,
-        linear: torch.nn.Linear,
-        input_amax: Union[float, Tensor],
-        fast_math: Optional[bool] = None,
-        *,
-        gemm_backend: str = "auto",
-        cache_dequantized_weight: bool = False,
-        nvfp4_4over6: Any = UNSET,
-    ) -> NVFP4Linear:
+    def from_linear(cls, linear: torch.nn.Linear, input_amax: Union[float, Tensor], fast_math: Optional[bool] = None,
+                    *, gemm_backend: str = "auto", cache_dequantized_weight: bool = False,
+                    nvfp4_4over6: Any = UNSET) -> NVFP4Linear:
         """Quantize a ``torch.nn.Linear`` (on its device): weight global scale 448*6/amax(|W|), the weight
         quantized with :func:`~qwen_resnorm_fp4.nvfp4_quantize` (the production recipe; the CPU reference on
         the CPU, the kernel on a GPU), input global scale 448*6/``input_amax``. ``nvfp4_4over6``: the recipe
@@ -198,17 +176,10 @@ class NVFP4Linear(torch.nn.Module):
         if not (math.isfinite(amax_in_value) and amax_in_value > 0):
             raise ValueError(f"input_amax must be finite and positive, got {amax_in_value}")
         bias = linear.bias
-        layer = cls(
-            k,
-            n,
-            bias is not None,
-            device=dev,
-            bias_dtype=bias.dtype if bias is not None else torch.bfloat16,
-            fast_math=fast_math,
-            gemm_backend=gemm_backend,
-            cache_dequantized_weight=cache_dequantized_weight,
-            nvfp4_4over6=nvfp4_4over6,
-        )
+        layer = cls(k, n, bias is not None, device=dev,
+                    bias_dtype=bias.dtype if bias is not None else torch.bfloat16,
+                    fast_math=fast_math, gemm_backend=gemm_backend,
+                    cache_dequantized_weight=cache_dequantized_weight, nvfp4_4over6=nvfp4_4over6)
         code = layer.nvfp4_4over6_code
         wb = w.to(torch.bfloat16).contiguous()
         w_amax = wb.float().abs().nan_to_num().amax()
@@ -219,19 +190,10 @@ class NVFP4Linear(torch.nn.Module):
         return layer
 
     @classmethod
-    def from_modelopt(
-        cls,
-        weight: Tensor,
-        weight_scale: Tensor,
-        weight_scale_2: Union[float, Tensor],
-        input_scale: Union[float, Tensor],
-        bias: Optional[Tensor] = None,
-        *,
-        fast_math: Optional[bool] = None,
-        gemm_backend: str = "auto",
-        cache_dequantized_weight: bool = False,
-        nvfp4_4over6: Any = UNSET,
-    ) -> NVFP4Linear:
+    def from_modelopt(cls, weight: Tensor, weight_scale: Tensor, weight_scale_2: Union[float, Tensor],
+                      input_scale: Union[float, Tensor], bias: Optional[Tensor] = None, *,
+                      fast_math: Optional[bool] = None, gemm_backend: str = "auto",
+                      cache_dequantized_weight: bool = False, nvfp4_4over6: Any = UNSET) -> NVFP4Linear:
         """A layer from NVIDIA ModelOpt's NVFP4 export of a Linear, as it is (on ``weight``'s device).
 
         Args:
@@ -258,38 +220,27 @@ class NVFP4Linear(torch.nn.Module):
         if not isinstance(weight_scale, torch.Tensor) or weight_scale.dtype not in (torch.float8_e4m3fn, torch.uint8):
             raise TypeError("weight_scale must be ModelOpt's E4M3 block scales: a float8_e4m3fn or uint8 tensor")
         if tuple(weight_scale.shape) != (n, k // 16):
-            raise ValueError(
-                f"weight_scale must be [N, K/16] = [{n}, {k // 16}] (row-major, one scale per 16 "
-                f"inputs), got shape {tuple(weight_scale.shape)}"
-            )
+            raise ValueError(f"weight_scale must be [N, K/16] = [{n}, {k // 16}] (row-major, one scale per 16 "
+                             f"inputs), got shape {tuple(weight_scale.shape)}")
         if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,)):
-            raise ValueError(
-                f"bias must be a tensor of shape ({n},), got "
-                f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}"
-            )
+            raise ValueError(f"bias must be a tensor of shape ({n},), got "
+                             f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
         dev = weight.device
         ws2 = positive_scalar("weight_scale_2", weight_scale_2, dev)
         in_scale = positive_scalar("input_scale", input_scale, dev)
-        layer = cls(
-            k,
-            n,
-            bias is not None,
-            device=dev,
-            bias_dtype=bias.dtype if bias is not None else torch.bfloat16,
-            fast_math=fast_math,
-            gemm_backend=gemm_backend,
-            cache_dequantized_weight=cache_dequantized_weight,
-            nvfp4_4over6=nvfp4_4over6,
-        )
+        layer = cls(k, n, bias is not None, device=dev,
+                    bias_dtype=bias.dtype if bias is not None else torch.bfloat16, fast_math=fast_math,
+                    gemm_backend=gemm_backend, cache_dequantized_weight=cache_dequantized_weight,
+                    nvfp4_4over6=nvfp4_4over6)
         scales = swizzle_scales_128x4(weight_scale.detach().to(dev).contiguous(), n, k)
         one = torch.ones((1,), dtype=torch.float32, device=dev)
-        layer._set_quantized(
-            weight.detach(), scales, one / ws2, one / in_scale, in_scale * ws2, None if bias is None else bias.to(dev)
-        )
+        layer._set_quantized(weight.detach(), scales, one / ws2, one / in_scale, in_scale * ws2,
+                             None if bias is None else bias.to(dev))
         return layer
 
     @classmethod
-    def from_modelopt_state_dict(cls, state_dict: Mapping[str, Tensor], prefix: str = "", **kwargs: Any) -> NVFP4Linear:
+    def from_modelopt_state_dict(cls, state_dict: Mapping[str, Tensor], prefix: str = "",
+                                 **kwargs: Any) -> NVFP4Linear:
         """:meth:`from_modelopt` from a module's keys in a ModelOpt NVFP4 checkpoint: ``{prefix}weight``,
         ``{prefix}weight_scale``, ``{prefix}weight_scale_2``, ``{prefix}input_scale`` and, if present,
         ``{prefix}bias`` (``prefix`` e.g. ``"transformer_blocks.0.img_mlp.net.0.proj."``). ``kwargs`` go to
@@ -297,13 +248,10 @@ class NVFP4Linear(torch.nn.Module):
         needed = ("weight", "weight_scale", "weight_scale_2", "input_scale")
         missing = [f"{prefix}{key}" for key in needed if f"{prefix}{key}" not in state_dict]
         if missing:
-            raise KeyError(
-                f"state_dict lacks {', '.join(missing)} (a ModelOpt NVFP4 export of a Linear has "
-                f"{', '.join(prefix + key for key in needed)})"
-            )
-        return cls.from_modelopt(
-            *(state_dict[f"{prefix}{key}"] for key in needed), bias=state_dict.get(f"{prefix}bias"), **kwargs
-        )
+            raise KeyError(f"state_dict lacks {', '.join(missing)} (a ModelOpt NVFP4 export of a Linear has "
+                           f"{', '.join(prefix + key for key in needed)})")
+        return cls.from_modelopt(*(state_dict[f"{prefix}{key}"] for key in needed),
+                                 bias=state_dict.get(f"{prefix}bias"), **kwargs)
 
     def quantize_input(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """NVFP4 of bf16 ``x`` [..., K] with this layer's input global scale: (packed [M, K/2], scales)."""
@@ -320,10 +268,8 @@ class NVFP4Linear(torch.nn.Module):
             out = apply_nvfp4_gemm_prequantized(self, packed, scales, torch.bfloat16, backend=self.gemm_backend)
             return out if out_shape is None else out.reshape(*out_shape, self.out_features)
         if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
-            raise TypeError(
-                f"x must be a bfloat16 tensor or a (packed, scales) pair, got "
-                f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}"
-            )
+            raise TypeError(f"x must be a bfloat16 tensor or a (packed, scales) pair, got "
+                            f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must be [..., {self.in_features}], got shape {tuple(x.shape)}")
         lead = x.shape[:-1] if out_shape is None else tuple(out_shape)
@@ -332,11 +278,9 @@ class NVFP4Linear(torch.nn.Module):
         return out.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-            f"fast_math={self.fast_math}, nvfp4_4over6={self.nvfp4_4over6!r}, gemm_backend={self.gemm_backend!r}, "
-            f"cache_dequantized_weight={self.cache_dequantized_weight}"
-        )
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"fast_math={self.fast_math}, nvfp4_4over6={self.nvfp4_4over6!r}, gemm_backend={self.gemm_backend!r}, "
+                f"cache_dequantized_weight={self.cache_dequantized_weight}")
 
 
 #: Buffers that stay fp32 whatever dtype the module is moved to.

@@ -4,8 +4,8 @@ already-quantized E4M3 ones.
 ``layer(x)`` for a BF16 tensor ``x`` [..., K] quantizes it with the layer's static ``input_scale``
 (:func:`~qwen_resnorm_fp4.fp8_quantize`: q = E4M3(clamp(x * (1 / input_scale), -448, 448)), round to
 nearest even) and runs the GEMM; ``layer(q)`` for a ``float8_e4m3fn`` tensor skips the quantization: that is
-how the output of a fused FP8 op (the FP8 row op, the no-residual FP8 op, GELU + FP8) is consumed. Given the same activations, the
-two forms return the same bits.
+how the output of a fused FP8 op (the FP8 row op, the no-residual FP8 op, GELU + FP8) is consumed. Given the
+same activations, the two forms return the same bits.
 
 The GEMM, ``y = (q @ W.T) * input_scale * weight_scale + bias`` with fp32 accumulation and one rounding to
 bf16:
@@ -44,19 +44,14 @@ Tensor = torch.Tensor
 #: K and N must be multiples of this (torch._scaled_mm's rule).
 FP8_ALIGNMENT = 16
 #: The dtypes that stay as they are whatever dtype the module is moved to.
-_FIXED_DTYPES = {
-    "weight": torch.float8_e4m3fn,
-    "weight_scale": torch.float32,
-    "input_scale": torch.float32,
-    "bias": torch.bfloat16,
-}
+_FIXED_DTYPES = {"weight": torch.float8_e4m3fn, "weight_scale": torch.float32, "input_scale": torch.float32,
+                 "bias": torch.bfloat16}
 
 
 def is_fp8_linear_shape(in_features: int, out_features: int) -> bool:
     """Whether an FP8Linear of this shape exists: K and N positive multiples of 16."""
-    return (
-        in_features > 0 and out_features > 0 and in_features % FP8_ALIGNMENT == 0 and out_features % FP8_ALIGNMENT == 0
-    )
+    return (in_features > 0 and out_features > 0 and in_features % FP8_ALIGNMENT == 0
+            and out_features % FP8_ALIGNMENT == 0)
 
 
 def quantize_fp8(v: Tensor, scale: Tensor) -> Tensor:
@@ -71,24 +66,18 @@ def quantize_fp8(v: Tensor, scale: Tensor) -> Tensor:
 def _check_weight_scale(weight_scale: Tensor, n: int) -> Tensor:
     """fp32 [1] (per tensor) or [N] (per channel) from a ModelOpt weight_scale of shape (), (1,), (N,) or
     (N, 1); every value finite and positive."""
-    if (
-        not isinstance(weight_scale, Tensor)
-        or not weight_scale.is_floating_point()
-        or weight_scale.dtype == torch.float8_e4m3fn
-    ):
-        raise TypeError(
-            "weight_scale must be a floating-point tensor (ModelOpt writes fp32), got "
-            f"{weight_scale.dtype if isinstance(weight_scale, Tensor) else type(weight_scale).__name__}"
-        )
+    if not isinstance(weight_scale, Tensor) or not weight_scale.is_floating_point() \
+            or weight_scale.dtype == torch.float8_e4m3fn:
+        raise TypeError("weight_scale must be a floating-point tensor (ModelOpt writes fp32), got "
+                        f"{weight_scale.dtype if isinstance(weight_scale, Tensor) else type(weight_scale).__name__}")
     shape = tuple(weight_scale.shape)
     if weight_scale.numel() == 1 and len(shape) <= 1:
         s = weight_scale.detach().reshape(1)
     elif shape in ((n,), (n, 1)):
         s = weight_scale.detach().reshape(n)
     else:
-        raise ValueError(
-            f"weight_scale must be one element (per tensor) or [{n}] / [{n}, 1] (per output channel), got shape {shape}"
-        )
+        raise ValueError(f"weight_scale must be one element (per tensor) or [{n}] / [{n}, 1] (per output channel), "
+                         f"got shape {shape}")
     s = s.to(torch.float32)
     if not bool(torch.isfinite(s).all() and (s > 0).all()):
         raise ValueError("weight_scale must be finite and positive everywhere")
@@ -116,28 +105,19 @@ class FP8Linear(torch.nn.Module):
     nothing but the device): the E4M3 bytes and the fp32 scales are the format.
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        *,
-        device: Optional[Union[str, torch.device]] = None,
-        per_channel: bool = False,
-        use_fast_accum: bool = True,
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 device: Optional[Union[str, torch.device]] = None, per_channel: bool = False,
+                 use_fast_accum: bool = True) -> None:
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{name} must be an int, got {type(v).__name__}")
         if not (in_features > 0 and in_features % FP8_ALIGNMENT == 0):
-            raise ValueError(
-                f"in_features must be a positive multiple of {FP8_ALIGNMENT} (torch._scaled_mm), got {in_features}"
-            )
+            raise ValueError(f"in_features must be a positive multiple of {FP8_ALIGNMENT} (torch._scaled_mm), "
+                             f"got {in_features}")
         if not (out_features > 0 and out_features % FP8_ALIGNMENT == 0):
-            raise ValueError(
-                f"out_features must be a positive multiple of {FP8_ALIGNMENT} (torch._scaled_mm), got {out_features}"
-            )
+            raise ValueError(f"out_features must be a positive multiple of {FP8_ALIGNMENT} (torch._scaled_mm), "
+                             f"got {out_features}")
         for name, v in (("bias", bias), ("per_channel", per_channel), ("use_fast_accum", use_fast_accum)):
             if not isinstance(v, bool):
                 raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
@@ -147,7 +127,8 @@ class FP8Linear(torch.nn.Module):
         self.use_fast_accum = use_fast_accum
         n, k = out_features, in_features
         self.register_buffer("weight", torch.zeros((n, k), dtype=torch.float8_e4m3fn, device=device))
-        self.register_buffer("weight_scale", torch.ones((n if per_channel else 1,), dtype=torch.float32, device=device))
+        self.register_buffer("weight_scale", torch.ones((n if per_channel else 1,), dtype=torch.float32,
+                                                        device=device))
         self.register_buffer("input_scale", torch.ones((1,), dtype=torch.float32, device=device))
         self.register_buffer("bias", torch.zeros((n,), dtype=torch.bfloat16, device=device) if bias else None)
 
@@ -164,14 +145,8 @@ class FP8Linear(torch.nn.Module):
                 self.bias.copy_(bias.detach())
 
     @classmethod
-    def from_linear(
-        cls,
-        linear: torch.nn.Linear,
-        input_amax: Union[float, Tensor],
-        *,
-        per_channel: bool = False,
-        use_fast_accum: bool = True,
-    ) -> FP8Linear:
+    def from_linear(cls, linear: torch.nn.Linear, input_amax: Union[float, Tensor], *, per_channel: bool = False,
+                    use_fast_accum: bool = True) -> FP8Linear:
         """Quantize a ``torch.nn.Linear`` (on its device), ModelOpt's FP8 recipe:
         ``weight_scale = amax(|W|) / 448`` over the whole weight (or per output row with ``per_channel``; an
         all-zero weight or row reads amax 1), the weight quantized once, ``E4M3(clamp(W / weight_scale))``
@@ -186,7 +161,8 @@ class FP8Linear(torch.nn.Module):
         dev = w.device
         in_scale = positive_scalar("input_amax", input_amax, dev) / E4M3_MAX
         api.check_fp8_input_scale(in_scale)  # the ops' value rule: a normal fp32
-        layer = cls(k, n, linear.bias is not None, device=dev, per_channel=per_channel, use_fast_accum=use_fast_accum)
+        layer = cls(k, n, linear.bias is not None, device=dev, per_channel=per_channel,
+                    use_fast_accum=use_fast_accum)
         wf = w.to(torch.float32)
         amax = wf.abs().nan_to_num().amax(dim=1) if per_channel else wf.abs().nan_to_num().amax().reshape(1)
         amax = torch.where(amax > 0, amax, torch.ones_like(amax))
@@ -195,15 +171,8 @@ class FP8Linear(torch.nn.Module):
         return layer
 
     @classmethod
-    def from_modelopt(
-        cls,
-        weight: Tensor,
-        weight_scale: Tensor,
-        input_scale: Union[float, Tensor],
-        bias: Optional[Tensor] = None,
-        *,
-        use_fast_accum: bool = True,
-    ) -> FP8Linear:
+    def from_modelopt(cls, weight: Tensor, weight_scale: Tensor, input_scale: Union[float, Tensor],
+                      bias: Optional[Tensor] = None, *, use_fast_accum: bool = True) -> FP8Linear:
         """A layer from NVIDIA ModelOpt's FP8 export of a Linear, as written (on ``weight``'s device).
 
         Args:
@@ -217,11 +186,9 @@ class FP8Linear(torch.nn.Module):
             use_fast_accum: as for :class:`FP8Linear`.
         """
         if not isinstance(weight, Tensor) or weight.dtype != torch.float8_e4m3fn:
-            raise TypeError(
-                "weight must be ModelOpt's FP8 weight, a float8_e4m3fn tensor [N, K], got "
-                f"{weight.dtype if isinstance(weight, Tensor) else type(weight).__name__} "
-                "(a BF16 weight: FP8Linear.from_linear quantizes one)"
-            )
+            raise TypeError("weight must be ModelOpt's FP8 weight, a float8_e4m3fn tensor [N, K], got "
+                            f"{weight.dtype if isinstance(weight, Tensor) else type(weight).__name__} "
+                            "(a BF16 weight: FP8Linear.from_linear quantizes one)")
         if weight.dim() != 2:
             raise ValueError(f"weight must be [N, K], got shape {tuple(weight.shape)}")
         n, k = weight.shape
@@ -230,16 +197,16 @@ class FP8Linear(torch.nn.Module):
         in_scale = positive_scalar("input_scale", input_scale, dev)
         api.check_fp8_input_scale(in_scale)  # the ops' value rule: a normal fp32
         if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (n,)):
-            raise ValueError(
-                f"bias must be a tensor of shape ({n},), got "
-                f"{tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__}"
-            )
-        layer = cls(k, n, bias is not None, device=dev, per_channel=w_scale.numel() != 1, use_fast_accum=use_fast_accum)
+            raise ValueError(f"bias must be a tensor of shape ({n},), got "
+                             f"{tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__}")
+        layer = cls(k, n, bias is not None, device=dev, per_channel=w_scale.numel() != 1,
+                    use_fast_accum=use_fast_accum)
         layer._set(weight.detach(), w_scale, in_scale, None if bias is None else bias.to(dev))
         return layer
 
     @classmethod
-    def from_modelopt_state_dict(cls, state_dict: Mapping[str, Tensor], prefix: str = "", **kwargs: Any) -> FP8Linear:
+    def from_modelopt_state_dict(cls, state_dict: Mapping[str, Tensor], prefix: str = "",
+                                 **kwargs: Any) -> FP8Linear:
         """:meth:`from_modelopt` from a module's keys in a ModelOpt FP8 checkpoint (or one written by SGLang's
         build_modelopt_fp8_transformer, the same keys): ``{prefix}weight``, ``{prefix}weight_scale``,
         ``{prefix}input_scale`` and, if present, ``{prefix}bias`` (``prefix`` e.g.
@@ -247,13 +214,10 @@ class FP8Linear(torch.nn.Module):
         needed = ("weight", "weight_scale", "input_scale")
         missing = [f"{prefix}{key}" for key in needed if f"{prefix}{key}" not in state_dict]
         if missing:
-            raise KeyError(
-                f"state_dict lacks {', '.join(missing)} (a ModelOpt FP8 export of a Linear has "
-                f"{', '.join(prefix + key for key in needed)})"
-            )
-        return cls.from_modelopt(
-            *(state_dict[f"{prefix}{key}"] for key in needed), bias=state_dict.get(f"{prefix}bias"), **kwargs
-        )
+            raise KeyError(f"state_dict lacks {', '.join(missing)} (a ModelOpt FP8 export of a Linear has "
+                           f"{', '.join(prefix + key for key in needed)})")
+        return cls.from_modelopt(*(state_dict[f"{prefix}{key}"] for key in needed),
+                                 bias=state_dict.get(f"{prefix}bias"), **kwargs)
 
     # --------------------------------------------------------------------------------------------------
     # Module plumbing
@@ -269,9 +233,8 @@ class FP8Linear(torch.nn.Module):
                 setattr(self, name, old.to(t.device))
         return self
 
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-    ):
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
         """Load a ModelOpt FP8 export's keys as written: a 0-dim ``weight_scale`` / ``input_scale`` (or an
         [N, 1] per-channel ``weight_scale``) fits the buffers; a weight that is not E4M3 is refused (loading
         would quantize it silently), and so is an ``input_scale`` that is not one positive, normal fp32
@@ -291,9 +254,8 @@ class FP8Linear(torch.nn.Module):
             if isinstance(t, Tensor) and t.numel() == buf.numel() and tuple(t.shape) != tuple(buf.shape):
                 state_dict = dict(state_dict)
                 state_dict[prefix + name] = t.reshape(buf.shape)
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     # --------------------------------------------------------------------------------------------------
     # Forward
@@ -330,39 +292,20 @@ class FP8Linear(torch.nn.Module):
             scale_a = self.input_scale.reshape(1, 1).expand(a.shape[0], 1).contiguous()
             scale_b = self.weight_scale.reshape(1, self.out_features)
             if self.bias is not None:  # no row-wise bias epilogue (not every shape has one): bf16 out, + bias
-                return (
-                    torch._scaled_mm(
-                        a,
-                        self.weight.t(),
-                        scale_a,
-                        scale_b,
-                        out_dtype=torch.bfloat16,
-                        use_fast_accum=self.use_fast_accum,
-                    )
-                    + self.bias
-                )
+                return torch._scaled_mm(a, self.weight.t(), scale_a, scale_b, out_dtype=torch.bfloat16,
+                                        use_fast_accum=self.use_fast_accum) + self.bias
         else:
             scale_a, scale_b = self.input_scale, self.weight_scale
-        return torch._scaled_mm(
-            a,
-            self.weight.t(),
-            scale_a,
-            scale_b,
-            bias=self.bias,
-            out_dtype=torch.bfloat16,
-            use_fast_accum=self.use_fast_accum,
-        )
+        return torch._scaled_mm(a, self.weight.t(), scale_a, scale_b, bias=self.bias, out_dtype=torch.bfloat16,
+                                use_fast_accum=self.use_fast_accum)
 
     def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-            f"per_channel={self.per_channel}, use_fast_accum={self.use_fast_accum}"
-        )
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"per_channel={self.per_channel}, use_fast_accum={self.use_fast_accum}")
 
 
-def fp8_linear_reference(
-    a: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor, bias: Optional[Tensor]
-) -> Tensor:
+def fp8_linear_reference(a: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor,
+                         bias: Optional[Tensor]) -> Tensor:
     """The dequantized reference of the FP8 GEMM: bf16(((a @ W.T) in fp32 on the E4M3 values) * input_scale *
     weight_scale + bias). ``a``: float8_e4m3fn [M, K]; ``weight``: float8_e4m3fn [N, K]; ``weight_scale``:
     fp32 [1] or [N]; ``input_scale``: fp32 [1]; ``bias``: [N] or None."""
@@ -373,4 +316,5 @@ def fp8_linear_reference(
     return out.to(torch.bfloat16)
 
 
-__all__ = ["FP8Linear", "E4M3_MAX", "FP8_ALIGNMENT", "is_fp8_linear_shape", "quantize_fp8", "fp8_linear_reference"]
+__all__ = ["FP8Linear", "E4M3_MAX", "FP8_ALIGNMENT", "is_fp8_linear_shape", "quantize_fp8",
+           "fp8_linear_reference"]

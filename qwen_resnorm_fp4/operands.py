@@ -86,9 +86,8 @@ class OpArguments:
         self.inputs, self.optional, self.modulation = tuple(inputs), tuple(optional), tuple(modulation)
         self.elements = tuple(elements)
         self.floats, self.required_tensors = tuple(floats), tuple(required_tensors)
-        self.optional_tensors = tuple(
-            i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Optional[Tensor]"
-        )
+        self.optional_tensors = tuple(i for i, a in enumerate(op._schema.arguments)
+                                      if str(a.type) == "Optional[Tensor]")
 
     def prepared(self, args: Sequence) -> list:
         """``args`` (the op's, in schema order) with each one as the op takes it; TypeError for a float

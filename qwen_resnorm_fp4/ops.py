@@ -61,31 +61,12 @@ class OpEntry:
         reads_scale: the position of ``input_scale``, whose value the Python implementation checks too.
     """
 
-    __slots__ = (
-        "name",
-        "schema",
-        "rules",
-        "outputs",
-        "reference",
-        "functional",
-        "fusion",
-        "format",
-        "argument_names",
-        "reads_scale",
-    )
+    __slots__ = ("name", "schema", "rules", "outputs", "reference", "functional", "fusion", "format",
+                 "argument_names", "reads_scale")
 
-    def __init__(
-        self,
-        name: str,
-        schema: str,
-        rules: Optional[Rules],
-        *,
-        outputs: Optional[Callable] = None,
-        reference: Optional[Callable] = None,
-        functional: Optional[str] = None,
-        fusion: Optional[str] = None,
-        format: Optional[str] = None,
-    ) -> None:
+    def __init__(self, name: str, schema: str, rules: Optional[Rules], *, outputs: Optional[Callable] = None,
+                 reference: Optional[Callable] = None, functional: Optional[str] = None,
+                 fusion: Optional[str] = None, format: Optional[str] = None) -> None:
         self.name, self.schema, self.rules = name, schema, rules
         self.outputs, self.reference, self.functional = outputs, reference, functional
         self.fusion, self.format = fusion, format
@@ -93,7 +74,8 @@ class OpEntry:
         self.argument_names = tuple(a.name for a in parsed.arguments)
         #: Position of input_scale, whose value the Python implementation also checks (the CUDA kernels check
         #: it on the device instead: every output byte 0x7F).
-        self.reads_scale = self.argument_names.index("input_scale") if "input_scale" in self.argument_names else None
+        self.reads_scale = self.argument_names.index("input_scale") if "input_scale" in self.argument_names \
+            else None
 
     @property
     def is_out_variant(self) -> bool:
@@ -117,10 +99,8 @@ def _quantized(like: Tensor) -> Tuple[Tensor, Tensor]:
     """packed uint8 [M, D/2] and scales uint8 [round_up(M, 128), D/16] for ``like`` [..., D]."""
     d = like.shape[-1]
     rows = like.numel() // d
-    return (
-        like.new_empty((rows, d // 2), dtype=torch.uint8),
-        like.new_empty((round_up(rows, 128), d // 16), dtype=torch.uint8),
-    )
+    return (like.new_empty((rows, d // 2), dtype=torch.uint8),
+            like.new_empty((round_up(rows, 128), d // 16), dtype=torch.uint8))
 
 
 def _like(x: Tensor) -> Tensor:
@@ -146,22 +126,8 @@ def _write(out: Tensor, value: Tensor) -> None:
     (out.view(value.dtype) if out.dtype != value.dtype else out).copy_(value.reshape(out.shape))
 
 
-def _fp8_rows_into(
-    residual,
-    x,
-    bias,
-    gate,
-    scale,
-    shift,
-    input_scale,
-    eps,
-    y,
-    residual_out,
-    weight=None,
-    norm_bias=None,
-    modulate_index=None,
-    y_bf16=None,
-) -> None:
+def _fp8_rows_into(residual, x, bias, gate, scale, shift, input_scale, eps, y, residual_out, weight=None,
+                   norm_bias=None, modulate_index=None, y_bf16=None) -> None:
     """The FP8 row op's out-variant: its y, its residual_out and (optional) the bf16 y it quantized."""
     y_ref, r = reference.resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
     _write(y, reference.fp8_quantize(y_ref, input_scale))
@@ -170,9 +136,8 @@ def _fp8_rows_into(
         _write(y_bf16, y_ref)
 
 
-def _fp8_norm_into(
-    x, scale, shift, input_scale, eps, y, weight=None, norm_bias=None, modulate_index=None, y_bf16=None
-) -> None:
+def _fp8_norm_into(x, scale, shift, input_scale, eps, y, weight=None, norm_bias=None, modulate_index=None,
+                   y_bf16=None) -> None:
     """The FP8 no-residual op's out-variant: its y and (optional) the bf16 y it quantized."""
     y_ref = reference.norm_modulate(x, scale, shift, eps, weight, norm_bias, modulate_index)
     _write(y, reference.fp8_quantize(y_ref, input_scale))
@@ -190,145 +155,72 @@ _NORM_PARAMS = "Tensor? weight=None, Tensor? norm_bias=None, Tensor? modulate_in
 _TABLE = (
     # Gated residual update + LayerNorm + modulation + NVFP4 (numerics: docs/numerics.md, steps 1-8).
     # nvfp4_4over6_code: 0 (standard) or FlashInfer's packing of NVFP44Over6Config (recipe.py).
-    OpEntry(
-        "resnorm_quant",
-        f"({_ROW_INPUTS}, Tensor global_scale, float eps, bool fast_math, {_NORM_PARAMS}, "
-        "int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales, Tensor residual_out)",
-        resnorm_quant_problem,
-        outputs=lambda residual, x, *_: (*_quantized(x), _like(x)),
-        reference=reference.resnorm_quant,
-        fusion="residual_norm",
-        format="nvfp4",
-    ),
+    OpEntry("resnorm_quant",
+            f"({_ROW_INPUTS}, Tensor global_scale, float eps, bool fast_math, {_NORM_PARAMS}, "
+            "int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales, Tensor residual_out)",
+            resnorm_quant_problem, outputs=lambda residual, x, *_: (*_quantized(x), _like(x)),
+            reference=reference.resnorm_quant, fusion="residual_norm", format="nvfp4"),
     # Its bf16 half: y and residual_out (steps 1-7).
-    OpEntry(
-        "resnorm",
-        f"({_ROW_INPUTS}, float eps, {_NORM_PARAMS}) -> (Tensor y, Tensor residual_out)",
-        resnorm_problem,
-        outputs=lambda residual, x, *_: (_like(x), _like(x)),
-        reference=reference.resnorm,
-        fusion="residual_norm",
-        format="bf16",
-    ),
+    OpEntry("resnorm", f"({_ROW_INPUTS}, float eps, {_NORM_PARAMS}) -> (Tensor y, Tensor residual_out)",
+            resnorm_problem, outputs=lambda residual, x, *_: (_like(x), _like(x)), reference=reference.resnorm,
+            fusion="residual_norm", format="bf16"),
     # The standalone NVFP4 quantizer (step 8), the production recipe.
-    OpEntry(
-        "nvfp4_quantize",
-        "(Tensor y, Tensor global_scale, bool fast_math, int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales)",
-        quantize_problem,
-        outputs=lambda y, *_: _quantized(y),
-        reference=reference.nvfp4_quantize,
-        fusion="quantize",
-        format="nvfp4",
-    ),
+    OpEntry("nvfp4_quantize",
+            "(Tensor y, Tensor global_scale, bool fast_math, int nvfp4_4over6_code=0) "
+            "-> (Tensor packed, Tensor scales)",
+            quantize_problem, outputs=lambda y, *_: _quantized(y), reference=reference.nvfp4_quantize,
+            fusion="quantize", format="nvfp4"),
     # The out-variants: the functional op's outputs, in order, after its required arguments; residual_out may
     # be residual itself.
-    OpEntry(
-        "resnorm_quant_out",
-        f"({_ROW_INPUTS}, Tensor global_scale, float eps, bool fast_math, Tensor(a!) packed, Tensor(b!) scales, "
-        f"Tensor(c!) residual_out, {_NORM_PARAMS}, int nvfp4_4over6_code=0) -> ()",
-        resnorm_quant_out_problem,
-        functional="resnorm_quant",
-    ),
-    OpEntry(
-        "resnorm_out",
-        f"({_ROW_INPUTS}, float eps, Tensor(a!) y, Tensor(b!) residual_out, {_NORM_PARAMS}) -> ()",
-        resnorm_out_problem,
-        functional="resnorm",
-    ),
-    OpEntry(
-        "nvfp4_quantize_out",
-        "(Tensor y, Tensor global_scale, bool fast_math, Tensor(a!) packed, Tensor(b!) scales, "
-        "int nvfp4_4over6_code=0) -> ()",
-        quantize_out_problem,
-        functional="nvfp4_quantize",
-    ),
+    OpEntry("resnorm_quant_out",
+            f"({_ROW_INPUTS}, Tensor global_scale, float eps, bool fast_math, Tensor(a!) packed, Tensor(b!) scales, "
+            f"Tensor(c!) residual_out, {_NORM_PARAMS}, int nvfp4_4over6_code=0) -> ()",
+            resnorm_quant_out_problem, functional="resnorm_quant"),
+    OpEntry("resnorm_out",
+            f"({_ROW_INPUTS}, float eps, Tensor(a!) y, Tensor(b!) residual_out, {_NORM_PARAMS}) -> ()",
+            resnorm_out_problem, functional="resnorm"),
+    OpEntry("nvfp4_quantize_out",
+            "(Tensor y, Tensor global_scale, bool fast_math, Tensor(a!) packed, Tensor(b!) scales, "
+            "int nvfp4_4over6_code=0) -> ()",
+            quantize_out_problem, functional="nvfp4_quantize"),
     # NVFP4 -> bf16 e2m1 * e4m3 block scale (no global scale): exact, the tensor-core GEMM's operand.
-    OpEntry(
-        "nvfp4_dequantize_bf16",
-        "(Tensor packed, Tensor scales) -> Tensor",
-        dequantize_bf16_problem,
-        outputs=_dequantized,
-        reference=reference.nvfp4_dequantize_bf16,
-    ),
+    OpEntry("nvfp4_dequantize_bf16", "(Tensor packed, Tensor scales) -> Tensor", dequantize_bf16_problem,
+            outputs=_dequantized, reference=reference.nvfp4_dequantize_bf16),
     # FP8 (E4M3) output (docs/numerics.md, "FP8 (E4M3) output"). input_scale: ModelOpt's static scale
     # (amax / 448), one fp32 element on x's device. The out-variants' optional y_bf16 also receives the bf16 y.
-    OpEntry(
-        "resnorm_quant_fp8",
-        f"({_ROW_INPUTS}, Tensor input_scale, float eps, {_NORM_PARAMS}) -> (Tensor y, Tensor residual_out)",
-        resnorm_quant_fp8_problem,
-        outputs=lambda residual, x, *_: (_fp8_like(x), _like(x)),
-        reference=reference.resnorm_quant_fp8,
-        fusion="residual_norm",
-        format="fp8",
-    ),
-    OpEntry(
-        "resnorm_quant_fp8_out",
-        f"({_ROW_INPUTS}, Tensor input_scale, float eps, Tensor(a!) y, Tensor(b!) residual_out, "
-        f"{_NORM_PARAMS}, Tensor(c!)? y_bf16=None) -> ()",
-        resnorm_quant_fp8_out_problem,
-        reference=_fp8_rows_into,
-        functional="resnorm_quant_fp8",
-    ),
+    OpEntry("resnorm_quant_fp8",
+            f"({_ROW_INPUTS}, Tensor input_scale, float eps, {_NORM_PARAMS}) -> (Tensor y, Tensor residual_out)",
+            resnorm_quant_fp8_problem, outputs=lambda residual, x, *_: (_fp8_like(x), _like(x)),
+            reference=reference.resnorm_quant_fp8, fusion="residual_norm", format="fp8"),
+    OpEntry("resnorm_quant_fp8_out",
+            f"({_ROW_INPUTS}, Tensor input_scale, float eps, Tensor(a!) y, Tensor(b!) residual_out, "
+            f"{_NORM_PARAMS}, Tensor(c!)? y_bf16=None) -> ()",
+            resnorm_quant_fp8_out_problem, reference=_fp8_rows_into, functional="resnorm_quant_fp8"),
     # Element-wise, any shape: the FP8 input of a Linear that no norm produces (attention output).
-    OpEntry(
-        "fp8_quantize",
-        "(Tensor y, Tensor input_scale) -> Tensor",
-        fp8_quantize_problem,
-        outputs=lambda y, _: _fp8_like(y),
-        reference=reference.fp8_quantize,
-        fusion="quantize",
-        format="fp8",
-    ),
-    OpEntry(
-        "fp8_quantize_out",
-        "(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()",
-        fp8_quantize_out_problem,
-        functional="fp8_quantize",
-    ),
+    OpEntry("fp8_quantize", "(Tensor y, Tensor input_scale) -> Tensor", fp8_quantize_problem,
+            outputs=lambda y, _: _fp8_like(y), reference=reference.fp8_quantize, fusion="quantize", format="fp8"),
+    OpEntry("fp8_quantize_out", "(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()", fp8_quantize_out_problem,
+            functional="fp8_quantize"),
     # The same of GELU(tanh)(y) rounded to bf16 (PyTorch's CUDA GELU bit for bit): the FFN's second Linear input.
-    OpEntry(
-        "gelu_tanh_fp8_quantize",
-        "(Tensor y, Tensor input_scale) -> Tensor",
-        fp8_quantize_problem,
-        outputs=lambda y, _: _fp8_like(y),
-        reference=reference.gelu_tanh_fp8_quantize,
-        fusion="gelu_tanh",
-        format="fp8",
-    ),
-    OpEntry(
-        "gelu_tanh_fp8_quantize_out",
-        "(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()",
-        fp8_quantize_out_problem,
-        functional="gelu_tanh_fp8_quantize",
-    ),
+    OpEntry("gelu_tanh_fp8_quantize", "(Tensor y, Tensor input_scale) -> Tensor", fp8_quantize_problem,
+            outputs=lambda y, _: _fp8_like(y), reference=reference.gelu_tanh_fp8_quantize, fusion="gelu_tanh",
+            format="fp8"),
+    OpEntry("gelu_tanh_fp8_quantize_out", "(Tensor y, Tensor input_scale, Tensor(a!) out) -> ()",
+            fp8_quantize_out_problem, functional="gelu_tanh_fp8_quantize"),
     # No residual update (a block's first norm): LayerNorm + modulation of x, then NVFP4 / FP8.
-    OpEntry(
-        "norm_modulate_quant",
-        f"(Tensor x, Tensor scale, Tensor shift, Tensor global_scale, float eps, bool fast_math, {_NORM_PARAMS}, "
-        "int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales)",
-        norm_modulate_quant_problem,
-        outputs=lambda x, *_: _quantized(x),
-        reference=reference.norm_modulate_quant,
-        fusion="norm",
-        format="nvfp4",
-    ),
-    OpEntry(
-        "norm_modulate_quant_fp8",
-        f"(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, {_NORM_PARAMS}) -> Tensor",
-        norm_modulate_quant_fp8_problem,
-        outputs=lambda x, *_: _fp8_like(x),
-        reference=reference.norm_modulate_quant_fp8,
-        fusion="norm",
-        format="fp8",
-    ),
-    OpEntry(
-        "norm_modulate_quant_fp8_out",
-        f"(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, Tensor(a!) y, {_NORM_PARAMS}, "
-        "Tensor(b!)? y_bf16=None) -> ()",
-        norm_modulate_quant_fp8_out_problem,
-        reference=_fp8_norm_into,
-        functional="norm_modulate_quant_fp8",
-    ),
+    OpEntry("norm_modulate_quant",
+            f"(Tensor x, Tensor scale, Tensor shift, Tensor global_scale, float eps, bool fast_math, {_NORM_PARAMS}, "
+            "int nvfp4_4over6_code=0) -> (Tensor packed, Tensor scales)",
+            norm_modulate_quant_problem, outputs=lambda x, *_: _quantized(x), reference=reference.norm_modulate_quant,
+            fusion="norm", format="nvfp4"),
+    OpEntry("norm_modulate_quant_fp8",
+            f"(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, {_NORM_PARAMS}) -> Tensor",
+            norm_modulate_quant_fp8_problem, outputs=lambda x, *_: _fp8_like(x),
+            reference=reference.norm_modulate_quant_fp8, fusion="norm", format="fp8"),
+    OpEntry("norm_modulate_quant_fp8_out",
+            f"(Tensor x, Tensor scale, Tensor shift, Tensor input_scale, float eps, Tensor(a!) y, {_NORM_PARAMS}, "
+            "Tensor(b!)? y_bf16=None) -> ()",
+            norm_modulate_quant_fp8_out_problem, reference=_fp8_norm_into, functional="norm_modulate_quant_fp8"),
     # The compiled kernels' launch switches (kernel path: 0 auto, 1 portable, 2 blackwell; PDL), set by
     # qwen_resnorm_fp4.launch only: implemented by the compiled library alone.
     OpEntry("_set_launch_options", "(int kernel_path, bool pdl) -> ()", None),
@@ -341,8 +233,7 @@ SCHEMAS: Mapping[str, str] = MappingProxyType({e.name: f"{e.name}{e.schema}" for
 #: The functional op of each (fusion, output format): "residual_norm" (gated residual update + LayerNorm +
 #: modulation), "norm" (LayerNorm + modulation, no residual), "quantize", "gelu_tanh" (GELU, then quantize).
 FUSIONS: Mapping[Tuple[str, str], str] = MappingProxyType(
-    {(e.fusion, e.format): e.name for e in _TABLE if e.fusion is not None}
-)
+    {(e.fusion, e.format): e.name for e in _TABLE if e.fusion is not None})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -354,7 +245,6 @@ def _fake(entry: OpEntry) -> Callable:
     def fake(*args):
         require(entry.problem(args, memory=False))
         return None if entry.is_out_variant else entry.outputs(*args)
-
     fake.__name__ = f"{entry.name}_fake"
     return fake
 
@@ -372,7 +262,6 @@ def _write_functional(entry: OpEntry) -> Callable:
         results = results if isinstance(results, tuple) else (results,)
         for name, value in zip(outputs, results):
             _write(named[name], value)
-
     return write
 
 
@@ -386,7 +275,6 @@ def _implementation(entry: OpEntry) -> Callable:
             problem = input_scale_value_problem(args[scale_at])
         require(problem)
         return body(*args)
-
     implementation.__name__ = f"{entry.name}_python"
     return implementation
 

@@ -44,7 +44,7 @@ def _cpu_deltas() -> Tensor:
     raw = torch.frombuffer(bytearray(lzma.decompress(TABLE_PATH.read_bytes())), dtype=torch.uint8)
     nonzero = _unpack_bits_little(raw[: MANTISSAS // 8], MANTISSAS)
     count = int(nonzero.sum())
-    plus = _unpack_bits_little(raw[MANTISSAS // 8 :], count)
+    plus = _unpack_bits_little(raw[MANTISSAS // 8:], count)
     delta = torch.zeros(MANTISSAS, dtype=torch.int8)
     delta[nonzero] = torch.where(plus, 1, -1).to(torch.int8)
     return delta

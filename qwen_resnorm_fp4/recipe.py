@@ -21,14 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from .constants import E2M1_MAX, E4M3_MAX, E4M3_MAX_4OVER6_256
-from .env import (
-    FOUR_OVER_SIX_E4M3_256_VAR,
-    FOUR_OVER_SIX_ERR_FAST_MATH_VAR,
-    FOUR_OVER_SIX_ERR_MODE_VAR,
-    FOUR_OVER_SIX_VAR,
-    env_value,
-    flag_enabled,
-)
+from .env import (FOUR_OVER_SIX_E4M3_256_VAR, FOUR_OVER_SIX_ERR_FAST_MATH_VAR, FOUR_OVER_SIX_ERR_MODE_VAR,
+                  FOUR_OVER_SIX_VAR, env_value, flag_enabled)
 
 #: FlashInfer's packing of an NVFP44Over6Config into the ops' nvfp4_4over6_code (csrc/launch.h kNvfp4Recipe*).
 NVFP4_4OVER6_ON = 1
@@ -37,15 +31,9 @@ NVFP4_4OVER6_ERR_MODE_SHIFT = 2  # 2 bits: 0 = MAE, 1 = MSE
 NVFP4_4OVER6_ERR_FAST_MATH = 16
 NVFP4_4OVER6_KNOWN_BITS = 5
 #: Every code the ops take: 0 (the standard recipe) and the eight 4over6 recipes.
-NVFP4_4OVER6_CODES = frozenset(
-    [0]
-    + [
-        NVFP4_4OVER6_ON | e | (m << NVFP4_4OVER6_ERR_MODE_SHIFT) | f
-        for e in (0, NVFP4_4OVER6_E4M3_MAX_256)
-        for m in (0, 1)
-        for f in (0, NVFP4_4OVER6_ERR_FAST_MATH)
-    ]
-)
+NVFP4_4OVER6_CODES = frozenset([0] + [NVFP4_4OVER6_ON | e | (m << NVFP4_4OVER6_ERR_MODE_SHIFT) | f
+                                      for e in (0, NVFP4_4OVER6_E4M3_MAX_256) for m in (0, 1)
+                                      for f in (0, NVFP4_4OVER6_ERR_FAST_MATH)])
 
 #: The error modes by their code (bits 2-3).
 ERR_MODES = ("MAE", "MSE")
@@ -69,7 +57,7 @@ UNSET: Any = _Unset()
 
 
 def _err_mode_name(err_mode: object) -> str:
-    """ "MAE" or "MSE" from a name (any case), an int 0 / 1 or an IntEnum member (FlashInfer's)."""
+    """"MAE" or "MSE" from a name (any case), an int 0 / 1 or an IntEnum member (FlashInfer's)."""
     if isinstance(err_mode, str):
         name = err_mode.upper()
     elif isinstance(err_mode, int) and not isinstance(err_mode, bool) and 0 <= int(err_mode) < len(ERR_MODES):
@@ -103,9 +91,8 @@ class NVFP44Over6Config:
         object.__setattr__(self, "e4m3_max", int(self.e4m3_max))
         object.__setattr__(self, "err_mode", _err_mode_name(self.err_mode))
         if not isinstance(self.err_use_fast_math, bool):
-            raise TypeError(
-                f"nvfp4_4over6: err_use_fast_math must be a bool, got {type(self.err_use_fast_math).__name__}"
-            )
+            raise TypeError(f"nvfp4_4over6: err_use_fast_math must be a bool, got "
+                            f"{type(self.err_use_fast_math).__name__}")
 
 
 def config_from(config: object) -> NVFP44Over6Config:
@@ -115,10 +102,8 @@ def config_from(config: object) -> NVFP44Over6Config:
     try:
         fields = (config.e4m3_max, config.err_mode, config.err_use_fast_math)
     except AttributeError:
-        raise TypeError(
-            "nvfp4_4over6 must be an NVFP44Over6Config (qwen_resnorm_fp4.recipe or flashinfer's) or "
-            f"None, or omitted; got {type(config).__name__}"
-        ) from None
+        raise TypeError("nvfp4_4over6 must be an NVFP44Over6Config (qwen_resnorm_fp4.recipe or flashinfer's) or "
+                        f"None, or omitted; got {type(config).__name__}") from None
     return NVFP44Over6Config(*fields)
 
 
@@ -127,22 +112,17 @@ def nvfp4_4over6_code(config: object) -> int:
     if config is None:
         return 0
     c = config_from(config)
-    return (
-        NVFP4_4OVER6_ON
-        | (NVFP4_4OVER6_E4M3_MAX_256 if c.e4m3_max == _E4M3_256 else 0)
-        | (ERR_MODES.index(c.err_mode) << NVFP4_4OVER6_ERR_MODE_SHIFT)
-        | (NVFP4_4OVER6_ERR_FAST_MATH if c.err_use_fast_math else 0)
-    )
+    return (NVFP4_4OVER6_ON | (NVFP4_4OVER6_E4M3_MAX_256 if c.e4m3_max == _E4M3_256 else 0)
+            | (ERR_MODES.index(c.err_mode) << NVFP4_4OVER6_ERR_MODE_SHIFT)
+            | (NVFP4_4OVER6_ERR_FAST_MATH if c.err_use_fast_math else 0))
 
 
 def _config_of(code: int) -> Optional[NVFP44Over6Config]:
     if code == 0:
         return None
-    return NVFP44Over6Config(
-        e4m3_max=_E4M3_256 if code & NVFP4_4OVER6_E4M3_MAX_256 else _E4M3_MAX,
-        err_mode=ERR_MODES[(code >> NVFP4_4OVER6_ERR_MODE_SHIFT) & 3],
-        err_use_fast_math=bool(code & NVFP4_4OVER6_ERR_FAST_MATH),
-    )
+    return NVFP44Over6Config(e4m3_max=_E4M3_256 if code & NVFP4_4OVER6_E4M3_MAX_256 else _E4M3_MAX,
+                             err_mode=ERR_MODES[(code >> NVFP4_4OVER6_ERR_MODE_SHIFT) & 3],
+                             err_use_fast_math=bool(code & NVFP4_4OVER6_ERR_FAST_MATH))
 
 
 _CONFIGS: Dict[int, Optional[NVFP44Over6Config]] = {code: _config_of(code) for code in NVFP4_4OVER6_CODES}
@@ -162,11 +142,9 @@ def nvfp4_4over6_from_env() -> Optional[NVFP44Over6Config]:
     if not flag_enabled(FOUR_OVER_SIX_VAR):
         return None
     err_mode = env_value(FOUR_OVER_SIX_ERR_MODE_VAR)
-    return NVFP44Over6Config(
-        e4m3_max=_E4M3_256 if flag_enabled(FOUR_OVER_SIX_E4M3_256_VAR) else _E4M3_MAX,
-        err_mode="MAE" if err_mode is None else err_mode,
-        err_use_fast_math=flag_enabled(FOUR_OVER_SIX_ERR_FAST_MATH_VAR),
-    )
+    return NVFP44Over6Config(e4m3_max=_E4M3_256 if flag_enabled(FOUR_OVER_SIX_E4M3_256_VAR) else _E4M3_MAX,
+                             err_mode="MAE" if err_mode is None else err_mode,
+                             err_use_fast_math=flag_enabled(FOUR_OVER_SIX_ERR_FAST_MATH_VAR))
 
 
 def resolve_config(setting: object = UNSET) -> Optional[NVFP44Over6Config]:
@@ -194,22 +172,7 @@ def global_scale_numerator(code: int) -> float:
     return float(e4m3_max * E2M1_MAX)
 
 
-__all__ = [
-    "NVFP44Over6Config",
-    "UNSET",
-    "nvfp4_4over6_code",
-    "nvfp4_4over6_from_code",
-    "nvfp4_4over6_from_env",
-    "resolve_config",
-    "resolve_nvfp4_4over6",
-    "global_scale_numerator",
-    "config_from",
-    "NVFP4_4OVER6_CODES",
-    "NVFP4_4OVER6_ON",
-    "NVFP4_4OVER6_E4M3_MAX_256",
-    "NVFP4_4OVER6_ERR_MODE_SHIFT",
-    "NVFP4_4OVER6_ERR_FAST_MATH",
-    "NVFP4_4OVER6_KNOWN_BITS",
-    "ERR_MODES",
-    "E4M3_MAXES",
-]
+__all__ = ["NVFP44Over6Config", "UNSET", "nvfp4_4over6_code", "nvfp4_4over6_from_code", "nvfp4_4over6_from_env",
+           "resolve_config", "resolve_nvfp4_4over6", "global_scale_numerator", "config_from", "NVFP4_4OVER6_CODES",
+           "NVFP4_4OVER6_ON", "NVFP4_4OVER6_E4M3_MAX_256", "NVFP4_4OVER6_ERR_MODE_SHIFT", "NVFP4_4OVER6_ERR_FAST_MATH",
+           "NVFP4_4OVER6_KNOWN_BITS", "ERR_MODES", "E4M3_MAXES"]

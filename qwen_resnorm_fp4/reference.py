@@ -61,7 +61,7 @@ def fma_fp32(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     lo = torch.where(f.double() <= s, f, torch.nextafter(f, torch.full_like(f, -float("inf"))))
     hi = torch.nextafter(lo, torch.full_like(lo, float("inf")))
     # Past +-FLT_MAX the neighbour for the midpoint is +-2^128 (not inf): the overflow threshold is a tie too.
-    big = torch.full_like(s, 2.0**128)
+    big = torch.full_like(s, 2.0 ** 128)
     lo_d = torch.where(torch.isinf(lo) & torch.isfinite(hi), -big, lo.double())
     hi_d = torch.where(torch.isinf(hi) & torch.isfinite(lo), big, hi.double())
     tie = (s == (lo_d + hi_d) * 0.5) & (err != 0) & torch.isfinite(s)
@@ -86,18 +86,9 @@ def _modulation_rows(p: Tensor, rows: int, rows_per_batch: int, modulate_index: 
     return pf[batch]
 
 
-def resnorm(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    eps: float,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+            eps: float, weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+            modulate_index: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Contract steps 1-7. Returns (y, residual_out), both bf16 and shaped like ``x``."""
     d = x.shape[-1]
     rows = x.numel() // d if d else 0
@@ -166,9 +157,8 @@ def _ieee_rcp(t: Tensor) -> Tensor:
     return torch.tensor(1.0, dtype=torch.float32, device=t.device) / t
 
 
-def _nvfp4_standard_blocks(
-    blocks: Tensor, amax: Tensor, g: Tensor, fast_math: bool, rcp, code: int = 0
-) -> Tuple[Tensor, Tensor]:
+def _nvfp4_standard_blocks(blocks: Tensor, amax: Tensor, g: Tensor, fast_math: bool, rcp, code: int = 0
+                           ) -> Tuple[Tensor, Tensor]:
     """The standard recipe on [rows, K, 16] fp32 blocks: returns (codes uint8 like blocks, scale bytes [rows, K])."""
     f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=blocks.device)  # noqa: E731
     if fast_math:
@@ -177,18 +167,16 @@ def _nvfp4_standard_blocks(
         out_scale = torch.where(sf != 0, rcp(sf_f * rcp(g)), torch.zeros_like(sf_f))
     else:
         nonzero = amax != 0
-        sf = torch.where(
-            nonzero, e4m3_satfinite(amax * (g * (f32(1.0) / f32(E2M1_MAX)))), torch.zeros_like(amax, dtype=torch.uint8)
-        )
+        sf = torch.where(nonzero, e4m3_satfinite(amax * (g * (f32(1.0) / f32(E2M1_MAX)))),
+                         torch.zeros_like(amax, dtype=torch.uint8))
         sf_f = e4m3_to_float(sf)
         enc = torch.fmin(f32(1.0) / (sf_f * (f32(1.0) / g)), f32(FLT_MAX))
         out_scale = torch.where(nonzero, enc, torch.zeros_like(enc))
     return e2m1_code(blocks * out_scale.unsqueeze(-1)), sf
 
 
-def _block_errors(
-    blocks: Tensor, codes: Tensor, scale_value: Tensor, g: Tensor, g_decode: Tensor, fp16_form: bool, mse: bool
-) -> Tensor:
+def _block_errors(blocks: Tensor, codes: Tensor, scale_value: Tensor, g: Tensor, g_decode: Tensor, fp16_form: bool,
+                  mse: bool) -> Tensor:
     """4over6 step 4: one candidate's error per block. p = e2m1 * S (exact), d = p * g_decode - y, or
     p - y * G in the fp16 form; |d| (MAE) or d * d (MSE) summed in the kernel's order: each half-block's 8
     elements in order (a lane's), then the two halves' sums added."""
@@ -202,9 +190,8 @@ def _block_errors(
     return halves[0] + halves[1]
 
 
-def _nvfp4_4over6_blocks(
-    blocks: Tensor, amax: Tensor, g: Tensor, fast_math: bool, rcp, code: int
-) -> Tuple[Tensor, Tensor]:
+def _nvfp4_4over6_blocks(blocks: Tensor, amax: Tensor, g: Tensor, fast_math: bool, rcp, code: int
+                         ) -> Tuple[Tensor, Tensor]:
     """The 4over6 recipe on [rows, K, 16] fp32 blocks (docs/numerics.md, "The 4over6 recipe"): returns
     (codes [rows, K, 16] uint8, scale bytes [rows, K] uint8)."""
     f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=blocks.device)  # noqa: E731
@@ -221,15 +208,8 @@ def _nvfp4_4over6_blocks(
         # 3. its codes
         codes = e2m1_code(blocks * o.unsqueeze(-1))
         # 4. its error
-        err = _block_errors(
-            blocks,
-            codes,
-            sv,
-            g,
-            g_decode,
-            bool(code & NVFP4_4OVER6_ERR_FAST_MATH),
-            (code >> NVFP4_4OVER6_ERR_MODE_SHIFT) & 3 == 1,
-        )
+        err = _block_errors(blocks, codes, sv, g, g_decode, bool(code & NVFP4_4OVER6_ERR_FAST_MATH),
+                            (code >> NVFP4_4OVER6_ERR_MODE_SHIFT) & 3 == 1)
         candidates.append((codes, sf, err))
     (codes4, sf4, err4), (codes6, sf6, err6) = candidates
     # 5. candidate 4 where its error is smaller (ties, NaN: 6); an all-zero block: byte 0, codes 0
@@ -240,14 +220,8 @@ def _nvfp4_4over6_blocks(
     return torch.where(zero.unsqueeze(-1), torch.zeros_like(codes), codes), sf
 
 
-def nvfp4_quantize(
-    y: Tensor,
-    global_scale: Tensor,
-    fast_math: bool,
-    nvfp4_4over6_code: int = 0,
-    *,
-    rcp: Optional[Callable[[Tensor], Tensor]] = None,
-) -> Tuple[Tensor, Tensor]:
+def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: bool, nvfp4_4over6_code: int = 0, *,
+                   rcp: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
     """Contract step 8: NVFP4 of ``y`` ([..., D] bf16) with the production recipe.
 
     Returns ``packed`` uint8 [M, D/2] (two E2M1 codes a byte, even element in the low nibble) and
@@ -275,23 +249,11 @@ def nvfp4_quantize(
     return packed, scales.reshape(padded_rows, d // BLOCK)
 
 
-def resnorm_quant(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    global_scale: Tensor,
-    eps: float,
-    fast_math: bool,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    nvfp4_4over6_code: int = 0,
-    *,
-    rcp: Optional[Callable[[Tensor], Tensor]] = None,
-) -> Tuple[Tensor, Tensor, Tensor]:
+def resnorm_quant(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+                  global_scale: Tensor, eps: float, fast_math: bool, weight: Optional[Tensor] = None,
+                  norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None,
+                  nvfp4_4over6_code: int = 0, *, rcp: Optional[Callable[[Tensor], Tensor]] = None
+                  ) -> Tuple[Tensor, Tensor, Tensor]:
     """Steps 1-8: (packed, scales, residual_out) == nvfp4_quantize(resnorm(...)) by definition."""
     y, residual_out = resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
     packed, scales = nvfp4_quantize(y, global_scale, fast_math, nvfp4_4over6_code, rcp=rcp)
@@ -357,35 +319,17 @@ def fp8_quantize(y: Tensor, input_scale: Tensor, *, inverse: Optional[Callable[[
     return q.view(torch.float8_e4m3fn)
 
 
-def resnorm_quant_fp8(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    input_scale: Tensor,
-    eps: float,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    *,
-    inverse: Optional[Callable[[Tensor], Tensor]] = None,
-) -> Tuple[Tensor, Tensor]:
+def resnorm_quant_fp8(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor,
+                      shift: Tensor, input_scale: Tensor, eps: float, weight: Optional[Tensor] = None,
+                      norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None, *,
+                      inverse: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
     """Steps 1-7 and FP8: (y float8_e4m3fn like x, residual_out) == (fp8_quantize(resnorm(...)[0]), ...)."""
     y, residual_out = resnorm(residual, x, bias, gate, scale, shift, eps, weight, norm_bias, modulate_index)
     return fp8_quantize(y, input_scale, inverse=inverse), residual_out
 
 
-def norm_modulate(
-    x: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    eps: float,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-) -> Tensor:
+def norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, eps: float, weight: Optional[Tensor] = None,
+                  norm_bias: Optional[Tensor] = None, modulate_index: Optional[Tensor] = None) -> Tensor:
     """Steps 3-7 on r = bf16(fma(0, 0, x)) (x itself, except that -0 reads as +0), no residual update:
     resnorm's y for residual x, x = 0 and gate = 0, which is how the kernels compute it. Returns bf16 like x."""
     zeros = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
@@ -393,41 +337,22 @@ def norm_modulate(
     return resnorm(x, zeros, None, gate, scale, shift, eps, weight, norm_bias, modulate_index)[0]
 
 
-def norm_modulate_quant(
-    x: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    global_scale: Tensor,
-    eps: float,
-    fast_math: bool,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    nvfp4_4over6_code: int = 0,
-    *,
-    rcp: Optional[Callable[[Tensor], Tensor]] = None,
-) -> Tuple[Tensor, Tensor]:
+def norm_modulate_quant(x: Tensor, scale: Tensor, shift: Tensor, global_scale: Tensor, eps: float, fast_math: bool,
+                        weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+                        modulate_index: Optional[Tensor] = None, nvfp4_4over6_code: int = 0, *,
+                        rcp: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
     """:func:`norm_modulate` and NVFP4 (step 8): (packed, scales) as :func:`nvfp4_quantize` returns them."""
     y = norm_modulate(x, scale, shift, eps, weight, norm_bias, modulate_index)
     return nvfp4_quantize(y, global_scale, fast_math, nvfp4_4over6_code, rcp=rcp)
 
 
-def norm_modulate_quant_fp8(
-    x: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    input_scale: Tensor,
-    eps: float,
-    weight: Optional[Tensor] = None,
-    norm_bias: Optional[Tensor] = None,
-    modulate_index: Optional[Tensor] = None,
-    *,
-    inverse: Optional[Callable[[Tensor], Tensor]] = None,
-) -> Tensor:
+def norm_modulate_quant_fp8(x: Tensor, scale: Tensor, shift: Tensor, input_scale: Tensor, eps: float,
+                            weight: Optional[Tensor] = None, norm_bias: Optional[Tensor] = None,
+                            modulate_index: Optional[Tensor] = None, *,
+                            inverse: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
     """:func:`norm_modulate` and FP8: float8_e4m3fn like x."""
-    return fp8_quantize(
-        norm_modulate(x, scale, shift, eps, weight, norm_bias, modulate_index), input_scale, inverse=inverse
-    )
+    return fp8_quantize(norm_modulate(x, scale, shift, eps, weight, norm_bias, modulate_index), input_scale,
+                        inverse=inverse)
 
 
 #: GELU(tanh) of every bf16 bit pattern as PyTorch's CUDA kernel computes it (an LZMA stream of 65536
@@ -457,9 +382,8 @@ def gelu_tanh_bf16(y: Tensor) -> Tensor:
     return table[idx.reshape(-1).long()].to(torch.int16).view(torch.bfloat16).reshape(y.shape)
 
 
-def gelu_tanh_fp8_quantize(
-    y: Tensor, input_scale: Tensor, *, inverse: Optional[Callable[[Tensor], Tensor]] = None
-) -> Tensor:
+def gelu_tanh_fp8_quantize(y: Tensor, input_scale: Tensor, *,
+                           inverse: Optional[Callable[[Tensor], Tensor]] = None) -> Tensor:
     """FP8 of the FFN's GELU output: :func:`fp8_quantize` of :func:`gelu_tanh_bf16` (y), the bytes of
     ``fp8_quantize(F.gelu(y, approximate="tanh"), input_scale)`` on the GPU. Returns float8_e4m3fn like y."""
     return fp8_quantize(gelu_tanh_bf16(y), input_scale, inverse=inverse)

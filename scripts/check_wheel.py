@@ -38,10 +38,8 @@ EMULATION_MARKER = b"qwen_fp4 Blackwell emulation build"  # csrc/launch_blackwel
 FP4_SASS = re.compile(r"F2FP\.SATFINITE\.E2M1\S*")
 SHIM = re.compile(r"^(?:aoti_torch_|torch_)")
 # torch's libraries also define the C++ standard library and runtime symbols; those are not torch's API
-CXX_RUNTIME = re.compile(
-    r"^(?:(?:typeinfo(?: name)?|vtable|VTT) for )?"
-    r"(?:std::|__gnu_cxx::|__cxxabiv1::|operator (?:new|delete)|__cxa_|__gxx_|_Unwind_)"
-)
+CXX_RUNTIME = re.compile(r"^(?:(?:typeinfo(?: name)?|vtable|VTT) for )?"
+                         r"(?:std::|__gnu_cxx::|__cxxabiv1::|operator (?:new|delete)|__cxa_|__gxx_|_Unwind_)")
 MACHINES = {"Advanced Micro Devices X86-64": "x86_64", "AArch64": "aarch64"}  # readelf -h's Machine
 Blocks = list[tuple[str, str, str]]  # (translation unit, target, text) per fat binary entry
 
@@ -60,11 +58,8 @@ class ToolError(RuntimeError):
     """A tool is missing or failed; the message says which and why."""
 
 
-INSTALL = {
-    "readelf": "install binutils",
-    "cuobjdump": 'CUDA toolkit, or pip install "nvidia-cuda-cuobjdump==13.*"',
-    "nvdisasm": 'CUDA toolkit, or pip install "nvidia-cuda-nvdisasm==13.*"',
-}
+INSTALL = {"readelf": "install binutils", "cuobjdump": 'CUDA toolkit, or pip install "nvidia-cuda-cuobjdump==13.*"',
+           "nvdisasm": 'CUDA toolkit, or pip install "nvidia-cuda-nvdisasm==13.*"'}
 
 
 def find_tool(name: str) -> str | None:
@@ -83,9 +78,8 @@ def run_tool(name: str, *args, env: dict | None = None, empty_if: str = "") -> s
         raise ToolError(f"{name} not found ({INSTALL[name]})")
     r = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, env=env)
     if r.returncode != 0 and not (empty_if and empty_if in r.stderr):
-        raise ToolError(
-            f"{exe} {' '.join(map(str, args))} failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[:300]}"
-        )
+        raise ToolError(f"{exe} {' '.join(map(str, args))} failed (exit {r.returncode}): "
+                        f"{(r.stderr or r.stdout).strip()[:300]}")
     return r.stdout if r.returncode == 0 else ""
 
 
@@ -113,13 +107,8 @@ def fatbin_blocks(listing: str) -> Blocks:
     for kind, text in entries:
         arch = re.search(r"^arch = sm_(\w+)", text, re.M)
         tu = re.search(r"^identifier = (.+?)\s*$", text, re.M)
-        out.append(
-            (
-                os.path.basename(tu.group(1)) if tu else "(unnamed)",
-                ("sm_" if kind == "elf" else "compute_") + (arch.group(1) if arch else "?"),
-                text,
-            )
-        )
+        out.append((os.path.basename(tu.group(1)) if tu else "(unnamed)",
+                    ("sm_" if kind == "elf" else "compute_") + (arch.group(1) if arch else "?"), text))
     return out
 
 
@@ -171,11 +160,8 @@ def check_tag(rep: Report, wheel: Path, zf: zipfile.ZipFile, machines: dict[str,
     if not all(p.startswith(("linux_", "manylinux")) for p in plat):
         problems.append(f"platform tag {'.'.join(sorted(plat))} (want linux_* / manylinux*)")
     arches = {re.sub(r"^(?:manylinux\d*(?:_\d+_\d+)?|linux)_", "", p) for p in plat}
-    problems += [
-        f"platform {'.'.join(sorted(arches))} but {os.path.basename(n)} is {m}"
-        for n, m in machines.items()
-        if arches != {m}
-    ]
+    problems += [f"platform {'.'.join(sorted(arches))} but {os.path.basename(n)} is {m}"
+                 for n, m in machines.items() if arches != {m}]
     wheel_file = next((n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/WHEEL", n)), None)
     meta = zf.read(wheel_file).decode() if wheel_file else ""
     tags = set(re.findall(r"^Tag:\s*(\S+)", meta, re.M))
@@ -193,20 +179,14 @@ def check_tag(rep: Report, wheel: Path, zf: zipfile.ZipFile, machines: dict[str,
 def check_release(rep: Report, wheel_name: str, build: dict | None, libs: list[Path]) -> None:
     """FAIL for the Blackwell emulation build (software E2M1 on sm_90a), which is never to be published."""
     problems = ["_build_info.py says BLACKWELL_EMULATION = True"] if build and build.get("BLACKWELL_EMULATION") else []
-    problems += [
-        f"{so.name} holds the emulation marker {EMULATION_MARKER.decode()!r}"
-        for so in libs
-        if EMULATION_MARKER in so.read_bytes()
-    ]
+    problems += [f"{so.name} holds the emulation marker {EMULATION_MARKER.decode()!r}"
+                 for so in libs if EMULATION_MARKER in so.read_bytes()]
     parts = wheel_name[:-4].split("-") if wheel_name.endswith(".whl") else []
     if len(parts) == 6 and "emulation" in parts[2]:
         problems.append(f"the file name's build tag is {parts[2]!r}")
     if problems:
-        rep.line(
-            "FAIL",
-            "release",
-            "a Blackwell emulation build (QWEN_FP4_EMULATE_BLACKWELL=1), never to be published: " + "; ".join(problems),
-        )
+        rep.line("FAIL", "release", "a Blackwell emulation build (QWEN_FP4_EMULATE_BLACKWELL=1), never to be "
+                 "published: " + "; ".join(problems))
     else:
         rep.line("PASS", "release", "not an emulation build (build info, libraries, file name)")
 
@@ -218,36 +198,23 @@ def check_gpu_code(rep: Report, listings: dict[str, Blocks], targets: list[str])
         for tu, target, _ in blocks:
             per_tu.setdefault(tu, set()).add(target)
         name = os.path.basename(lib)
-        found.append(
-            f"{name}: "
-            + (" | ".join(f"{tu} {' '.join(sorted(t))}" for tu, t in sorted(per_tu.items())) or "no GPU code")
-        )
-        missing += [
-            f"{name} {tu} lacks {', '.join(m)}"
-            for tu, have in sorted(per_tu.items())
-            if (m := [t for t in targets if t not in have])
-        ]
+        found.append(f"{name}: " + (" | ".join(f"{tu} {' '.join(sorted(t))}" for tu, t in sorted(per_tu.items()))
+                                    or "no GPU code"))
+        missing += [f"{name} {tu} lacks {', '.join(m)}" for tu, have in sorted(per_tu.items())
+                    if (m := [t for t in targets if t not in have])]
         missing += [f"{name} has no GPU code"] if lib == MAIN_LIB and not per_tu else []
     want = " ".join(targets)
     if missing:
-        rep.line(
-            "FAIL",
-            "gpu-code",
-            f"want {want} in every translation unit: {'; '.join(missing)} | found " + "; ".join(found),
-        )
+        rep.line("FAIL", "gpu-code", f"want {want} in every translation unit: {'; '.join(missing)} | found "
+                 + "; ".join(found))
     else:
         rep.line("PASS", "gpu-code", f"{want} in every translation unit ({'; '.join(found)})")
 
 
 def check_fp4_sass(rep: Report, so: Path, blocks: Blocks, require: bool) -> None:
     blackwell, nvdisasm = sorted({t for _, t, _ in blocks if is_blackwell(t)}), find_tool("nvdisasm")
-    why_not = (
-        "no Blackwell (sm_100+) cubins to disassemble"
-        if not blackwell
-        else f"no nvdisasm ({INSTALL['nvdisasm']})"
-        if nvdisasm is None
-        else ""
-    )
+    why_not = ("no Blackwell (sm_100+) cubins to disassemble" if not blackwell
+               else f"no nvdisasm ({INSTALL['nvdisasm']})" if nvdisasm is None else "")
     if why_not:
         rep.line("FAIL" if require else "SKIP", "fp4-sass", why_not)
         return
@@ -298,24 +265,20 @@ def check_stable_abi(rep: Report, libs: list[Path]) -> None:
         if not shim:
             problems.append(f"{so.name} imports no aoti_torch_*/torch_* symbol: not a stable-ABI torch library")
         torch_needed = [n for n in needed if n.startswith(("libtorch", "libc10"))]
-        note = f"{so.name}: {len(undefined)} undefined symbols, {len(shim)} shim, needs " + (
-            ", ".join(torch_needed) or "no torch library"
-        )
+        note = (f"{so.name}: {len(undefined)} undefined symbols, {len(shim)} shim, needs "
+                + (", ".join(torch_needed) or "no torch library"))
         if torch_defined is not None:
             from_torch = [n for n in undefined if n in torch_defined and not CXX_RUNTIME.match(n)]
             if outside := [n for n in from_torch if not SHIM.match(n)]:
-                problems.append(
-                    f"{so.name}: {len(outside)} symbols that torch's libraries define are not C shim "
-                    "symbols: " + ", ".join(outside[:8]) + (" ..." if len(outside) > 8 else "")
-                )
+                problems.append(f"{so.name}: {len(outside)} symbols that torch's libraries define are not C shim "
+                                "symbols: " + ", ".join(outside[:8]) + (" ..." if len(outside) > 8 else ""))
             note += f"; {len(from_torch)} resolve in torch's libraries" + ("" if outside else ", all C shim")
         notes.append(note)
     if problems:
         rep.line("FAIL", "stable-abi", "; ".join(problems) + " | " + "; ".join(notes))
     elif torch_defined is None:
-        rep.line(
-            "SKIP", "stable-abi", "torch not installed, so not resolved against its libraries | " + "; ".join(notes)
-        )
+        rep.line("SKIP", "stable-abi", "torch not installed, so not resolved against its libraries | "
+                 + "; ".join(notes))
     else:
         rep.line("PASS", "stable-abi", "; ".join(notes) + f" ({len(torch_libs)} libraries in {torch_libs[0].parent})")
 
@@ -337,31 +300,15 @@ def check_abi_audit(rep: Report, libs: list[Path], torch_floor: str | None) -> N
         r = inspect_extension(so)
         v = r.torch.min_torch_version
         if r.error or not r.torch.stable:
-            problems.append(
-                f"{so.name}: "
-                + (
-                    r.error
-                    or (
-                        f"unstable symbols {list(r.torch.unstable_symbols)[:8]}"
-                        if r.torch.unstable_symbols
-                        else "uses no torch symbol"
-                    )
-                )
-            )
+            problems.append(f"{so.name}: " + (r.error or (f"unstable symbols {list(r.torch.unstable_symbols)[:8]}"
+                                                         if r.torch.unstable_symbols else "uses no torch symbol")))
         elif torch_floor and v and version_tuple(v) > version_tuple(torch_floor):
-            problems.append(
-                f"{so.name} needs torch {v} ({', '.join(r.torch.version_defining_symbols)}), but the "
-                f"wheel requires torch>={torch_floor}"
-            )
-        notes.append(
-            f"{so.name}: stable={r.torch.stable}, {r.torch.stable_shim_count} shim symbols, min torch {v}"
-            + (" or newer (shims newer than its data)" if r.torch.unknown_shim_symbols else "")
-        )
-    rep.line(
-        "FAIL" if problems else "PASS",
-        "abi-audit",
-        "torch-abi-audit: " + "; ".join(problems + notes) + f" (the wheel requires torch>={torch_floor})",
-    )
+            problems.append(f"{so.name} needs torch {v} ({', '.join(r.torch.version_defining_symbols)}), but the "
+                            f"wheel requires torch>={torch_floor}")
+        notes.append(f"{so.name}: stable={r.torch.stable}, {r.torch.stable_shim_count} shim symbols, min torch {v}"
+                     + (" or newer (shims newer than its data)" if r.torch.unknown_shim_symbols else ""))
+    rep.line("FAIL" if problems else "PASS", "abi-audit", "torch-abi-audit: " + "; ".join(problems + notes)
+             + f" (the wheel requires torch>={torch_floor})")
 
 
 def check_licences(rep: Report, zf: zipfile.ZipFile, has_blackwell: bool) -> None:
@@ -380,30 +327,20 @@ def check_licences(rep: Report, zf: zipfile.ZipFile, has_blackwell: bool) -> Non
         problems.append(f"{FLASHINFER_LICENCE} is not FlashInfer's Apache-2.0 licence")
     elif has_blackwell:
         found.append(FLASHINFER_LICENCE)
-    rep.line(
-        "FAIL" if problems else "PASS",
-        "licences",
-        "; ".join(problems)
-        or (
-            ", ".join(found)
-            + (f" (also {', '.join(extra)})" if extra else "")
-            + ("" if has_blackwell else "; no Blackwell code, so no FlashInfer licence needed")
-        ),
-    )
+    rep.line("FAIL" if problems else "PASS", "licences", "; ".join(problems) or (
+        ", ".join(found) + (f" (also {', '.join(extra)})" if extra else "")
+        + ("" if has_blackwell else "; no Blackwell code, so no FlashInfer licence needed")))
 
 
-def check_wheel(
-    rep: Report, wheel: Path, zf: zipfile.ZipFile, tmp: str, targets: list[str], require_sass: bool
-) -> None:
+def check_wheel(rep: Report, wheel: Path, zf: zipfile.ZipFile, tmp: str, targets: list[str], require_sass: bool
+                ) -> None:
     """Every check on an open wheel (libraries extracted into tmp)."""
     names, build = zf.namelist(), None
     if f"{PACKAGE}/_build_info.py" in names:
         build = {}
         exec(zf.read(f"{PACKAGE}/_build_info.py").decode(), build)  # our own generated constants
-        print(
-            f"info wheel {wheel.name}: built for {build.get('CUDA_ARCHS')} with torch {build.get('BUILD_TORCH')}, "
-            f"CUDA {build.get('BUILD_CUDA')}, FlashInfer {build.get('FLASHINFER')}"
-        )
+        print(f"info wheel {wheel.name}: built for {build.get('CUDA_ARCHS')} with torch {build.get('BUILD_TORCH')}, "
+              f"CUDA {build.get('BUILD_CUDA')}, FlashInfer {build.get('FLASHINFER')}")
     selected, problems = select_libraries(names)
     libs = {n: Path(zf.extract(n, tmp)) for n in selected}
     rep.line("FAIL" if problems else "PASS", "extension", "; ".join(problems) or ", ".join(libs))
@@ -433,16 +370,10 @@ def check_wheel(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("wheel", type=Path)
-    ap.add_argument(
-        "--require-sass",
-        action="store_true",
-        help="fail (instead of skip) when no disassembler is available to check the Blackwell SASS",
-    )
-    ap.add_argument(
-        "--targets",
-        default=DEFAULT_TARGETS,
-        help=f"GPU targets every translation unit must hold, ';'-separated (default {DEFAULT_TARGETS})",
-    )
+    ap.add_argument("--require-sass", action="store_true",
+                    help="fail (instead of skip) when no disassembler is available to check the Blackwell SASS")
+    ap.add_argument("--targets", default=DEFAULT_TARGETS,
+                    help=f"GPU targets every translation unit must hold, ';'-separated (default {DEFAULT_TARGETS})")
     args = ap.parse_args(argv)
     targets = [parse_target(t) for t in args.targets.replace(",", ";").split(";") if t.strip()]
     rep = Report()

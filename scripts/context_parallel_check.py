@@ -48,8 +48,7 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 if (ROOT / "qwen_resnorm_fp4" / "__init__.py").is_file() and (
-    any((ROOT / "qwen_resnorm_fp4").glob("_C*.so")) or importlib.util.find_spec("qwen_resnorm_fp4") is None
-):
+        any((ROOT / "qwen_resnorm_fp4").glob("_C*.so")) or importlib.util.find_spec("qwen_resnorm_fp4") is None):
     sys.path.insert(0, str(ROOT))  # this checkout's build, not another installed copy
 
 import torch  # noqa: E402
@@ -62,9 +61,8 @@ PATCH, OUT_CHANNELS = 2, 16
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="directory for context_parallel.{json,md}")
     p.add_argument("--configs", default="ulysses,ring", help="comma-separated: ulysses, ring")
     p.add_argument("--format", default="nvfp4", choices=("nvfp4", "fp8"), help="convert_transformer's format")
@@ -75,12 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="64x64", help="target latent tokens HxW (after patching)")
     p.add_argument("--condition", default="32x64", help="condition image tokens HxW (zero_cond_t); 0 for none")
     p.add_argument("--text", type=int, default=78, help="text tokens (a multiple of the world size)")
-    p.add_argument(
-        "--qk-norm-scale",
-        type=float,
-        default=4.0,
-        help="multiplies the QK-norm weights (as the CPU test): the control's error stands out",
-    )
+    p.add_argument("--qk-norm-scale", type=float, default=4.0,
+                   help="multiplies the QK-norm weights (as the CPU test): the control's error stands out")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
     p.add_argument("--timing-batch", type=int, default=1)
     p.add_argument("--iters", type=int, default=20)
@@ -116,16 +110,10 @@ def build_model(args, device: torch.device):
     torch.manual_seed(args.seed)
     small = args.head_dim < 64
     model = QwenImageTransformer2DModel(
-        patch_size=PATCH,
-        in_channels=64,
-        out_channels=OUT_CHANNELS,
-        num_layers=args.layers,
+        patch_size=PATCH, in_channels=64, out_channels=OUT_CHANNELS, num_layers=args.layers,
         attention_head_dim=args.head_dim,
-        num_attention_heads=args.heads,
-        joint_attention_dim=32 if small else 3584,
-        axes_dims_rope=(8, 12, 12) if small else (16, 56, 56),
-        zero_cond_t=len(image_shapes(args)) > 1,
-    )
+        num_attention_heads=args.heads, joint_attention_dim=32 if small else 3584,
+        axes_dims_rope=(8, 12, 12) if small else (16, 56, 56), zero_cond_t=len(image_shapes(args)) > 1)
     with torch.no_grad():
         for m in model.modules():
             for name in QK_NORMS:
@@ -141,38 +129,24 @@ def make_inputs(args, batch: int, masked: bool, device: torch.device, seed: int)
     tokens = sum(f * h * w for f, h, w in shapes)
     mask = torch.ones(batch, args.text, dtype=torch.bool)
     if batch > 1 and masked:
-        mask[1, args.text - args.text // 4 :] = False  # the negative prompt is shorter: padding tokens
+        mask[1, args.text - args.text // 4:] = False  # the negative prompt is shorter: padding tokens
     txt_dim = 32 if args.head_dim < 64 else 3584
-    return dict(
-        hidden_states=torch.randn(batch, tokens, 64, generator=g).to(torch.bfloat16).to(device),
-        encoder_hidden_states=torch.randn(batch, args.text, txt_dim, generator=g).to(torch.bfloat16).to(device),
-        encoder_hidden_states_mask=mask.to(device) if masked else None,
-        timestep=torch.rand(batch, generator=g).to(device),
-        img_shapes=[shapes] * batch,
-        return_dict=False,
-    )
+    return dict(hidden_states=torch.randn(batch, tokens, 64, generator=g).to(torch.bfloat16).to(device),
+                encoder_hidden_states=torch.randn(batch, args.text, txt_dim, generator=g).to(torch.bfloat16).to(device),
+                encoder_hidden_states_mask=mask.to(device) if masked else None,
+                timestep=torch.rand(batch, generator=g).to(device), img_shapes=[shapes] * batch, return_dict=False)
 
 
 def convert(model, args, input_amax: Dict[str, float], allow_cpu: bool):
     import qwen_resnorm_fp4.integrations.diffusers as qd
 
-    return qd.convert_transformer(
-        model,
-        mode="fused",
-        linears=args.linears,
-        input_amax=input_amax,
-        allow_cpu=allow_cpu,
-        keep_original=False,
-        format=args.format,
-    )
+    return qd.convert_transformer(model, mode="fused", linears=args.linears, input_amax=input_amax,
+                                  allow_cpu=allow_cpu, keep_original=False, format=args.format)
 
 
 def processors(model) -> List[Any]:
-    return [
-        m.processor
-        for m in model.modules()
-        if getattr(m, "processor", None) is not None and hasattr(m.processor, "_parallel_config")
-    ]
+    return [m.processor for m in model.modules()
+            if getattr(m, "processor", None) is not None and hasattr(m.processor, "_parallel_config")]
 
 
 def enable(model, kind: str, world: int, args, device: torch.device) -> None:
@@ -183,7 +157,8 @@ def enable(model, kind: str, world: int, args, device: torch.device) -> None:
     if device.type == "cpu":
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (world, 1) if kind == "ring" else (1, world), mesh_dim_names=("ring", "ulysses"))
+        mesh = init_device_mesh("cpu", (world, 1) if kind == "ring" else (1, world),
+                                mesh_dim_names=("ring", "ulysses"))
         # diffusers 0.42.1 computes rank % torch.accelerator.device_count(), 0 without an accelerator
         with mock.patch.object(torch.accelerator, "device_count", lambda: 1):
             model.enable_parallelism(config=ContextParallelConfig(**degree, mesh=mesh))
@@ -248,39 +223,26 @@ def environment(device: torch.device) -> Dict[str, Any]:
     import qwen_resnorm_fp4
     from qwen_resnorm_fp4 import _library
 
-    env = dict(
-        torch=torch.__version__,
-        diffusers=diffusers.__version__,
-        python=platform.python_version(),
-        qwen_resnorm_fp4=os.path.dirname(qwen_resnorm_fp4.__file__),
-        library=_library.status(),
-        world_size=dist.get_world_size(),
-        backend=str(dist.get_backend()),
-    )
+    env = dict(torch=torch.__version__, diffusers=diffusers.__version__, python=platform.python_version(),
+               qwen_resnorm_fp4=os.path.dirname(qwen_resnorm_fp4.__file__), library=_library.status(),
+               world_size=dist.get_world_size(), backend=str(dist.get_backend()))
     if device.type == "cuda":
         env["gpus"] = all_ranks(torch.cuda.get_device_name(device))
     return env
 
 
-def check_config(
-    kind: str,
-    args,
-    device: torch.device,
-    amax: Dict[str, float],
-    references: Dict[Tuple[int, bool], torch.Tensor],
-    inputs: Dict[Tuple[int, bool], Dict[str, Any]],
-    segments: int,
-) -> Dict[str, Any]:
+def check_config(kind: str, args, device: torch.device, amax: Dict[str, float],
+                 references: Dict[Tuple[int, bool], torch.Tensor], inputs: Dict[Tuple[int, bool], Dict[str, Any]],
+                 segments: int) -> Dict[str, Any]:
     import qwen_resnorm_fp4.integrations.diffusers as qd
 
     world = dist.get_world_size()
     model = convert(build_model(args, device), args, amax, allow_cpu=device.type == "cpu")
     enable(model, kind, world, args, device)
     masked = kind == "ulysses"
-    out: Dict[str, Any] = dict(
-        config=f"{kind}_degree={world}",
-        parallel_config_kept=all(p._parallel_config is model._parallel_config for p in processors(model)),
-    )
+    out: Dict[str, Any] = dict(config=f"{kind}_degree={world}",
+                               parallel_config_kept=all(p._parallel_config is model._parallel_config
+                                                        for p in processors(model)))
     cases = []
     for batch in (1, 2):
         inp = inputs[(batch, masked)]
@@ -298,19 +260,11 @@ def check_config(
         control = forward(model, inp)
         for p, config in saved:
             p._parallel_config = config
-        cases.append(
-            dict(
-                batch=batch,
-                masked=masked,
-                rel_err=rel_err(fused, ref),
-                control_rel_err=rel_err(control, ref),
-                fused_equals_unfused=bool(torch.equal(fused, unfused)),
-                fused=stats["fused"],
-                fallback=stats["fallback"],
-                decline_reasons=stats["decline_reasons"],
-                segments=segments,
-            )
-        )
+        cases.append(dict(batch=batch, masked=masked, rel_err=rel_err(fused, ref),
+                          control_rel_err=rel_err(control, ref),
+                          fused_equals_unfused=bool(torch.equal(fused, unfused)),
+                          fused=stats["fused"], fallback=stats["fallback"], decline_reasons=stats["decline_reasons"],
+                          segments=segments))
     out["cases"] = cases
     tinp = inputs[(args.timing_batch, False)]
     dist.barrier()
@@ -339,37 +293,26 @@ def passed(rank_results: List[Dict[str, Any]], tolerance: float) -> Tuple[bool, 
 
 def markdown(report: Dict[str, Any]) -> str:
     env = report["environment"]
-    lines = [
-        f"Context parallelism: converted Qwen-Image ({report['model']}), {report['format']}, "
-        f"linears={report['linears']}, world size {env['world_size']} ({env['backend']}); torch {env['torch']}, "
-        f"diffusers {env['diffusers']}; GPUs: {', '.join(env.get('gpus', ['cpu']))}.",
-        "",
-        f"Tolerance {report['tolerance']:.1e} (relative error against the single-GPU converted model).",
-        "",
-        "| configuration | batch | rel. error (max over ranks) | control rel. error (min) | fused == unfused "
-        "(every rank) | fused / segments, fallbacks |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    lines = [f"Context parallelism: converted Qwen-Image ({report['model']}), {report['format']}, "
+             f"linears={report['linears']}, world size {env['world_size']} ({env['backend']}); torch {env['torch']}, "
+             f"diffusers {env['diffusers']}; GPUs: {', '.join(env.get('gpus', ['cpu']))}.", "",
+             f"Tolerance {report['tolerance']:.1e} (relative error against the single-GPU converted model).", "",
+             "| configuration | batch | rel. error (max over ranks) | control rel. error (min) | fused == unfused "
+             "(every rank) | fused / segments, fallbacks |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for name, ranks in report["configs"].items():
         for i, c0 in enumerate(ranks[0]["cases"]):
             cs = [r["cases"][i] for r in ranks]
-            lines.append(
-                f"| {name} | {c0['batch']}{' (masked text)' if c0['masked'] and c0['batch'] > 1 else ''} | "
-                f"{max(c['rel_err'] for c in cs):.3e} | {min(c['control_rel_err'] for c in cs):.3e} | "
-                f"{all(c['fused_equals_unfused'] for c in cs)} | "
-                f"{'/'.join(str(c['fused']) for c in cs)} of {c0['segments']}, "
-                f"{sum(c['fallback'] for c in cs)} |"
-            )
+            lines.append(f"| {name} | {c0['batch']}{' (masked text)' if c0['masked'] and c0['batch'] > 1 else ''} | "
+                         f"{max(c['rel_err'] for c in cs):.3e} | {min(c['control_rel_err'] for c in cs):.3e} | "
+                         f"{all(c['fused_equals_unfused'] for c in cs)} | "
+                         f"{'/'.join(str(c['fused']) for c in cs)} of {c0['segments']}, "
+                         f"{sum(c['fallback'] for c in cs)} |")
     single = report["single_gpu_ms_per_step"]
     clock = "CUDA events" if "gpus" in env else "perf_counter, CPU"
-    lines += [
-        "",
-        f"Forward time per step, batch {report['timing_batch']} (median of {report['iters']}; {clock}):",
-        "",
-        "| run | ms per step (slowest rank) | vs one device |",
-        "| --- | --- | --- |",
-        f"| one device (rank 0 alone) | {single:.2f} | 1.00x |",
-    ]
+    lines += ["", f"Forward time per step, batch {report['timing_batch']} (median of {report['iters']}; {clock}):",
+              "", "| run | ms per step (slowest rank) | vs one device |", "| --- | --- | --- |",
+              f"| one device (rank 0 alone) | {single:.2f} | 1.00x |"]
     for name, ranks in report["configs"].items():
         ms = max(r["ms_per_step"] for r in ranks)
         lines.append(f"| {name} | {ms:.2f} | {single / ms:.2f}x |")
@@ -414,9 +357,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             shape = torch.Size([*inp["hidden_states"].shape[:2], PATCH * PATCH * OUT_CHANNELS])
             references[key] = broadcast_from_rank0(ref, shape, device)
         if rank == 0:
-            single_ms = median_ms(
-                lambda m=single: forward(m, inputs[(args.timing_batch, False)]), args.iters, args.warmup, device
-            )
+            single_ms = median_ms(lambda m=single: forward(m, inputs[(args.timing_batch, False)]), args.iters,
+                                  args.warmup, device)
         single_stats = qd.fused_path_stats(single)
         del single, base
         dist.barrier()
@@ -430,20 +372,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             ok, problems = passed([r for ranks in results.values() for r in ranks], args.tolerance)
             if single_stats["fallback"]:
                 ok, problems = False, problems + [f"single GPU: fallbacks {single_stats['decline_reasons']}"]
-            report = dict(
-                model=f"{args.heads} heads x {args.head_dim}, {args.layers} blocks, image "
-                f"{'+'.join(f'{h}x{w}' for _, h, w in image_shapes(args))} tokens, text {args.text}",
-                format=args.format,
-                linears=args.linears,
-                tolerance=args.tolerance,
-                timing_batch=args.timing_batch,
-                iters=args.iters,
-                environment=env,
-                single_gpu_ms_per_step=single_ms,
-                configs=results,
-                passed=ok,
-                problems=problems,
-            )
+            report = dict(model=f"{args.heads} heads x {args.head_dim}, {args.layers} blocks, image "
+                                f"{'+'.join(f'{h}x{w}' for _, h, w in image_shapes(args))} tokens, text {args.text}",
+                          format=args.format, linears=args.linears, tolerance=args.tolerance,
+                          timing_batch=args.timing_batch, iters=args.iters, environment=env,
+                          single_gpu_ms_per_step=single_ms, configs=results, passed=ok, problems=problems)
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "context_parallel.json").write_text(json.dumps(report, indent=2) + "\n")
             md = markdown(report)

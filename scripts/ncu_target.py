@@ -1,7 +1,6 @@
 """What Nsight Compute profiles: the fused op at 4096 rows x 3072 (Qwen-Image image stream; --rows N for
 another row count), a few calls; with --pair, each call followed by the unfused pair (resnorm, then
 nvfp4_quantize) on the same inputs."""
-
 import sys
 
 import torch

@@ -15,7 +15,6 @@
 Inputs are made on the CPU and copied over, so that almost all the sanitized launches are ours. A few
 seconds of GPU work under memcheck.
 """
-
 import math
 
 import torch
@@ -48,17 +47,12 @@ def inputs(rows, cols, cfg):
     batches = 2 if form != "shared" and rows % 2 == 0 and rows > 0 else 1
     per = rows // batches
     prow = {"shared": (), "batch": (batches,), "indexed": (2 * batches,)}[form]
-    kw = dict(
-        residual=rnd(batches, per, cols, s=4.0),
-        x=rnd(batches, per, cols),
-        bias=rnd(cols, dtype=pdt, s=0.1) if bias else None,
-        gate=rnd(*prow, cols, dtype=pdt, s=0.5, m=0.5),
-        scale=rnd(*prow, cols, dtype=pdt, s=0.3),
-        shift=rnd(*prow, cols, dtype=pdt, s=0.3),
-        weight=rnd(cols, dtype=pdt, s=0.1, m=1.0) if affine else None,
-        norm_bias=rnd(cols, dtype=pdt, s=0.1) if affine else None,
-        modulate_index=None,
-    )
+    kw = dict(residual=rnd(batches, per, cols, s=4.0), x=rnd(batches, per, cols),
+              bias=rnd(cols, dtype=pdt, s=0.1) if bias else None,
+              gate=rnd(*prow, cols, dtype=pdt, s=0.5, m=0.5), scale=rnd(*prow, cols, dtype=pdt, s=0.3),
+              shift=rnd(*prow, cols, dtype=pdt, s=0.3),
+              weight=rnd(cols, dtype=pdt, s=0.1, m=1.0) if affine else None,
+              norm_bias=rnd(cols, dtype=pdt, s=0.1) if affine else None, modulate_index=None)
     if form == "indexed":
         idx = torch.randint(0, 3, (batches, per), generator=g)
         kw["modulate_index"] = (idx != 0 if index_dtype == torch.bool else idx.to(index_dtype)).cuda()

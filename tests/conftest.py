@@ -30,13 +30,9 @@ from helpers.session import SEED_VAR, draw_seed, marker_skip_reasons, what_runs
 
 
 def pytest_addoption(parser) -> None:
-    parser.addoption(
-        "--exhaustive",
-        action="store_true",
-        default=False,
-        help="also run the exhaustive sweeps (tests marked 'exhaustive'; by default only the "
-        f"representative cases run). The same as {tiers.EXHAUSTIVE_VAR}=1.",
-    )
+    parser.addoption("--exhaustive", action="store_true", default=False,
+                     help="also run the exhaustive sweeps (tests marked 'exhaustive'; by default only the "
+                          f"representative cases run). The same as {tiers.EXHAUSTIVE_VAR}=1.")
 
 
 def pytest_configure(config) -> None:
@@ -66,9 +62,8 @@ def pytest_runtest_makereport(item, call):
     report = yield
     value = item.stash.get(_SEED_KEY, None)
     if value is not None and report.failed:
-        report.sections.append(
-            ("seed", f"seed={value}: rerun with {SEED_VAR}={value} python -m pytest '{item.nodeid}'")
-        )
+        report.sections.append(("seed", f"seed={value}: rerun with {SEED_VAR}={value} python -m pytest "
+                                        f"'{item.nodeid}'"))
     return report
 
 

@@ -48,27 +48,22 @@ class EmulatedFunction:
 EMULATED_FUNCTIONS: Dict[str, EmulatedFunction] = {
     "fp32_vec_to_e2m1(float[8])": EmulatedFunction(
         "inline __device__ uint32_t fp32_vec_to_e2m1(float (&array)[8]) {",
-        f"val = {EMULATION_NAMESPACE}::fp32_vec_to_e2m1(array);",
-    ),
+        f"val = {EMULATION_NAMESPACE}::fp32_vec_to_e2m1(array);"),
     "fp32_vec_to_e2m1(float2[4])": EmulatedFunction(
         "inline __device__ uint32_t fp32_vec_to_e2m1(float2 (&array)[4]) {",
-        f"val = {EMULATION_NAMESPACE}::fp32_vec_to_e2m1(array);",
-    ),
+        f"val = {EMULATION_NAMESPACE}::fp32_vec_to_e2m1(array);"),
     "fp32_vec_to_e2m1(float2[8])": EmulatedFunction(
         "inline __device__ uint64_t fp32_vec_to_e2m1(float2 (&array)[8]) {",
-        f"val = {EMULATION_NAMESPACE}::fp32_vec_to_e2m1(array);",
-    ),
+        f"val = {EMULATION_NAMESPACE}::fp32_vec_to_e2m1(array);"),
     "e2m1x2_byte_to_float2": EmulatedFunction(
         "__device__ __forceinline__ float2 e2m1x2_byte_to_float2(uint32_t byteVal) {",
-        f"result = {EMULATION_NAMESPACE}::e2m1x2_byte_to_float2(byteVal);",
-    ),
+        f"result = {EMULATION_NAMESPACE}::e2m1x2_byte_to_float2(byteVal);"),
     "e2m1x2_byte_scaled_e4m3_to_float2": EmulatedFunction(
         "__device__ __forceinline__ float2 e2m1x2_byte_scaled_e4m3_to_float2(uint32_t byteVal,",
-        f"result = {EMULATION_NAMESPACE}::e2m1x2_byte_scaled_e4m3_to_float2(byteVal, scaleVal);",
-    ),
+        f"result = {EMULATION_NAMESPACE}::e2m1x2_byte_scaled_e4m3_to_float2(byteVal, scaleVal);"),
     "cvt_warp_fp16_to_fp4": EmulatedFunction(
-        "__device__ std::conditional_t<CVT_ELTS_PER_THREAD == 16, uint64_t, uint32_t> cvt_warp_fp16_to_fp4(", None
-    ),
+        "__device__ std::conditional_t<CVT_ELTS_PER_THREAD == 16, uint64_t, uint32_t> cvt_warp_fp16_to_fp4(",
+        None),
 }
 #: Substitutions a correct copy holds: one guard per function, one asm block per function that has one.
 EXPECTED_GUARDS = len(EMULATED_FUNCTIONS)
@@ -116,7 +111,7 @@ def _function_span(text: str, name: str, fn: EmulatedFunction) -> Tuple[int, int
     if len(found) != 1:
         raise HeaderMismatch(f"{name}: its signature occurs {len(found)} times (want 1): {fn.signature!r}")
     start = text.rfind("\n", 0, found[0]) + 1
-    if text[start : found[0]].strip():
+    if text[start:found[0]].strip():
         raise HeaderMismatch(f"{name}: the signature does not start its line")
     params_end = _scan(text, text.index("(", found[0]), "(", ")")  # the signature's first '(' opens the parameters
     return start, _scan(text, text.index("{", params_end), "{", "}")
@@ -140,11 +135,11 @@ def _emulate_function(name: str, fn: EmulatedFunction, body: str) -> Tuple[str, 
     end = _scan(body, body.index("(", start), "(", ")")
     if body[end] != ";" or body[end + 1] != "\n":
         raise HeaderMismatch(f"{name}: the asm statement does not end its line with ';'")
-    block = body[start : end + 1]
+    block = body[start:end + 1]
     if not any(p in block for p in BLACKWELL_ONLY_PTX):
         raise HeaderMismatch(f"{name}: its asm block holds no Blackwell-only instruction")
-    indent = block[: len(block) - len(block.lstrip())]
-    return body[:start] + indent + fn.asm_replacement + body[end + 1 :], 1, 1
+    indent = block[:len(block) - len(block.lstrip())]
+    return body[:start] + indent + fn.asm_replacement + body[end + 1:], 1, 1
 
 
 def emulated_header(original: str, check_pin: bool = True) -> Tuple[str, List[str]]:
@@ -155,8 +150,7 @@ def emulated_header(original: str, check_pin: bool = True) -> Tuple[str, List[st
         if digest != PINNED_SHA256:
             raise HeaderMismatch(
                 f"quantization_utils.cuh has SHA-256 {digest}, not FlashInfer {PINNED_FLASHINFER}'s "
-                f"({PINNED_SHA256}): the emulation build supports only flashinfer-python=={PINNED_FLASHINFER}"
-            )
+                f"({PINNED_SHA256}): the emulation build supports only flashinfer-python=={PINNED_FLASHINFER}")
     spans = sorted((_function_span(original, name, fn), name, fn) for name, fn in EMULATED_FUNCTIONS.items())
     out, pos, log, guards, blocks = [], 0, [], 0, 0
     for (start, end), name, fn in spans:
@@ -168,22 +162,15 @@ def emulated_header(original: str, check_pin: bool = True) -> Tuple[str, List[st
         log.append(f"{name}: guard admits sm_90" + (f"; asm -> {fn.asm_replacement}" if a else ""))
     out.append(original[pos:])
     if (guards, blocks) != (EXPECTED_GUARDS, EXPECTED_ASM_BLOCKS):
-        raise HeaderMismatch(
-            f"{guards} guards and {blocks} asm blocks substituted, want {EXPECTED_GUARDS} and {EXPECTED_ASM_BLOCKS}"
-        )
+        raise HeaderMismatch(f"{guards} guards and {blocks} asm blocks substituted, want {EXPECTED_GUARDS} and "
+                             f"{EXPECTED_ASM_BLOCKS}")
     return "".join(out), log
 
 
 def unified_diff(original: str, emulated: str, name: str = "quantization_utils.cuh") -> str:
     """The copy against the original, as a unified diff (3 lines of context)."""
-    return "".join(
-        difflib.unified_diff(
-            original.splitlines(True),
-            emulated.splitlines(True),
-            fromfile=f"flashinfer/{name}",
-            tofile=f"emulated/{name}",
-        )
-    )
+    return "".join(difflib.unified_diff(original.splitlines(True), emulated.splitlines(True),
+                                        fromfile=f"flashinfer/{name}", tofile=f"emulated/{name}"))
 
 
 def write_emulated_header(original_path: Path, out_path: Path) -> str:

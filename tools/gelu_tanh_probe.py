@@ -21,11 +21,5 @@ nan = np.isnan(x.cpu().float().numpy())
 print("torch CPU differs from torch CUDA at", int(((cpu != y) & ~nan).sum()), "non-NaN inputs")
 for path in sys.argv[2:]:
     v = np.fromfile(path, dtype="<u2")
-    print(
-        path,
-        "differs from torch CUDA at",
-        int(((v != y) & ~nan).sum()),
-        "non-NaN inputs,",
-        int((v != y).sum()),
-        "in all",
-    )
+    print(path, "differs from torch CUDA at", int(((v != y) & ~nan).sum()), "non-NaN inputs,",
+          int((v != y).sum()), "in all")

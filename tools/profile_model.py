@@ -45,7 +45,8 @@ def main() -> int:
     with torch.inference_mode():
         print(f"== bf16, {args.layers} blocks, {args.tokens} tokens, zero_cond_t {args.zero_cond_t}")
         print(table(model, inp, args.rows))
-        qd.convert_transformer(model, mode="fused", format=args.format, linears=args.linears, calibration_inputs=[inp])
+        qd.convert_transformer(model, mode="fused", format=args.format, linears=args.linears,
+                               calibration_inputs=[inp])
         print(f"== {args.format} linears={args.linears} fused")
         print(table(model, inp, args.rows))
     return 0

@@ -30,10 +30,8 @@ def main(probe_dir: str) -> None:
     assert all(int(r[7]) == 0 for r in summary if 1 <= int(r[0]) <= 252), "delta depends on the exponent"
     delta = np.fromfile(d / "delta_e127.bin", dtype=np.int8)
     assert delta.size == 1 << 23 and set(np.unique(delta)) <= {-1, 0, 1}
-    bits = (
-        np.packbits(delta != 0, bitorder="little").tobytes()
-        + np.packbits(delta[delta != 0] > 0, bitorder="little").tobytes()
-    )
+    bits = np.packbits(delta != 0, bitorder="little").tobytes() + np.packbits(delta[delta != 0] > 0,
+                                                                               bitorder="little").tobytes()
     OUT.write_bytes(lzma.compress(bits, preset=9))
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
 

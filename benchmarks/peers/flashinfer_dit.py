@@ -25,13 +25,11 @@ DIM = 3072
 SOURCE = Path(__file__).with_name("flashinfer_dit.cu")
 EXTENSION_NAME = "qwen_fp4_peer_flashinfer_dit"
 #: How FlashInfer's kernel differs from this library's numerics contract: a speed peer, not a byte peer.
-NUMERICS_NOTE = (
-    "FlashInfer's DiT kernel is a speed peer, not byte-compatible with this library: its row "
-    "statistics are taken over the fp32 residual sum before its bf16 rounding (the contract: over "
-    "the stored bf16 r), in one pass (E[r^2] - mu^2, clamped at 0; the contract: two passes), the "
-    "normalized value is not rounded to bf16 before the modulation, and it adds (1 + (scale + "
-    "scale_bias)) with the bias first; before SM100 the compiler may contract its arithmetic"
-)
+NUMERICS_NOTE = ("FlashInfer's DiT kernel is a speed peer, not byte-compatible with this library: its row "
+                 "statistics are taken over the fp32 residual sum before its bf16 rounding (the contract: over "
+                 "the stored bf16 r), in one pass (E[r^2] - mu^2, clamped at 0; the contract: two passes), the "
+                 "normalized value is not rounded to bf16 before the modulation, and it adds (1 + (scale + "
+                 "scale_bias)) with the bias first; before SM100 the compiler may contract its arithmetic")
 
 
 def include_roots() -> List[Path]:
@@ -78,10 +76,8 @@ def unavailable_reason() -> Optional[str]:
         return "no CUDA GPU is available"
     if find_include_root() is None:
         tried = ", ".join(str(r) for r in include_roots())
-        return (
-            f"FlashInfer's header {HEADER} was not found (tried {tried}); install flashinfer-python or set "
-            "QWEN_FP4_FLASHINFER_DIR"
-        )
+        return (f"FlashInfer's header {HEADER} was not found (tried {tried}); install flashinfer-python or set "
+                "QWEN_FP4_FLASHINFER_DIR")
     if nvcc_path() is None:
         return "nvcc was not found (set CUDA_HOME to a CUDA toolkit)"
     return None
@@ -96,20 +92,11 @@ def load(verbose: bool = False) -> Tuple[Optional[ModuleType], str]:
     from torch.utils import cpp_extension
 
     root = find_include_root()
-    undef = [
-        "-U__CUDA_NO_HALF_OPERATORS__",
-        "-U__CUDA_NO_HALF_CONVERSIONS__",
-        "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-        "-U__CUDA_NO_HALF2_OPERATORS__",
-    ]
+    undef = ["-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+             "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__"]
     try:
-        module = cpp_extension.load(
-            name=EXTENSION_NAME,
-            sources=[str(SOURCE)],
-            extra_include_paths=[str(root)],
-            extra_cuda_cflags=["-O3", *undef],
-            verbose=verbose,
-        )
+        module = cpp_extension.load(name=EXTENSION_NAME, sources=[str(SOURCE)], extra_include_paths=[str(root)],
+                                    extra_cuda_cflags=["-O3", *undef], verbose=verbose)
     except (RuntimeError, OSError, ImportError) as exc:  # a peer that fails to build is reported, not fatal
         return None, f"building {SOURCE.name} against {root} failed: {type(exc).__name__}: {str(exc)[-500:]}"
     return module, f"built from {root / HEADER}"

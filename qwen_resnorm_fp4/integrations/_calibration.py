@@ -35,26 +35,21 @@ def _run_calibration(model: torch.nn.Module, calibration_inputs: Any) -> None:
     if isinstance(calibration_inputs, Mapping):
         calibration_inputs = [calibration_inputs]
     if not isinstance(calibration_inputs, Iterable) or isinstance(calibration_inputs, (str, bytes, torch.Tensor)):
-        raise TypeError(
-            "calibration_inputs must be a dict of model.forward keyword arguments, a list of such "
-            f"dicts, or a callable taking the model; got {type(calibration_inputs).__name__}"
-        )
+        raise TypeError("calibration_inputs must be a dict of model.forward keyword arguments, a list of such "
+                        f"dicts, or a callable taking the model; got {type(calibration_inputs).__name__}")
     n = 0
     for i, kwargs in enumerate(calibration_inputs):
         if not isinstance(kwargs, Mapping):
-            raise TypeError(
-                f"calibration_inputs[{i}] must be a dict of model.forward keyword arguments, got "
-                f"{type(kwargs).__name__}"
-            )
+            raise TypeError(f"calibration_inputs[{i}] must be a dict of model.forward keyword arguments, got "
+                            f"{type(kwargs).__name__}")
         model(**kwargs)
         n += 1
     if n == 0:
         raise ValueError("calibration_inputs is empty")
 
 
-def calibrate_input_amax(
-    model: torch.nn.Module, spec: ModelSpec, calibration_inputs: Any, linears: Any, fmt: FormatOptions
-) -> Dict[str, float]:
+def calibrate_input_amax(model: torch.nn.Module, spec: ModelSpec, calibration_inputs: Any, linears: Any,
+                         fmt: FormatOptions) -> Dict[str, float]:
     """Run ``calibration_inputs`` through the (unconverted) model under ``torch.no_grad()`` and return, for
     every layer the conversion quantizes, the max |input| seen: {module name: amax}."""
     if not is_model(model, spec):
@@ -73,7 +68,6 @@ def calibrate_input_amax(
             # NaN-free max: a NaN activation would poison the scale
             a = torch.nan_to_num(a, nan=0.0, posinf=float(torch.finfo(torch.float32).max))
             amax[n] = a if amax[n] is None else torch.maximum(amax[n], a)
-
         return hook
 
     try:
@@ -90,9 +84,8 @@ def calibrate_input_amax(
     return {n: float(a.item()) for n, a in amax.items()}
 
 
-def resolve_input_amax(
-    model: torch.nn.Module, spec: ModelSpec, input_amax: Any, calibration_inputs: Any, linears: Any, fmt: FormatOptions
-) -> Dict[str, float]:
+def resolve_input_amax(model: torch.nn.Module, spec: ModelSpec, input_amax: Any, calibration_inputs: Any,
+                       linears: Any, fmt: FormatOptions) -> Dict[str, float]:
     """{module name: amax} for every layer the conversion quantizes, from ``input_amax`` (one number, or a
     dict over :func:`~._selection.linear_names`) or from a calibration pass over ``calibration_inputs`` (one
     of the two). ValueError / TypeError naming the layer for a missing, unknown or invalid value."""
@@ -101,20 +94,16 @@ def resolve_input_amax(
         raise ValueError("pass either input_amax or calibration_inputs, not both")
     if input_amax is None:
         if calibration_inputs is None:
-            raise ValueError(
-                "the input scales need either calibration_inputs (inputs to run through "
-                "the model; each converted layer's input amax is taken) or input_amax (a float for "
-                "every layer, or a dict {module name: amax}, see linear_names(model, linears))"
-            )
+            raise ValueError("the input scales need either calibration_inputs (inputs to run through "
+                             "the model; each converted layer's input amax is taken) or input_amax (a float for "
+                             "every layer, or a dict {module name: amax}, see linear_names(model, linears))")
         values = calibrate_input_amax(model, spec, calibration_inputs, linears, fmt)
     elif isinstance(input_amax, Mapping):
         unknown = sorted(set(input_amax) - set(names))
         if unknown:
-            raise ValueError(
-                f"input_amax has keys that are not FC1 layers (with other linears: converted Linear "
-                f"layers) of this model: {unknown[:3]} (expected names like {names[0]!r}; see "
-                "linear_names(model, linears))"
-            )
+            raise ValueError(f"input_amax has keys that are not FC1 layers (with other linears: converted Linear "
+                             f"layers) of this model: {unknown[:3]} (expected names like {names[0]!r}; see "
+                             "linear_names(model, linears))")
         missing = [n for n in names if n not in input_amax]
         if missing:
             raise ValueError(f"input_amax has no value for {len(missing)} layer(s), e.g. {missing[0]!r}")
@@ -131,15 +120,11 @@ def resolve_input_amax(
             raise TypeError(f"input_amax for {n} must be a number, got {type(v).__name__}")
         v = float(v)
         if not (math.isfinite(v) and v > 0):
-            raise ValueError(
-                f"input_amax for {n} must be finite and positive, got {v} (a layer whose calibration "
-                "inputs were all zero: calibrate with real inputs or pass input_amax)"
-            )
+            raise ValueError(f"input_amax for {n} must be finite and positive, got {v} (a layer whose calibration "
+                             "inputs were all zero: calibrate with real inputs or pass input_amax)")
         out[n] = v
     for group in shared_input_groups(model, spec):
         if len({out[n] for n in group}) > 1:
-            raise ValueError(
-                f"{' and '.join(group)} read one quantized activation, so they need one input amax; "
-                f"got {[out[n] for n in group]}"
-            )
+            raise ValueError(f"{' and '.join(group)} read one quantized activation, so they need one input amax; "
+                             f"got {[out[n] for n in group]}")
     return out

@@ -48,33 +48,22 @@ def _check_convertible(model: torch.nn.Module, spec: ModelSpec, options: Convers
     if hasattr(model, MODEL_ATTR):
         raise ValueError("the model is already converted (restore_transformer first, or set_mode to switch modes)")
     if getattr(model, "_parallel_config", None) is not None:
-        raise ValueError(
-            "the model already runs under diffusers parallelism (model.enable_parallelism or "
-            "from_pretrained(..., parallel_config=...)): its hooks wrap the block forwards that the "
-            "conversion replaces. Convert first, then enable parallelism: convert_transformer(model, "
-            "...) and then model.enable_parallelism(config=...) (reload the model to start over)"
-        )
+        raise ValueError("the model already runs under diffusers parallelism (model.enable_parallelism or "
+                         "from_pretrained(..., parallel_config=...)): its hooks wrap the block forwards that the "
+                         "conversion replaces. Convert first, then enable parallelism: convert_transformer(model, "
+                         "...) and then model.enable_parallelism(config=...) (reload the model to start over)")
     found = blocks(model, spec)
     if not found:
         raise ValueError(f"the model has no {spec.block_class}")
     for name, block in found:
         check_block_structure(name, block, spec, options.format)
         if "forward" in vars(block):
-            raise ValueError(
-                f"{name} already has its own forward (a hook: offloading, caching, context parallelism, "
-                "or another conversion); convert before registering hooks on the blocks"
-            )
+            raise ValueError(f"{name} already has its own forward (a hook: offloading, caching, context parallelism, "
+                             "or another conversion); convert before registering hooks on the blocks")
 
 
-def convert(
-    model: torch.nn.Module,
-    spec: ModelSpec,
-    options: ConversionOptions,
-    *,
-    input_amax: Any,
-    calibration_inputs: Any,
-    version: str,
-) -> torch.nn.Module:
+def convert(model: torch.nn.Module, spec: ModelSpec, options: ConversionOptions, *, input_amax: Any,
+            calibration_inputs: Any, version: str) -> torch.nn.Module:
     """The conversion itself (the public wrappers build ``options`` and check the diffusers version first).
     Nothing is installed unless every layer quantized without error. Returns the model."""
     if not isinstance(options, ConversionOptions):
@@ -109,21 +98,11 @@ def convert(
         converted.append((name, block, state, new_layers, segment))
 
     record = DiTConversion(
-        mode=options.mode,
-        fast_math=getattr(fmt, "fast_math", None),
-        allow_cpu=options.allow_cpu,
-        input_amax=dict(amax),
-        diffusers_version=version,
-        block_names=[n for n, _ in found],
-        kept_original=options.keep_original,
-        model_type=spec.model_class,
-        linears=linears,
-        format=fmt.name,
-        format_options=fmt,
-        segments_per_forward=sum(len(state.stats) for _, _, state, _, _ in converted),
-        compiled=CompiledPaths(spec),
-        hook_id=None,
-    )
+        mode=options.mode, fast_math=getattr(fmt, "fast_math", None), allow_cpu=options.allow_cpu,
+        input_amax=dict(amax), diffusers_version=version, block_names=[n for n, _ in found],
+        kept_original=options.keep_original, model_type=spec.model_class, linears=linears, format=fmt.name,
+        format_options=fmt, segments_per_forward=sum(len(state.stats) for _, _, state, _, _ in converted),
+        compiled=CompiledPaths(spec), hook_id=None)
     for _name, block, state, new_layers, segment in converted:
         for rel, layer in new_layers.items():
             _set_submodule(block, rel, layer)
@@ -131,10 +110,8 @@ def convert(
         if segment:
             state.forward = functools.partial(spec.block_forward, block)
             block.forward = state.forward
-        state.hook_ids = (
-            block.register_load_state_dict_pre_hook(check_block_state_dict).id,
-            block.register_load_state_dict_post_hook(functools.partial(rederive_block, model=model)).id,
-        )
+        state.hook_ids = (block.register_load_state_dict_pre_hook(check_block_state_dict).id,
+                          block.register_load_state_dict_post_hook(functools.partial(rederive_block, model=model)).id)
     record.hook_id = model.register_load_state_dict_pre_hook(check_model_state_dict).id
     setattr(model, MODEL_ATTR, record)
     return model
@@ -147,9 +124,8 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
     if info is None:
         raise ValueError("the model is not converted (convert_transformer)")
     if not info.kept_original:
-        raise ValueError(
-            "the model was converted with keep_original=False: the BF16 layers are gone; reload the model instead"
-        )
+        raise ValueError("the model was converted with keep_original=False: the BF16 layers are gone; reload "
+                         "the model instead")
     found = converted_blocks(model)
     for name, block, state in found:
         if vars(block).get("forward") is not state.forward and state.forward is not None:
@@ -199,10 +175,8 @@ def fused_path_stats(model: torch.nn.Module, *, per_block: bool = False, reset: 
             total["fallback"] += s.fallback
             total["decline_reasons"].update(s.decline_reasons)
         if per_block:
-            per[name] = {
-                k: StreamStats(v.fused, v.unfused, v.fallback, collections.Counter(v.decline_reasons))
-                for k, v in state.stats.items()
-            }
+            per[name] = {k: StreamStats(v.fused, v.unfused, v.fallback, collections.Counter(v.decline_reasons))
+                         for k, v in state.stats.items()}
         if reset:
             for s in state.stats.values():
                 s.reset()
@@ -211,3 +185,4 @@ def fused_path_stats(model: torch.nn.Module, *, per_block: bool = False, reset: 
     if per_block:
         total["blocks"] = per
     return total
+

@@ -63,9 +63,8 @@ def _converted_block_forward(
     if len(attention_outputs) == 3:
         hidden_states = hidden_states + ip_attn_output
 
-    encoder_hidden_states, context_ff_output = ffn_segment(
-        self, "txt", encoder_hidden_states, context_attn_output, c_gate_msa, c_scale_mlp, c_shift_mlp
-    )
+    encoder_hidden_states, context_ff_output = ffn_segment(self, "txt", encoder_hidden_states, context_attn_output,
+                                                           c_gate_msa, c_scale_mlp, c_shift_mlp)
     encoder_hidden_states = encoder_hidden_states + c_gate_mlp.unsqueeze(1) * context_ff_output
     # --- end of the changed segment ---
     return clip_fp16(encoder_hidden_states), hidden_states

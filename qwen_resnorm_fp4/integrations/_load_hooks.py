@@ -45,7 +45,8 @@ def _input_scale_key(layer: torch.nn.Module) -> Any:
     return None if options is None else options.input_scale_buffer
 
 
-def check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any], prefix: str, *_args: Any) -> None:
+def check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any], prefix: str,
+                           *_args: Any) -> None:
     """A converted block's load_state_dict pre-hook (before anything is copied): every quantized layer's input
     scale one positive, normal, finite fp32, and the layers that read one quantized activation (a SwiGLU's proj
     and gate_layer) one input scale. ValueError naming the key otherwise. Values on the meta device (a model
@@ -63,10 +64,8 @@ def check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any]
             continue
         value = raw.detach().float().reshape(-1)
         if value.numel() != 1 or input_scale_value_problem(value) is not None:  # the ops' rule of a scale value
-            raise ValueError(
-                f"{key} must be one positive, normal, finite fp32 value (an activation scale), got "
-                f"{value.tolist()}: the load is refused, nothing was copied into this block"
-            )
+            raise ValueError(f"{key} must be one positive, normal, finite fp32 value (an activation scale), got "
+                             f"{value.tolist()}: the load is refused, nothing was copied into this block")
     for stream in state.spec.streams if state.stats else ():
         names = stream.input_linears()
         if len(names) < 2:
@@ -81,14 +80,13 @@ def check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any]
             continue
         values = [r.detach().float().reshape(-1).cpu() for r in raws]
         if not all(torch.equal(values[0], v) for v in values[1:]):
-            raise ValueError(
-                f"{keys[1]} ({values[1].tolist()}) differs from {keys[0]} ({values[0].tolist()}): "
-                "the two layers read one quantized activation, so they need one input scale; the "
-                "load is refused, nothing was copied into this block"
-            )
+            raise ValueError(f"{keys[1]} ({values[1].tolist()}) differs from {keys[0]} ({values[0].tolist()}): "
+                             "the two layers read one quantized activation, so they need one input scale; the "
+                             "load is refused, nothing was copied into this block")
 
 
-def check_model_state_dict(model: torch.nn.Module, state_dict: Mapping[str, Any], prefix: str, *_args: Any) -> None:
+def check_model_state_dict(model: torch.nn.Module, state_dict: Mapping[str, Any], prefix: str,
+                           *_args: Any) -> None:
     """The converted model's load_state_dict pre-hook: every converted block's check
     (:func:`check_block_state_dict`) before any block is loaded, so a refused load changes nothing."""
     for name, block in model.named_modules():
@@ -113,11 +111,8 @@ def rederive_block(block: torch.nn.Module, _incompatible_keys: Any, *, model: to
             state.stats[key] = StreamStats()
         elif not shares and key in state.stats:
             del state.stats[key]
-            logger.info(
-                "%s: %s's q/k/v input scales differ after the load: each keeps its own quantization",
-                state.name,
-                stream.name,
-            )
+            logger.info("%s: %s's q/k/v input scales differ after the load: each keeps its own quantization",
+                        state.name, stream.name)
     for full in record.input_amax:
         if full.startswith(state.name + "."):
             layer = model.get_submodule(full)

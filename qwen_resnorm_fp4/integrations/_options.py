@@ -68,7 +68,8 @@ def check_linears(linears: Any) -> Union[str, Tuple[str, ...]]:
             raise ValueError(f"linears must be one of {LINEARS} or a list of module names, got {linears!r}")
         return linears
     if not isinstance(linears, (list, tuple)) or not linears or not all(isinstance(n, str) for n in linears):
-        raise TypeError(f"linears must be one of {LINEARS} or a non-empty list of module names (str), got {linears!r}")
+        raise TypeError(f"linears must be one of {LINEARS} or a non-empty list of module names (str), got "
+                        f"{linears!r}")
     return tuple(linears)
 
 
@@ -194,24 +195,18 @@ def format_options(format: Any, keywords: Optional[Mapping] = None) -> FormatOpt
     if isinstance(format, FORMAT_OPTIONS):
         if given:
             name = next(iter(given))
-            raise ValueError(
-                f"format is given as {format!r}: set {name} there (or pass format="
-                f"{format.name!r} and {name}=...), not both"
-            )
+            raise ValueError(f"format is given as {format!r}: set {name} there (or pass format="
+                             f"{format.name!r} and {name}=...), not both")
         return format
     if not isinstance(format, str) or format not in FORMATS:
-        raise ValueError(
-            f"format must be one of {FORMATS} or an options object "
-            f"({', '.join(cls.__name__ for cls in FORMAT_OPTIONS)}), got {format!r}"
-        )
+        raise ValueError(f"format must be one of {FORMATS} or an options object "
+                         f"({', '.join(cls.__name__ for cls in FORMAT_OPTIONS)}), got {format!r}")
     chosen = FORMAT_OPTIONS[FORMATS.index(format)]
     for name, value in given.items():
         owner, f = owners[name]
         if owner is not chosen:
-            raise ValueError(
-                f"{name} is a setting of {f.metadata[_SETTING_OF]} (format={owner.name!r}); "
-                f"format={format!r} has none (leave it at {f.default!r}), got {value!r}"
-            )
+            raise ValueError(f"{name} is a setting of {f.metadata[_SETTING_OF]} (format={owner.name!r}); "
+                             f"format={format!r} has none (leave it at {f.default!r}), got {value!r}")
     return chosen(**given)
 
 
@@ -240,10 +235,8 @@ class ConversionOptions:
     def __post_init__(self) -> None:
         check_mode(self.mode)
         if not isinstance(self.format, FORMAT_OPTIONS):
-            raise TypeError(
-                f"format must be an options object ({', '.join(c.__name__ for c in FORMAT_OPTIONS)}), "
-                f"got {self.format!r}"
-            )
+            raise TypeError(f"format must be an options object ({', '.join(c.__name__ for c in FORMAT_OPTIONS)}), "
+                            f"got {self.format!r}")
         object.__setattr__(self, "linears", check_linears(self.linears))
         _check_bool("allow_cpu", self.allow_cpu)
         _check_bool("keep_original", self.keep_original)
@@ -254,7 +247,5 @@ class ConversionOptions:
         ``allow_cpu``, ``keep_original``) and the format's (:func:`format_options`: ``format`` a name or an
         options object, ``fast_math``, ``gemm_backend``, ``use_fast_accum``)."""
         own = {f.name for f in fields(cls)} - {"format"}
-        return cls(
-            format=format_options(format, {k: v for k, v in keywords.items() if k not in own}),
-            **{k: v for k, v in keywords.items() if k in own},
-        )
+        return cls(format=format_options(format, {k: v for k, v in keywords.items() if k not in own}),
+                   **{k: v for k, v in keywords.items() if k in own})

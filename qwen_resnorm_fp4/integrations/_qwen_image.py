@@ -40,30 +40,21 @@ def _index_tensor(index: Any, like: Tensor) -> Optional[Tensor]:
     return index
 
 
-def _attention_input(
-    block: torch.nn.Module, stream: str, x: Tensor, mod1: Tensor, index: Optional[Tensor]
-) -> Optional[Tensor]:
+def _attention_input(block: torch.nn.Module, stream: str, x: Tensor, mod1: Tensor,
+                     index: Optional[Tensor]) -> Optional[Tensor]:
     """The stream's norm1 + modulation as the E4M3 input of its q/k/v projections
     (:func:`~qwen_resnorm_fp4.integrations._segments.attention_input`), or None: diffusers' own lines run."""
     shift1, scale1, _gate1 = mod1.chunk(3, dim=-1)
     return attention_input(block, stream, x, scale1, shift1, index=index)
 
 
-def _mlp_half(
-    block: torch.nn.Module,
-    stream: str,
-    hidden_states: Tensor,
-    attn_output: Tensor,
-    mod1: Tensor,
-    mod2: Tensor,
-    index: Optional[Tensor],
-) -> Tensor:
+def _mlp_half(block: torch.nn.Module, stream: str, hidden_states: Tensor, attn_output: Tensor, mod1: Tensor,
+              mod2: Tensor, index: Optional[Tensor]) -> Tensor:
     """One stream from the attention output to the end of the block."""
     _shift1, _scale1, gate1 = mod1.chunk(3, dim=-1)
     shift2, scale2, gate2 = mod2.chunk(3, dim=-1)
-    residual_out, mlp_output = ffn_segment(
-        block, stream, hidden_states, attn_output, gate1, scale2, shift2, index=index
-    )
+    residual_out, mlp_output = ffn_segment(block, stream, hidden_states, attn_output, gate1, scale2, shift2,
+                                           index=index)
     return residual_out + _gate_rows(gate2, index) * mlp_output
 
 
@@ -135,18 +126,10 @@ SPEC = ModelSpec(
     model_class="QwenImageTransformer2DModel",
     block_class="QwenImageTransformerBlock",
     block_attrs=("img_mod", "txt_mod", "img_norm1", "txt_norm1", "attn", "_modulate", "zero_cond_t"),
-    streams=(
-        StreamSpec(
-            "img", "img_norm2", "img_mlp", attn_norm="img_norm1", attn_inputs=("attn.to_q", "attn.to_k", "attn.to_v")
-        ),
-        StreamSpec(
-            "txt",
-            "txt_norm2",
-            "txt_mlp",
-            attn_norm="txt_norm1",
-            attn_inputs=("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"),
-        ),
-    ),
+    streams=(StreamSpec("img", "img_norm2", "img_mlp", attn_norm="img_norm1",
+                        attn_inputs=("attn.to_q", "attn.to_k", "attn.to_v")),
+             StreamSpec("txt", "txt_norm2", "txt_mlp", attn_norm="txt_norm1",
+                        attn_inputs=("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"))),
     block_forward=_converted_block_forward,
     # SGLang's Qwen-Image FP8 checkpoint keeps these in BF16 (and, outside the blocks, img_in, txt_in, the
     # timestep embedder, norm_out and proj_out, which no conversion touches)

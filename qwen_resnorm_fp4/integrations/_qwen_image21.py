@@ -83,9 +83,8 @@ def _converted_block_forward(
     index = None
     if target_token_mask is not None:
         index = (~target_token_mask.bool()).view(1, -1).expand(batch, -1).contiguous()
-    residual_out, mlp_output = ffn_segment(
-        self, "img", hidden_states, attn_output, gate_rows, scale_rows, torch.zeros_like(scale_rows), index=index
-    )
+    residual_out, mlp_output = ffn_segment(self, "img", hidden_states, attn_output, gate_rows, scale_rows,
+                                           torch.zeros_like(scale_rows), index=index)
     hidden_states = residual_out + _select_modulation_rows(gate2, target_token_mask).tanh() * mlp_output
     # --- end of the changed segment ---
     return clip_fp16(hidden_states)

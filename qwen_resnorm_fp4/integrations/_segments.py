@@ -46,32 +46,14 @@ Tensor = torch.Tensor
 logger = logging.getLogger("qwen_resnorm_fp4")
 
 
-def _unfused(
-    residual: Tensor,
-    x: Tensor,
-    bias: Optional[Tensor],
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    norm: torch.nn.LayerNorm,
-    fc1: Union[NVFP4Linear, FP8Linear],
-    index: Optional[Tensor],
-) -> Tuple[Any, Tensor]:
+def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
+             norm: torch.nn.LayerNorm, fc1: Union[NVFP4Linear, FP8Linear],
+             index: Optional[Tensor]) -> Tuple[Any, Tensor]:
     """The baseline: ``resnorm`` (residual update, LayerNorm, modulation -> BF16 y), then FC1's own quantizer
     (what the layer does to a BF16 input): NVFP4 with its input global scale and fast-math mode, or E4M3 with
     its input_scale."""
-    y, residual_out = resnorm(
-        residual,
-        x,
-        bias,
-        gate,
-        scale,
-        shift,
-        float(norm.eps),
-        weight=norm.weight,
-        norm_bias=norm.bias,
-        modulate_index=index,
-    )
+    y, residual_out = resnorm(residual, x, bias, gate, scale, shift, float(norm.eps), weight=norm.weight,
+                              norm_bias=norm.bias, modulate_index=index)
     return fc1.quantize_input(y), residual_out
 
 
@@ -92,21 +74,14 @@ def _served(state: BlockState, segment: str, stats: StreamStats, outcome: Any) -
         stats.fallback += 1
         stats.decline_reasons[path] += 1
         if state.fallbacks.first(path):
-            logger.info(
-                "%s block %s (%s): the fused path declined (%s: %s); running the unfused chain (same "
-                "bytes). See fused_path_stats(model).",
-                state.spec.label,
-                state.name,
-                segment,
-                path,
-                outcome.detail,
-            )
+            logger.info("%s block %s (%s): the fused path declined (%s: %s); running the unfused chain (same "
+                        "bytes). See fused_path_stats(model).", state.spec.label, state.name, segment, path,
+                        outcome.detail)
     return None if declined else outcome
 
 
-def attention_input(
-    block: torch.nn.Module, stream: str, x: Tensor, scale: Tensor, shift: Tensor, *, index: Optional[Tensor] = None
-) -> Optional[Tensor]:
+def attention_input(block: torch.nn.Module, stream: str, x: Tensor, scale: Tensor, shift: Tensor, *,
+                    index: Optional[Tensor] = None) -> Optional[Tensor]:
     """The E4M3 input of a stream's attention projections (``StreamSpec.attn_inputs``, one shared
     input_scale) from its first norm: ``norm(x) * (1 + scale) + shift`` quantized once, fused
     (``serve_fused_norm_modulate_quant_fp8``) or unfused (``resnorm`` of (x, 0, gate 0), then the first
@@ -127,24 +102,13 @@ def attention_input(
         x = x.contiguous()
     outcome = None
     if state.mode == "fused":
-        outcome = serve_fused_norm_modulate_quant_fp8(
-            x, scale, shift, first.input_scale, norm=norm, modulate_index=index, allow_cpu=state.allow_cpu
-        )
+        outcome = serve_fused_norm_modulate_quant_fp8(x, scale, shift, first.input_scale, norm=norm,
+                                                      modulate_index=index, allow_cpu=state.allow_cpu)
     result = _served(state, key, stats, outcome)
     if result is None:
         zero_gate = torch.zeros(scale.shape, dtype=scale.dtype, device=scale.device)
-        y, _ = resnorm(
-            x,
-            torch.zeros_like(x),
-            None,
-            zero_gate,
-            scale,
-            shift,
-            float(norm.eps),
-            weight=norm.weight,
-            norm_bias=norm.bias,
-            modulate_index=index,
-        )
+        y, _ = resnorm(x, torch.zeros_like(x), None, zero_gate, scale, shift, float(norm.eps), weight=norm.weight,
+                       norm_bias=norm.bias, modulate_index=index)
         result = first.quantize_input(y)
     return result
 
@@ -164,7 +128,8 @@ def _gelu_tanh_eager_fake(h: Tensor) -> Tensor:
     return torch.empty_like(h)
 
 
-def _gelu_ffn(block: torch.nn.Module, state: BlockState, spec: StreamSpec, ffn: torch.nn.Module, h: Tensor) -> Tensor:
+def _gelu_ffn(block: torch.nn.Module, state: BlockState, spec: StreamSpec, ffn: torch.nn.Module,
+              h: Tensor) -> Tensor:
     """A GELU FeedForward after its first Linear (``h``: its bf16 output): the model's own modules, or, for a
     ``"<stream>.gelu"`` segment, GELU + the second Linear's quantization in one pass (fused) or PyTorch's GELU
     kernel then the Linear's own quantization (unfused or declined), the same bytes, compiled too."""
@@ -189,18 +154,9 @@ def _gelu_ffn(block: torch.nn.Module, state: BlockState, spec: StreamSpec, ffn: 
     return hidden
 
 
-def ffn_segment(
-    block: torch.nn.Module,
-    stream: str,
-    residual: Tensor,
-    x: Tensor,
-    gate: Tensor,
-    scale: Tensor,
-    shift: Tensor,
-    *,
-    index: Optional[Tensor] = None,
-    bias: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor, gate: Tensor, scale: Tensor,
+                shift: Tensor, *, index: Optional[Tensor] = None,
+                bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """``residual + gate * (x + bias) -> norm -> * (1 + scale) + shift -> FFN`` of one stream of a converted
     block. Returns ``(residual_out, ffn_output)``; the caller does the post-FFN update as the model does.
 
@@ -209,10 +165,8 @@ def ffn_segment(
     state: BlockState = getattr(block, STATE_ATTR)
     spec = state.spec.stream(stream)
     if residual.dtype != torch.bfloat16 or x.dtype != torch.bfloat16:
-        raise TypeError(
-            f"the converted {state.spec.label} block needs bfloat16 activations, got {residual.dtype} "
-            f"and {x.dtype} (load the model with torch_dtype=torch.bfloat16)"
-        )
+        raise TypeError(f"the converted {state.spec.label} block needs bfloat16 activations, got {residual.dtype} "
+                        f"and {x.dtype} (load the model with torch_dtype=torch.bfloat16)")
     # Under context parallelism a block's input is a sequence shard (diffusers chunks [B, S, D] along S: not
     # contiguous for B > 1). The fused path declines strided activations and resnorm copies them: copy here.
     if not residual.is_contiguous():
@@ -228,31 +182,11 @@ def ffn_segment(
     outcome = None
     if state.mode == "fused":
         if fp8:
-            outcome = serve_fused_resnorm_quant_fp8(
-                residual,
-                x,
-                gate,
-                scale,
-                shift,
-                fc1.input_scale,
-                bias=bias,
-                norm=norm,
-                modulate_index=index,
-                allow_cpu=state.allow_cpu,
-            )
+            outcome = serve_fused_resnorm_quant_fp8(residual, x, gate, scale, shift, fc1.input_scale, bias=bias,
+                                                    norm=norm, modulate_index=index, allow_cpu=state.allow_cpu)
         else:
-            outcome = serve_fused_resnorm_quant(
-                residual,
-                x,
-                gate,
-                scale,
-                shift,
-                fc1,
-                bias=bias,
-                norm=norm,
-                modulate_index=index,
-                allow_cpu=state.allow_cpu,
-            )
+            outcome = serve_fused_resnorm_quant(residual, x, gate, scale, shift, fc1, bias=bias, norm=norm,
+                                                modulate_index=index, allow_cpu=state.allow_cpu)
     result = _served(state, stream, stats, outcome)
     if result is not None:
         quantized, residual_out = result[0], result[1]

@@ -27,9 +27,8 @@ from ._options import QUANTIZED_LINEARS, FormatOptions, check_linears
 from ._spec import ModelSpec, StreamSpec, blocks, linear_only_blocks
 
 
-def block_linear_names(
-    block: torch.nn.Module, spec: ModelSpec, linears: str, fmt: FormatOptions, segment: bool = True
-) -> List[str]:
+def block_linear_names(block: torch.nn.Module, spec: ModelSpec, linears: str, fmt: FormatOptions,
+                       segment: bool = True) -> List[str]:
     """Block-relative names of the layers a preset converts: the FFN input layers (``segment``: a block with
     the segment), plus with ``linears="all"`` every other nn.Linear of the block the format supports
     (``fmt.supports``), and with ``"modelopt"`` those of them that ``spec.modelopt_bf16`` does not keep in
@@ -37,14 +36,9 @@ def block_linear_names(
     names = [n for s in spec.streams for n in s.input_linears()] if segment else []
     if linears in ("all", "modelopt"):
         # the quantized layers too: the same names before and after a conversion
-        names += [
-            n
-            for n, m in block.named_modules()
-            if isinstance(m, (torch.nn.Linear,) + QUANTIZED_LINEARS)
-            and fmt.supports(m)
-            and n not in names
-            and not (linears == "modelopt" and any(re.fullmatch(p, n) for p in spec.modelopt_bf16))
-        ]
+        names += [n for n, m in block.named_modules() if isinstance(m, (torch.nn.Linear,) + QUANTIZED_LINEARS)
+                  and fmt.supports(m) and n not in names
+                  and not (linears == "modelopt" and any(re.fullmatch(p, n) for p in spec.modelopt_bf16))]
     return names
 
 
@@ -57,42 +51,31 @@ def linear_names(model: torch.nn.Module, spec: ModelSpec, linears: Any, fmt: For
     linears = check_linears(linears)
     preset = linears if isinstance(linears, str) else "all"
     found = blocks(model, spec)
-    names = [f"{b}.{n}" for b, block in found for n in block_linear_names(block, spec, preset, fmt)] + [
-        f"{b}.{n}"
-        for b, block in linear_only_blocks(model, spec, preset)
-        for n in block_linear_names(block, spec, preset, fmt, segment=False)
-    ]
+    names = ([f"{b}.{n}" for b, block in found for n in block_linear_names(block, spec, preset, fmt)]
+             + [f"{b}.{n}" for b, block in linear_only_blocks(model, spec, preset)
+                for n in block_linear_names(block, spec, preset, fmt, segment=False)])
     if isinstance(linears, str):
         return names
     prefixes = {b for b, _ in found} | {b for b, _ in linear_only_blocks(model, spec, "all")}
     wanted = set()
     for entry in linears:
-        hits = [n for n in names if n == entry or (n.endswith("." + entry) and n[: -len(entry) - 1] in prefixes)]
+        hits = [n for n in names if n == entry or (n.endswith("." + entry) and n[:-len(entry) - 1] in prefixes)]
         if not hits:
-            raise ValueError(
-                f"linears names {entry!r}, which is not a block Linear this format can quantize "
-                f"({fmt.shape_rule}); e.g. {names[0]!r} (see linear_names(model, 'all'))"
-            )
+            raise ValueError(f"linears names {entry!r}, which is not a block Linear this format can quantize "
+                             f"({fmt.shape_rule}); e.g. {names[0]!r} (see linear_names(model, 'all'))")
         wanted.update(hits)
-    missing = [
-        f"{b}.{n}" for b, _ in found for s in spec.streams for n in s.input_linears() if f"{b}.{n}" not in wanted
-    ]
+    missing = [f"{b}.{n}" for b, _ in found for s in spec.streams for n in s.input_linears()
+               if f"{b}.{n}" not in wanted]
     if missing:
-        raise ValueError(
-            f"linears must include every block's FFN input layers (the fused segment feeds them); "
-            f"it lacks {missing[0]!r}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
-        )
+        raise ValueError(f"linears must include every block's FFN input layers (the fused segment feeds them); "
+                         f"it lacks {missing[0]!r}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
     return [n for n in names if n in wanted]
 
 
 def shared_input_groups(model: torch.nn.Module, spec: ModelSpec) -> List[Tuple[str, ...]]:
     """Layers that read one packed activation (a SwiGLU's proj and gate_layer): one input global scale."""
-    return [
-        tuple(f"{b}.{n}" for n in s.input_linears())
-        for b, _ in blocks(model, spec)
-        for s in spec.streams
-        if len(s.input_linears()) > 1
-    ]
+    return [tuple(f"{b}.{n}" for n in s.input_linears()) for b, _ in blocks(model, spec) for s in spec.streams
+            if len(s.input_linears()) > 1]
 
 
 def check_block_structure(name: str, block: torch.nn.Module, spec: ModelSpec, fmt: FormatOptions) -> None:
@@ -120,13 +103,11 @@ def check_block_structure(name: str, block: torch.nn.Module, spec: ModelSpec, fm
             if not isinstance(layer, torch.nn.Linear):
                 problems.append(f"{rel} is a {type(layer).__name__}, not a torch.nn.Linear")
             elif not fmt.supports(layer):
-                problems.append(
-                    f"{rel} is [{layer.out_features}, {layer.in_features}]: the {fmt.name} layer needs {fmt.shape_rule}"
-                )
+                problems.append(f"{rel} is [{layer.out_features}, {layer.in_features}]: the {fmt.name} layer "
+                                f"needs {fmt.shape_rule}")
     if problems:
-        raise ValueError(
-            f"{name} does not have the structure of the supported {spec.block_class}: " + "; ".join(problems)
-        )
+        raise ValueError(f"{name} does not have the structure of the supported {spec.block_class}: "
+                         + "; ".join(problems))
 
 
 def attn_shares_input(block: torch.nn.Module, stream: StreamSpec, layers: Mapping[str, Any]) -> bool:
@@ -152,10 +133,7 @@ def extra_segments(block: torch.nn.Module, spec: ModelSpec, new_layers: Mapping[
         if attn_shares_input(block, s, new_layers):
             keys.append(f"{s.name}.attn")
         fc2 = s.output_linear()
-        if (
-            fc2 is not None
-            and isinstance(new_layers.get(fc2), FP8Linear)
-            and getattr(getattr(block, s.ffn).net[0], "approximate", None) == "tanh"
-        ):
+        if fc2 is not None and isinstance(new_layers.get(fc2), FP8Linear) and \
+                getattr(getattr(block, s.ffn).net[0], "approximate", None) == "tanh":
             keys.append(f"{s.name}.gelu")
     return keys

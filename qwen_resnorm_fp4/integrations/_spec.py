@@ -74,7 +74,8 @@ class ModelSpec:
     modelopt_bf16: Tuple[str, ...] = ()
     #: The family's live conversions, for the notes of traced graphs (:mod:`._compiled_paths`). Not part of
     #: the description: excluded from equality, hash and repr.
-    live: LiveConversions = field(default_factory=LiveConversions, init=False, compare=False, repr=False, hash=False)
+    live: LiveConversions = field(default_factory=LiveConversions, init=False, compare=False, repr=False,
+                                  hash=False)
 
     def stream(self, name: str) -> StreamSpec:
         """The stream called ``name``."""
@@ -114,8 +115,5 @@ def linear_only_blocks(model: torch.nn.Module, spec: ModelSpec, linears: Any) ->
     single-stream blocks): (module name, block), in model order."""
     if linears == "fc1":
         return []
-    return [
-        (name, m)
-        for name, m in model.named_modules()
-        if any(_is_diffusers_class(m, c) for c in spec.linear_only_blocks)
-    ]
+    return [(name, m) for name, m in model.named_modules()
+            if any(_is_diffusers_class(m, c) for c in spec.linear_only_blocks)]

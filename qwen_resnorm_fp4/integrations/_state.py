@@ -80,15 +80,8 @@ class BlockState:
     converted forward reads of it (``spec``, ``mode``, ``allow_cpu``, the keys of ``stats``) is equal in every
     block of one conversion, so one compiled block serves all of them."""
 
-    def __init__(
-        self,
-        name: str,
-        spec: ModelSpec,
-        mode: str,
-        allow_cpu: bool,
-        originals: Dict[str, Optional[torch.nn.Linear]],
-        fallbacks: FallbackLog,
-    ):
+    def __init__(self, name: str, spec: ModelSpec, mode: str, allow_cpu: bool,
+                 originals: Dict[str, Optional[torch.nn.Linear]], fallbacks: FallbackLog):
         self.name = name
         self.spec = spec
         self.mode = mode
@@ -142,8 +135,5 @@ def converted_blocks(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module,
     converted."""
     if not hasattr(model, MODEL_ATTR):
         raise ValueError("the model is not converted (convert_transformer)")
-    return [
-        (name, m, getattr(m, STATE_ATTR))
-        for name, m in model.named_modules()
-        if isinstance(getattr(m, STATE_ATTR, None), BlockState)
-    ]
+    return [(name, m, getattr(m, STATE_ATTR)) for name, m in model.named_modules()
+            if isinstance(getattr(m, STATE_ATTR, None), BlockState)]

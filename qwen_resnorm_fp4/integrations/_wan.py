@@ -61,9 +61,8 @@ def _converted_block_forward(
     attn_output = self.attn2(norm_hidden_states, encoder_hidden_states, None, None)
 
     # --- changed: residual, norm3 + modulation, FFN (the update below is diffusers' own) ---
-    hidden_states, ff_output = ffn_segment(
-        self, "img", hidden_states, attn_output, ones_gate(c_scale_msa), c_scale_msa, c_shift_msa
-    )
+    hidden_states, ff_output = ffn_segment(self, "img", hidden_states, attn_output, ones_gate(c_scale_msa),
+                                           c_scale_msa, c_shift_msa)
     # --- end of the changed segment ---
     hidden_states = (hidden_states.float() + ff_output.float() * c_gate_msa).type_as(hidden_states)
 

@@ -78,8 +78,7 @@ TESTED_DIFFUSERS_VERSIONS = ("0.42.1",)
 
 #: The model families, by diffusers class name (read-only).
 SPECS: Mapping[str, ModelSpec] = types.MappingProxyType(
-    {s.model_class: s for s in (_qwen_image.SPEC, _qwen_image21.SPEC, _flux.SPEC, _wan.SPEC)}
-)
+    {s.model_class: s for s in (_qwen_image.SPEC, _qwen_image21.SPEC, _flux.SPEC, _wan.SPEC)})
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -119,13 +118,11 @@ def check_diffusers_version(version: Optional[str] = None, *, allow_untested_ver
     parsed = _parse_version(version)
     ok = parsed is not None and _SUPPORTED_MIN <= parsed < _SUPPORTED_BELOW
     if not ok:
-        msg = (
-            f"diffusers {version} is not supported by the diffusers integration: supported "
-            f"diffusers{SUPPORTED_DIFFUSERS} (tested: {', '.join(TESTED_DIFFUSERS_VERSIONS)}). The converted block "
-            "forward is a copy of diffusers' block forwards of those releases; pass allow_untested_version=True "
-            "to convert anyway (then compare the converted model's output with the original's before relying on "
-            "it)"
-        )
+        msg = (f"diffusers {version} is not supported by the diffusers integration: supported "
+               f"diffusers{SUPPORTED_DIFFUSERS} (tested: {', '.join(TESTED_DIFFUSERS_VERSIONS)}). The converted block "
+               "forward is a copy of diffusers' block forwards of those releases; pass allow_untested_version=True "
+               "to convert anyway (then compare the converted model's output with the original's before relying on "
+               "it)")
         if not allow_untested_version:
             raise ValueError(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
@@ -145,27 +142,14 @@ def _spec_of(model: Any, expected: Optional[str] = None) -> ModelSpec:
     raise TypeError(f"model must be a diffusers {wanted}, got {type(model).__name__}")
 
 
-def _convert_checked(
-    model: torch.nn.Module,
-    expected: Optional[str],
-    *,
-    input_amax: Any,
-    calibration_inputs: Any,
-    allow_untested_version: bool,
-    **options: Any,
-) -> torch.nn.Module:
+def _convert_checked(model: torch.nn.Module, expected: Optional[str], *, input_amax: Any, calibration_inputs: Any,
+                     allow_untested_version: bool, **options: Any) -> torch.nn.Module:
     """The one implementation of every converter: the options (``options``: convert_transformer's other
     keywords) checked once, then the diffusers version, then the conversion."""
     conversion = ConversionOptions.from_keywords(**options)
     version = check_diffusers_version(allow_untested_version=allow_untested_version)
-    return _convert.convert(
-        model,
-        _spec_of(model, expected),
-        conversion,
-        input_amax=input_amax,
-        calibration_inputs=calibration_inputs,
-        version=version,
-    )
+    return _convert.convert(model, _spec_of(model, expected), conversion, input_amax=input_amax,
+                            calibration_inputs=calibration_inputs, version=version)
 
 
 def convert_transformer(
@@ -260,19 +244,15 @@ def _model_converter(name: str, model_class: str, label: str) -> Callable[..., t
         return _convert_checked(model, model_class, **{k: v for k, v in arguments.arguments.items() if k != "model"})
 
     converter.__name__ = converter.__qualname__ = name
-    converter.__doc__ = (
-        f":func:`convert_transformer` for a diffusers ``{model_class}`` ({label}) only: the same "
-        "arguments; any other model is a TypeError."
-    )
+    converter.__doc__ = (f":func:`convert_transformer` for a diffusers ``{model_class}`` ({label}) only: the same "
+                         "arguments; any other model is a TypeError.")
     return converter
 
 
-convert_qwen_image_transformer = _model_converter(
-    "convert_qwen_image_transformer", "QwenImageTransformer2DModel", "Qwen-Image, Qwen-Image-Edit"
-)
-convert_qwen_image21_transformer = _model_converter(
-    "convert_qwen_image21_transformer", "QwenImage21Transformer2DModel", "Qwen-Image 2.1"
-)
+convert_qwen_image_transformer = _model_converter("convert_qwen_image_transformer", "QwenImageTransformer2DModel",
+                                                  "Qwen-Image, Qwen-Image-Edit")
+convert_qwen_image21_transformer = _model_converter("convert_qwen_image21_transformer",
+                                                    "QwenImage21Transformer2DModel", "Qwen-Image 2.1")
 convert_flux_transformer = _model_converter("convert_flux_transformer", "FluxTransformer2DModel", "FLUX.1")
 convert_wan_transformer = _model_converter("convert_wan_transformer", "WanTransformer3DModel", "Wan 2.1, Wan 2.2")
 
@@ -305,54 +285,29 @@ def fused_path_stats(model: torch.nn.Module, *, per_block: bool = False, reset: 
     return _convert.fused_path_stats(model, per_block=per_block, reset=reset)
 
 
-def linear_names(
-    model: torch.nn.Module, linears: Union[str, Sequence[str]] = "fc1", format: Union[str, FormatOptions] = "nvfp4"
-) -> List[str]:
+def linear_names(model: torch.nn.Module, linears: Union[str, Sequence[str]] = "fc1",
+                 format: Union[str, FormatOptions] = "nvfp4") -> List[str]:
     """The module names of the layers a conversion with ``linears`` and ``format`` (a name or an options
     object) quantizes, e.g. ``transformer_blocks.0.img_mlp.net.0.proj`` (the keys of an ``input_amax`` dict)."""
     return _selection.linear_names(model, _spec_of(model), linears, format_options(format))
 
 
-def calibrate_input_amax(
-    model: torch.nn.Module,
-    calibration_inputs: Any,
-    linears: Union[str, Sequence[str]] = "fc1",
-    format: Union[str, FormatOptions] = "nvfp4",
-) -> Dict[str, float]:
+def calibrate_input_amax(model: torch.nn.Module, calibration_inputs: Any,
+                         linears: Union[str, Sequence[str]] = "fc1",
+                         format: Union[str, FormatOptions] = "nvfp4") -> Dict[str, float]:
     """Run ``calibration_inputs`` through the (unconverted) model and return, for every layer a conversion with
     ``linears`` and ``format`` (a name or an options object) quantizes, the max |input| seen: {module name:
     amax}.
 
     ``calibration_inputs``: a dict of ``model.forward`` keyword arguments, a list of such dicts, or a callable
     that takes the model and runs it (e.g. a whole pipeline call). Runs under ``torch.no_grad()``."""
-    return _calibration.calibrate_input_amax(
-        model, _spec_of(model), calibration_inputs, linears, format_options(format)
-    )
+    return _calibration.calibrate_input_amax(model, _spec_of(model), calibration_inputs, linears,
+                                             format_options(format))
 
 
-__all__ = [
-    "convert_transformer",
-    "convert_qwen_image_transformer",
-    "convert_qwen_image21_transformer",
-    "convert_flux_transformer",
-    "convert_wan_transformer",
-    "restore_transformer",
-    "set_mode",
-    "conversion_info",
-    "fused_path_stats",
-    "linear_names",
-    "calibrate_input_amax",
-    "check_diffusers_version",
-    "diffusers_version",
-    "DiTConversion",
-    "ConversionOptions",
-    "NVFP4Options",
-    "FP8Options",
-    "StreamStats",
-    "SPECS",
-    "SUPPORTED_DIFFUSERS",
-    "TESTED_DIFFUSERS_VERSIONS",
-    "MODES",
-    "LINEARS",
-    "FORMATS",
-]
+__all__ = ["convert_transformer", "convert_qwen_image_transformer", "convert_qwen_image21_transformer",
+           "convert_flux_transformer", "convert_wan_transformer", "restore_transformer", "set_mode",
+           "conversion_info", "fused_path_stats", "linear_names", "calibrate_input_amax",
+           "check_diffusers_version", "diffusers_version", "DiTConversion", "ConversionOptions", "NVFP4Options",
+           "FP8Options", "StreamStats", "SPECS", "SUPPORTED_DIFFUSERS", "TESTED_DIFFUSERS_VERSIONS", "MODES",
+           "LINEARS", "FORMATS"]

@@ -78,16 +78,11 @@ def _sglang_gate_and_norm(gate, scale, shift, weight, bias, norm_type: str, eps:
     ``modulate_index`` SGLang's [2B, 1, D] rows are the op's [2B, D]; the int 1 or None as gate is an ungated
     update; any norm_type other than "layer" becomes a norm the fused paths decline."""
     if modulate_index is not None:
-        gate, scale, shift = (
-            t.squeeze(1) if isinstance(t, Tensor) and t.dim() == 3 and t.shape[1] == 1 else t
-            for t in (gate, scale, shift)
-        )
+        gate, scale, shift = (t.squeeze(1) if isinstance(t, Tensor) and t.dim() == 3 and t.shape[1] == 1 else t
+                              for t in (gate, scale, shift))
     if gate is None or (type(gate) is int and gate == 1):  # an ungated update: fma(a, 1, residual)
-        gate = (
-            torch.ones(scale.shape[-1:], dtype=scale.dtype, device=scale.device).expand(scale.shape)
-            if isinstance(scale, Tensor)
-            else 1
-        )  # one [D] row, broadcast: no per-token ones in memory
+        gate = (torch.ones(scale.shape[-1:], dtype=scale.dtype, device=scale.device).expand(scale.shape)
+                if isinstance(scale, Tensor) else 1)  # one [D] row, broadcast: no per-token ones in memory
     elif isinstance(gate, Tensor) and isinstance(scale, Tensor) and gate.dim() < scale.dim():
         gate = gate.expand(scale.shape)  # a shared [D] gate next to per-batch [B, 1, D] scale and shift
     if norm_type == LAYER_NORM_TYPE and weight is None and bias is None:
@@ -135,25 +130,15 @@ def try_fused_scale_residual_norm_scale_shift_nvfp4(
     ``fc1_in_features``: the width of the FC1 layer the result feeds; where it is not x's width the call
     declines ("fc1_width_mismatch"). SGLang's parameters carry no FC1 layer, so without it nothing checks that
     the packed activations fit FC1."""
-    gate, scale, shift, norm = _sglang_gate_and_norm(gate, scale, shift, weight, bias, norm_type, eps, modulate_index)
+    gate, scale, shift, norm = _sglang_gate_and_norm(gate, scale, shift, weight, bias, norm_type, eps,
+                                                     modulate_index)
     if fc1_in_features is None:  # no FC1 named: the gate's width check compares x with itself
         fc1_in_features = x.shape[-1] if isinstance(x, Tensor) and x.dim() > 0 else 0
     fc1 = _PrequantizedFC1(fc1_in_features, _one_element(global_scale))
-    result = _q.try_fused_resnorm_quant(
-        residual,
-        x,
-        gate,
-        scale,
-        shift,
-        fc1,
-        bias=input_bias,
-        eps=eps,
-        norm=norm,
-        modulate_index=modulate_index,
-        allow_cpu=allow_cpu,
-        fast_math=fast_math,
-        nvfp4_4over6=nvfp4_4over6,
-    )
+    result = _q.try_fused_resnorm_quant(residual, x, gate, scale, shift, fc1,
+                                        bias=input_bias, eps=eps, norm=norm, modulate_index=modulate_index,
+                                        allow_cpu=allow_cpu,
+                                        fast_math=fast_math, nvfp4_4over6=nvfp4_4over6)
     if result is None:
         return None
     packed_scales, residual_out, _ = result
@@ -188,20 +173,11 @@ def try_fused_scale_residual_norm_scale_shift_fp8(
 
     Returns ``(normalized bf16 like x, quantized float8_e4m3fn like x, residual_out bf16 like x)`` or ``None``
     (then, in eager mode, ``qwen_resnorm_fp4.last_decline_reason()`` says why)."""
-    gate, scale, shift, norm = _sglang_gate_and_norm(gate, scale, shift, weight, bias, norm_type, eps, modulate_index)
-    result = _q.try_fused_resnorm_quant_fp8(
-        residual,
-        x,
-        gate,
-        scale,
-        shift,
-        _one_element(input_scale),
-        eps=eps,
-        norm=norm,
-        modulate_index=modulate_index,
-        allow_cpu=allow_cpu,
-        with_bf16=need_normalized,
-    )
+    gate, scale, shift, norm = _sglang_gate_and_norm(gate, scale, shift, weight, bias, norm_type, eps,
+                                                     modulate_index)
+    result = _q.try_fused_resnorm_quant_fp8(residual, x, gate, scale, shift, _one_element(input_scale), eps=eps,
+                                            norm=norm, modulate_index=modulate_index, allow_cpu=allow_cpu,
+                                            with_bf16=need_normalized)
     if result is None:
         return None
     if need_normalized:
@@ -211,8 +187,5 @@ def try_fused_scale_residual_norm_scale_shift_fp8(
     return None, quantized, residual_out
 
 
-__all__ = [
-    "try_fused_scale_residual_norm_scale_shift_nvfp4",
-    "try_fused_scale_residual_norm_scale_shift_fp8",
-    "LAYER_NORM_TYPE",
-]
+__all__ = ["try_fused_scale_residual_norm_scale_shift_nvfp4", "try_fused_scale_residual_norm_scale_shift_fp8",
+           "LAYER_NORM_TYPE"]

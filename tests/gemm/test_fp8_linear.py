@@ -33,9 +33,8 @@ def decoded(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float64)
 
 
-def gemm_oracle(
-    a_q: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, in_scale: torch.Tensor, bias
-) -> torch.Tensor:
+def gemm_oracle(a_q: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, in_scale: torch.Tensor,
+                bias) -> torch.Tensor:
     """float64: (decode(a) @ decode(W).T) * input_scale * weight_scale + bias (no rounding)."""
     out = (decoded(a_q) @ decoded(w_q).T) * in_scale.double() * w_scale.double()
     return out if bias is None else out + bias.double()
@@ -45,7 +44,7 @@ def assert_one_rounding_of(out: torch.Tensor, exact: torch.Tensor) -> None:
     """bf16 ``out`` is within one bf16 ulp of ``exact`` (fp32 accumulation in another order, then one
     rounding: half an ulp for the rounding plus the fp32 sum's few ulps)."""
     exact = exact.to(torch.float64)
-    ulp = torch.exp2(torch.floor(torch.log2(exact.abs().clamp(min=2.0**-126))) - 7)
+    ulp = torch.exp2(torch.floor(torch.log2(exact.abs().clamp(min=2.0 ** -126))) - 7)
     err = (out.double() - exact).abs()
     assert bool((err <= ulp + 1e-6 * exact.abs().max()).all()), float((err / ulp).max())
 
@@ -107,9 +106,8 @@ def test_reference_matches_cpu_scaled_mm_where_torch_has_one():
     layer = FP8Linear.from_linear(make_linear(), 5.0)
     a = (torch.randn(16, 64) * 3).to(torch.float8_e4m3fn)
     try:
-        direct = torch._scaled_mm(
-            a, layer.weight.t(), layer.input_scale, layer.weight_scale, bias=layer.bias, out_dtype=BF16
-        )
+        direct = torch._scaled_mm(a, layer.weight.t(), layer.input_scale, layer.weight_scale, bias=layer.bias,
+                                  out_dtype=BF16)
     except (RuntimeError, NotImplementedError) as e:
         pytest.skip(f"this torch has no CPU _scaled_mm: {e}")
     ours = fp8_linear_reference(a, layer.weight, layer.weight_scale, layer.input_scale, layer.bias)
@@ -147,18 +145,10 @@ def test_from_modelopt_keeps_the_bytes(scale_shape):
 def test_from_modelopt_state_dict_reads_both_layouts():
     weight, weight_scale, input_scale, bias = modelopt_tensors()
     prefix = "transformer_blocks.0.img_mlp.net.0.proj."
-    modelopt = {
-        prefix + "weight": weight,
-        prefix + "weight_scale": weight_scale,  # 0-dim, as ModelOpt writes
-        prefix + "input_scale": input_scale,
-        prefix + "bias": bias,
-    }
-    sglang = {
-        prefix + "weight": weight,
-        prefix + "weight_scale": weight_scale.reshape(1),  # [1], SGLang's tool
-        prefix + "input_scale": input_scale.reshape(1),
-        prefix + "bias": bias,
-    }
+    modelopt = {prefix + "weight": weight, prefix + "weight_scale": weight_scale,  # 0-dim, as ModelOpt writes
+                prefix + "input_scale": input_scale, prefix + "bias": bias}
+    sglang = {prefix + "weight": weight, prefix + "weight_scale": weight_scale.reshape(1),  # [1], SGLang's tool
+              prefix + "input_scale": input_scale.reshape(1), prefix + "bias": bias}
     a = FP8Linear.from_modelopt_state_dict(modelopt, prefix)
     b = FP8Linear.from_modelopt_state_dict(sglang, prefix)
     x = (torch.randn(3, 64) * 0.5).to(BF16)
@@ -178,9 +168,8 @@ def test_load_state_dict_takes_modelopt_shapes_and_refuses_a_bf16_weight():
     assert layer.weight_scale.shape == (1,) and layer.weight_scale.item() == weight_scale.item()
     before = layer.weight.clone()
     with pytest.raises(TypeError, match="weight must be float8_e4m3fn"):
-        layer.load_state_dict(
-            {"weight": weight.to(BF16), "weight_scale": weight_scale, "input_scale": input_scale, "bias": bias}
-        )
+        layer.load_state_dict({"weight": weight.to(BF16), "weight_scale": weight_scale, "input_scale": input_scale,
+                               "bias": bias})
     assert torch.equal(layer.weight.view(torch.uint8), before.view(torch.uint8))
 
 
@@ -231,9 +220,8 @@ def test_moving_keeps_the_format():
     w, s, i, b = (t.clone() for t in (layer.weight, layer.weight_scale, layer.input_scale, layer.bias))
     for move in (lambda m: m.to(torch.float32), lambda m: m.half(), lambda m: m.bfloat16()):
         move(layer)
-        assert layer.weight.dtype == torch.float8_e4m3fn and torch.equal(
-            layer.weight.view(torch.uint8), w.view(torch.uint8)
-        )
+        assert layer.weight.dtype == torch.float8_e4m3fn and torch.equal(layer.weight.view(torch.uint8),
+                                                                         w.view(torch.uint8))
         assert layer.weight_scale.dtype == torch.float32 and torch.equal(layer.weight_scale, s)
         assert layer.input_scale.dtype == torch.float32 and torch.equal(layer.input_scale, i)
         assert layer.bias.dtype == BF16 and torch.equal(layer.bias, b)
@@ -273,7 +261,8 @@ def test_any_multiple_of_16():
     x = (torch.randn(3, 80) * 4).to(BF16)
     a_q = layer.quantize_input(x)
     assert np.array_equal(a_q.view(torch.uint8).numpy(), e4m3_byte_oracle(x.float()).reshape(3, 80))
-    assert_one_rounding_of(layer(x), gemm_oracle(a_q, layer.weight, layer.weight_scale, layer.input_scale, layer.bias))
+    assert_one_rounding_of(layer(x), gemm_oracle(a_q, layer.weight, layer.weight_scale, layer.input_scale,
+                                                 layer.bias))
 
 
 @pytest.mark.parametrize("bad", [0.0, -2.0, float("inf"), float("nan"), 1e-40])

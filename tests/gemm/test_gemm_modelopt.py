@@ -43,7 +43,7 @@ def modelopt_export(n: int, k: int, seed: int, input_amax: float = 5.0):
     """ModelOpt's NVFP4 export of a random bf16 Linear: (weight, weight_scale, weight_scale_2, input_scale,
     the bf16 weight, the QTensor)."""
     g = torch.Generator().manual_seed(seed)
-    w = (torch.randn(n, k, generator=g) * k**-0.5).bfloat16()
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).bfloat16()
     w[0, :16] = 0  # a zero block: ModelOpt writes its scale as 1.0 (then clamped to E4M3)
     qt, weight_scale, weight_scale_2 = NVFP4QTensor.quantize(w, 16)
     input_scale = torch.tensor(input_amax / (6 * 448), dtype=torch.float32)
@@ -96,12 +96,11 @@ def test_dequantization_equals_modelopt(n, k):
     assert_same_bits_but_zero_sign(ours, theirs, codes)
     # the tensor-core operand is ModelOpt's value without weight_scale_2
     unscaled = modelopt_dequantize(qt, ws, torch.tensor(1.0))
-    assert_same_bits_but_zero_sign(
-        dequantize_to_bf16(layer.weight_packed, layer.weight_scales).float(), unscaled, codes
-    )
+    assert_same_bits_but_zero_sign(dequantize_to_bf16(layer.weight_packed, layer.weight_scales).float(), unscaled,
+                                   codes)
     # the reference's division by 1 / weight_scale_2: the same value within two fp32 roundings
     ref = reference.dequantize_nvfp4(layer.weight_packed, layer.weight_scales, layer.weight_global_scale, n)
-    assert ((ref - theirs).abs() <= theirs.abs() * 2.0**-22).all()
+    assert ((ref - theirs).abs() <= theirs.abs() * 2.0 ** -22).all()
     assert rel_err(theirs, w) < 0.15  # and it is the weight, quantized
 
 
@@ -121,13 +120,8 @@ def test_modelopt_layer_forward(backend):
     packed, scales = layer.quantize_input(x)
     assert torch.equal(layer((packed, scales)), out)
     other = "tensor_core" if backend == "reference" else "reference"
-    assert (
-        rel_err(
-            apply_nvfp4_gemm_prequantized(layer, packed, scales, torch.float32, backend=other),
-            apply_nvfp4_gemm_prequantized(layer, packed, scales, torch.float32, backend=backend),
-        )
-        < 1e-5
-    )
+    assert rel_err(apply_nvfp4_gemm_prequantized(layer, packed, scales, torch.float32, backend=other),
+                   apply_nvfp4_gemm_prequantized(layer, packed, scales, torch.float32, backend=backend)) < 1e-5
 
 
 def test_from_modelopt_state_dict():
@@ -135,14 +129,8 @@ def test_from_modelopt_state_dict():
     weight, ws, ws2, in_scale, _, _ = modelopt_export(n, k, seed=5)
     bias = torch.randn(n).bfloat16()
     prefix = "transformer_blocks.0.img_mlp.net.0.proj."
-    sd = {
-        f"{prefix}weight": weight,
-        f"{prefix}weight_scale": ws,
-        f"{prefix}weight_scale_2": ws2,
-        f"{prefix}input_scale": in_scale,
-        f"{prefix}bias": bias,
-        "other.weight": torch.zeros(3),
-    }
+    sd = {f"{prefix}weight": weight, f"{prefix}weight_scale": ws, f"{prefix}weight_scale_2": ws2,
+          f"{prefix}input_scale": in_scale, f"{prefix}bias": bias, "other.weight": torch.zeros(3)}
     layer = NVFP4Linear.from_modelopt_state_dict(sd, prefix, gemm_backend="tensor_core")
     direct = NVFP4Linear.from_modelopt(weight, ws, ws2, in_scale, bias=bias)
     for name, t in direct.state_dict().items():

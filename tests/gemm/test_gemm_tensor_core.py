@@ -24,6 +24,7 @@ from qwen_resnorm_fp4.linear import NVFP4Linear
 from helpers.reliability import as_bits, rel_err
 
 
+
 def all_bytes_operand(rows: int, k: int, seed: int, nan_scales: bool = False):
     """(packed, scales): every packed byte and every E4M3 scale byte (NaN bytes 0x7F / 0xFF only when asked)
     present where there is room, the rest random, padding rows included."""
@@ -42,20 +43,13 @@ def exact_grid_layer(k: int, n: int, alpha: float, bias, seed: int, device="cpu"
     """An NVFP4Linear with random E2M1 codes, block scales in [1, 2) and the given alpha (see the module
     docstring: its products accumulate exactly in fp32)."""
     g = torch.Generator().manual_seed(seed)
-    layer = NVFP4Linear(
-        k, n, bias is not None, device=device, bias_dtype=bias.dtype if bias is not None else torch.bfloat16
-    )
+    layer = NVFP4Linear(k, n, bias is not None, device=device,
+                        bias_dtype=bias.dtype if bias is not None else torch.bfloat16)
     packed = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
     scales = torch.randint(0x38, 0x40, (round_up(n, 128), k // 16), generator=g, dtype=torch.uint8)
     one = torch.ones(1)
-    layer._set_quantized(
-        packed.to(device),
-        scales.to(device),
-        one.to(device),
-        one.to(device),
-        torch.tensor([alpha]).to(device),
-        None if bias is None else bias.to(device),
-    )
+    layer._set_quantized(packed.to(device), scales.to(device), one.to(device), one.to(device),
+                         torch.tensor([alpha]).to(device), None if bias is None else bias.to(device))
     return layer
 
 
@@ -220,21 +214,13 @@ def test_weight_cache_follows_the_weight():
     with torch.no_grad():
         layer.weight_packed.copy_(other.weight_packed)  # changed buffers refresh the cache
         layer.weight_scales.copy_(other.weight_scales)
-    assert torch.equal(
-        apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="tensor_core"),
-        apply_nvfp4_gemm_prequantized(other, packed, scales, backend="tensor_core"),
-    )
+    assert torch.equal(apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="tensor_core"),
+                       apply_nvfp4_gemm_prequantized(other, packed, scales, backend="tensor_core"))
     assert layer.gemm_cache.weight_bf16[1] is not cached
     layer.cache_dequantized_weight = False
     assert layer.gemm_cache.weight_bf16 is None
-    assert set(layer.state_dict()) == {
-        "weight_packed",
-        "weight_scales",
-        "weight_global_scale",
-        "input_global_scale",
-        "alpha",
-        "bias",
-    } - {"bias"}
+    assert set(layer.state_dict()) == {"weight_packed", "weight_scales", "weight_global_scale",
+                                       "input_global_scale", "alpha", "bias"} - {"bias"}
     with pytest.raises(TypeError, match="cache_dequantized_weight"):
         layer.cache_dequantized_weight = 1
 
@@ -310,7 +296,7 @@ def test_gpu_tensor_core_against_reference(m, k, n):
     g = torch.Generator().manual_seed(0)
     lin = torch.nn.Linear(k, n).bfloat16()
     with torch.no_grad():
-        lin.weight.copy_(torch.randn(n, k, generator=g) * k**-0.5)
+        lin.weight.copy_(torch.randn(n, k, generator=g) * k ** -0.5)
     layer = NVFP4Linear.from_linear(lin.cuda(), 4.0)
     if not flashinfer_serves(torch.device("cuda")):
         assert resolve_backend(layer.gemm_backend, torch.device("cuda")) == "tensor_core"
@@ -320,10 +306,8 @@ def test_gpu_tensor_core_against_reference(m, k, n):
     tc = apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="tensor_core")
     err32, err = rel_err(tc32, ref), rel_err(tc, ref)
     same = (tc == ref.to(torch.bfloat16)).float().mean().item()
-    print(
-        f"M={m} K={k} N={n}: tensor_core vs reference rel err fp32 out {err32:.2e}, bf16 out {err:.2e}; "
-        f"{same:.4%} of the bf16 outputs equal the reference rounded to bf16"
-    )
+    print(f"M={m} K={k} N={n}: tensor_core vs reference rel err fp32 out {err32:.2e}, bf16 out {err:.2e}; "
+          f"{same:.4%} of the bf16 outputs equal the reference rounded to bf16")
     assert err32 < 1e-5  # the same exact products, only the summation order differs
     assert err < 4e-3  # plus one bf16 rounding (2^-9 relative at most per element)
     layer.cache_dequantized_weight = True
@@ -342,9 +326,8 @@ def test_gpu_reduction_setting_restored():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cache", [False, True])
 def test_gpu_tensor_core_cuda_graph(cache):
-    layer = NVFP4Linear.from_linear(
-        torch.nn.Linear(3072, 320).bfloat16().cuda(), 6.0, gemm_backend="tensor_core", cache_dequantized_weight=cache
-    )
+    layer = NVFP4Linear.from_linear(torch.nn.Linear(3072, 320).bfloat16().cuda(), 6.0, gemm_backend="tensor_core",
+                                    cache_dequantized_weight=cache)
     x = torch.randn(256, 3072, device="cuda").bfloat16()
     layer(x)  # the first eager call: cuBLAS handle and workspace, the host alpha
     torch.cuda.synchronize()
@@ -366,6 +349,7 @@ def test_gpu_tensor_core_compile_fullgraph(backend):
     x = torch.randn(2, 100, 3072, device="cuda").bfloat16()
     assert torch.equal(torch.compile(layer, fullgraph=True, backend=backend)(x), layer(x))
     torch._dynamo.reset()
+
 
 
 def test_layer_built_and_run_under_inference_mode() -> None:
@@ -426,15 +410,8 @@ def test_the_layer_owns_its_gemm_cache():
     want = apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="tensor_core")
     assert isinstance(layer.gemm_cache, GemmCache) and layer.gemm_cache.host_alpha[1] == 0.5
     plain = type("Layer", (), {})()
-    for name in (
-        "weight_packed",
-        "weight_scales",
-        "weight_global_scale",
-        "input_global_scale",
-        "alpha",
-        "out_features",
-        "bias",
-    ):
+    for name in ("weight_packed", "weight_scales", "weight_global_scale", "input_global_scale", "alpha", "out_features",
+                 "bias"):
         setattr(plain, name, getattr(layer, name))
     before = set(vars(plain))
     assert torch.equal(apply_nvfp4_gemm_prequantized(plain, packed, scales, backend="tensor_core"), want)

@@ -20,16 +20,8 @@ import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import FP8Linear
 from helpers.tiers import sweep
 from helpers.reliability import capture_graph, rel_err
-from helpers.diffusers_models import (
-    SKIP_REASON,
-    QwenImageTransformer2DModel,
-    calibration,
-    fused_then_unfused,
-    kernel_names,
-    make_inputs,
-    run,
-    sha256,
-)
+from helpers.diffusers_models import (SKIP_REASON, QwenImageTransformer2DModel, calibration, fused_then_unfused,
+                                      kernel_names, make_inputs, run, sha256)
 
 pytestmark = pytest.mark.gpu
 
@@ -52,28 +44,12 @@ def direct_scaled_mm(layer: FP8Linear, a: torch.Tensor) -> torch.Tensor:
         scale_a = torch.full((m, 1), float(layer.input_scale), dtype=torch.float32, device="cuda")
         scale_b = layer.weight_scale.reshape(1, -1).contiguous()
         if layer.bias is not None:  # row-wise: the documented bf16 output, then the bias added to it
-            return (
-                torch._scaled_mm(
-                    a,
-                    layer.weight.t(),
-                    scale_a=scale_a,
-                    scale_b=scale_b,
-                    out_dtype=BF16,
-                    use_fast_accum=layer.use_fast_accum,
-                )
-                + layer.bias
-            )
+            return torch._scaled_mm(a, layer.weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=BF16,
+                                    use_fast_accum=layer.use_fast_accum) + layer.bias
     else:
         scale_a, scale_b = layer.input_scale.reshape(()), layer.weight_scale.reshape(())
-    return torch._scaled_mm(
-        a,
-        layer.weight.t(),
-        scale_a=scale_a,
-        scale_b=scale_b,
-        bias=layer.bias,
-        out_dtype=BF16,
-        use_fast_accum=layer.use_fast_accum,
-    )
+    return torch._scaled_mm(a, layer.weight.t(), scale_a=scale_a, scale_b=scale_b, bias=layer.bias,
+                            out_dtype=BF16, use_fast_accum=layer.use_fast_accum)
 
 
 def oracle(layer: FP8Linear, a: torch.Tensor) -> torch.Tensor:
@@ -129,12 +105,8 @@ def test_compile_fullgraph_and_cuda_graph(per_channel):
 
 def test_modelopt_export_on_cuda_is_not_requantized():
     layer = make_layer(3072, 3072, per_channel=False, bias=True, use_fast_accum=True)
-    sd = {
-        "w.weight": layer.weight.clone(),
-        "w.weight_scale": layer.weight_scale.reshape(()).clone(),
-        "w.input_scale": layer.input_scale.reshape(()).clone(),
-        "w.bias": layer.bias.clone(),
-    }
+    sd = {"w.weight": layer.weight.clone(), "w.weight_scale": layer.weight_scale.reshape(()).clone(),
+          "w.input_scale": layer.input_scale.reshape(()).clone(), "w.bias": layer.bias.clone()}
     loaded = FP8Linear.from_modelopt_state_dict(sd, "w.")
     assert loaded.weight.device.type == "cuda"
     assert torch.equal(loaded.weight.view(torch.uint8), layer.weight.view(torch.uint8))
@@ -152,41 +124,24 @@ GPU_LAYERS = 2
 # Each case builds, converts and runs a real-width model: by default two that take each value of both
 # parameters; the other two in the exhaustive sweep.
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
-@sweep(
-    "zero_cond_t,linears",
-    [(False, "all"), (True, "all"), (False, "modelopt"), (True, "modelopt")],
-    [(False, "all"), (True, "modelopt")],
-    ids=lambda v: ("zero_cond_t" if v else "plain") if isinstance(v, bool) else v,
-)
+@sweep("zero_cond_t,linears", [(False, "all"), (True, "all"), (False, "modelopt"), (True, "modelopt")],
+       [(False, "all"), (True, "modelopt")],
+       ids=lambda v: ("zero_cond_t" if v else "plain") if isinstance(v, bool) else v)
 def test_real_width_qwen_image_fp8_fused_equals_unfused(zero_cond_t, linears, capsys):
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = QwenImageTransformer2DModel(
-            patch_size=2,
-            in_channels=64,
-            out_channels=16,
-            num_layers=GPU_LAYERS,
-            attention_head_dim=128,
-            num_attention_heads=24,
-            joint_attention_dim=3584,
-            axes_dims_rope=(16, 56, 56),
-            zero_cond_t=zero_cond_t,
-        )
+            patch_size=2, in_channels=64, out_channels=16, num_layers=GPU_LAYERS, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), zero_cond_t=zero_cond_t)
     model = model.to(BF16).eval()
     ffn = 2 * GPU_LAYERS  # the norm2 + FFN segments; per stream also norm1 -> q/k/v, and GELU -> FC2 with "all"
     attn, gelu = ffn, (ffn if linears == "all" else 0)
     segments = ffn + attn + gelu
-    inputs = [
-        make_inputs(b, t, zero_cond_t, small=False, seed=10 * b + t, device="cuda") for b, t in ((1, 17), (2, 77))
-    ]
+    inputs = [make_inputs(b, t, zero_cond_t, small=False, seed=10 * b + t, device="cuda") for b, t in ((1, 17),
+                                                                                                        (2, 77))]
     originals = [run(model, inp) for inp in inputs]
-    qd.convert_transformer(
-        model,
-        format="fp8",
-        linears=linears,
-        mode="fused",
-        calibration_inputs=calibration(zero_cond_t, small=False, device="cuda"),
-    )
+    qd.convert_transformer(model, format="fp8", linears=linears, mode="fused",
+                           calibration_inputs=calibration(zero_cond_t, small=False, device="cuda"))
     lines = []
     try:
         assert all(isinstance(model.get_submodule(n), FP8Linear) for n in qd.conversion_info(model).input_amax)
@@ -195,10 +150,8 @@ def test_real_width_qwen_image_fp8_fused_equals_unfused(zero_cond_t, linears, ca
             fused = fused_then_unfused(model, inp, segments, unfused_runs=2)
             err = rel_err(fused, original)
             assert err < 0.1, err
-            lines.append(
-                f"zero_cond_t={zero_cond_t} linears={linears} batch={inp['hidden_states'].shape[0]}: "
-                f"rel. error vs BF16 {err:.4f}, sha256 {sha256(fused)[:16]} (fused and unfused)"
-            )
+            lines.append(f"zero_cond_t={zero_cond_t} linears={linears} batch={inp['hidden_states'].shape[0]}: "
+                         f"rel. error vs BF16 {err:.4f}, sha256 {sha256(fused)[:16]} (fused and unfused)")
         inp = inputs[-1]
         qd.set_mode(model, "fused")
         fused_k = kernel_names(lambda: run(model, inp))
@@ -212,10 +165,8 @@ def test_real_width_qwen_image_fp8_fused_equals_unfused(zero_cond_t, linears, ca
         assert count(unfused_k, "resnorm_fp8_kernel") == 0 and count(unfused_k, "resnorm_kernel") == ffn + attn
         # unfused: FFN resnorm + fp8_quantize; norm1 two zero fills + resnorm + fp8_quantize; GELU + fp8_quantize
         assert len(unfused_k) - len(fused_k) == ffn + 3 * attn + gelu, (len(unfused_k), len(fused_k))
-        lines.append(
-            f"zero_cond_t={zero_cond_t} linears={linears}: launches per forward fused {len(fused_k)}, "
-            f"unfused {len(unfused_k)} ({segments} segments)"
-        )
+        lines.append(f"zero_cond_t={zero_cond_t} linears={linears}: launches per forward fused {len(fused_k)}, "
+                     f"unfused {len(unfused_k)} ({segments} segments)")
     finally:
         qd.restore_transformer(model)
     for inp, original in zip(inputs, originals):

@@ -20,7 +20,7 @@ def make_linear(K=128, N=96, bias=True, seed=0, dtype=torch.bfloat16, device="cp
     g = torch.Generator().manual_seed(seed)
     lin = torch.nn.Linear(K, N, bias=bias)
     with torch.no_grad():
-        lin.weight.copy_(torch.randn(N, K, generator=g) * K**-0.5)
+        lin.weight.copy_(torch.randn(N, K, generator=g) * K ** -0.5)
         if bias:
             lin.bias.copy_(torch.randn(N, generator=g) * 0.1)
     return lin.to(dtype=dtype, device=device)
@@ -234,14 +234,8 @@ def test_state_dict_round_trip():
     fresh.load_state_dict(layer.state_dict())
     x = make_x(5)
     assert torch.equal(fresh(x), layer(x))
-    assert set(layer.state_dict()) == {
-        "weight_packed",
-        "weight_scales",
-        "weight_global_scale",
-        "input_global_scale",
-        "alpha",
-        "bias",
-    }
+    assert set(layer.state_dict()) == {"weight_packed", "weight_scales", "weight_global_scale",
+                                       "input_global_scale", "alpha", "bias"}
 
 
 def test_forward_compiles_fullgraph():
@@ -271,14 +265,13 @@ def test_approximates_bf16_linear(K, N):
 # --------------------------------------------------------------------------------------------------
 
 
+
 def _blackwell_flashinfer() -> bool:
     return torch.cuda.is_available() and flashinfer_serves(torch.device("cuda"))
 
 
-blackwell = pytest.mark.skipif(
-    not (CUDA_OK and _blackwell_flashinfer()),
-    reason="needs a Blackwell GPU (capability 10.x-12.x) and an importable FlashInfer",
-)
+blackwell = pytest.mark.skipif(not (CUDA_OK and _blackwell_flashinfer()),
+                               reason="needs a Blackwell GPU (capability 10.x-12.x) and an importable FlashInfer")
 
 
 @pytest.mark.gpu

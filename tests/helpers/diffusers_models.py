@@ -57,16 +57,8 @@ def sha256(t: torch.Tensor) -> str:
 # Qwen-Image: models and inputs
 # ------------------------------------------------------------------------------------------------------------
 
-SMALL = dict(
-    patch_size=2,
-    in_channels=16,
-    out_channels=4,
-    num_layers=2,
-    attention_head_dim=32,
-    num_attention_heads=2,
-    joint_attention_dim=32,
-    axes_dims_rope=(8, 12, 12),
-)
+SMALL = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=32,
+             num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(8, 12, 12))
 SMALL_LAYERS = SMALL["num_layers"]
 
 
@@ -78,9 +70,8 @@ def image_shapes(zero_cond_t: bool, small: bool) -> List[Tuple[int, int, int]]:
     return [(1, 64, 32), (1, 64, 32)] if zero_cond_t else [(1, 64, 64)]  # 4096 image tokens
 
 
-def make_inputs(
-    batch: int, text_len: int, zero_cond_t: bool, *, small: bool, seed: int, device: str = "cpu"
-) -> Dict[str, Any]:
+def make_inputs(batch: int, text_len: int, zero_cond_t: bool, *, small: bool, seed: int,
+                device: str = "cpu") -> Dict[str, Any]:
     cfg_in = SMALL["in_channels"] if small else 64
     cfg_txt = SMALL["joint_attention_dim"] if small else 3584
     g = torch.Generator().manual_seed(seed)
@@ -88,7 +79,7 @@ def make_inputs(
     s = sum(f * h * w for f, h, w in shapes)
     mask = torch.ones(batch, text_len, dtype=torch.bool)
     if batch > 1:
-        mask[1, text_len - 3 :] = False  # the negative prompt is shorter: padding tokens
+        mask[1, text_len - 3:] = False  # the negative prompt is shorter: padding tokens
     return dict(
         hidden_states=torch.randn(batch, s, cfg_in, generator=g).to(torch.bfloat16).to(device),
         encoder_hidden_states=torch.randn(batch, text_len, cfg_txt, generator=g).to(torch.bfloat16).to(device),
@@ -116,7 +107,8 @@ def fused_then_unfused(model, inp, segments: int, *, unfused_runs: int = 1) -> t
     qd.set_mode(model, "fused")
     fused = run(model, inp)
     stats = qd.fused_path_stats(model, reset=True)
-    assert stats == {"fused": segments, "unfused": 0, "fallback": 0, "decline_reasons": {}, "compiled": {}}, stats
+    assert stats == {"fused": segments, "unfused": 0, "fallback": 0, "decline_reasons": {},
+                     "compiled": {}}, stats
     qd.set_mode(model, "unfused")
     unfused = run(model, inp)
     for _ in range(unfused_runs - 1):
@@ -159,131 +151,68 @@ def _classes():
 # ------------------------------------------------------------------------------------------------------------
 
 
-def qwen21(
-    width_heads: int,
-    head_dim: int,
-    layers: int,
-    causal_condition: bool,
-    *,
-    device: str = "cpu",
-    batch: int = 2,
-    target_hw: Tuple[int, int] = (4, 4),
-    seed: int = 0,
-):
+def qwen21(width_heads: int, head_dim: int, layers: int, causal_condition: bool, *, device: str = "cpu",
+           batch: int = 2, target_hw: Tuple[int, int] = (4, 4), seed: int = 0):
     """Qwen-Image 2.1 and one input: 6 text slots with a condition image (2 slots = 8 tokens) inside, then the
     target image (target_hw tokens, 4 per slot)."""
     torch.manual_seed(seed)
     ctx = 32 if head_dim == 32 else 3584
     with torch.device(device):
         model = _classes().QwenImage21Transformer2DModel(
-            patch_size=1,
-            in_channels=16,
-            out_channels=16,
-            num_layers=layers,
-            attention_head_dim=head_dim,
-            num_attention_heads=width_heads,
-            context_in_dim=ctx,
-            axes_dims_rope=(8, 12, 12) if head_dim == 32 else (16, 56, 56),
-            causal_condition=causal_condition,
-        )
+            patch_size=1, in_channels=16, out_channels=16, num_layers=layers, attention_head_dim=head_dim,
+            num_attention_heads=width_heads, context_in_dim=ctx, axes_dims_rope=(8, 12, 12) if head_dim == 32 else
+            (16, 56, 56), causal_condition=causal_condition)
     model = model.to(torch.bfloat16).eval()
     g = torch.Generator().manual_seed(seed + 1)
     text, target = 6, target_hw[0] * target_hw[1]
     img_mask = torch.zeros(batch, text + target // 4, dtype=torch.bool)
     img_mask[:, 2:4] = True
     img_mask[:, text:] = True
-    inp = dict(
-        hidden_states=torch.randn(batch, 8 + target, 16, generator=g).to(torch.bfloat16).to(device),
-        encoder_hidden_states=torch.randn(batch, text, ctx, generator=g).to(torch.bfloat16).to(device),
-        timestep=torch.rand(batch, generator=g).to(device),
-        img_shapes=[[(1, 2, 4), (1, *target_hw)]] * batch,
-        img_mask=img_mask.to(device),
-        return_dict=False,
-    )
+    inp = dict(hidden_states=torch.randn(batch, 8 + target, 16, generator=g).to(torch.bfloat16).to(device),
+               encoder_hidden_states=torch.randn(batch, text, ctx, generator=g).to(torch.bfloat16).to(device),
+               timestep=torch.rand(batch, generator=g).to(device), img_shapes=[[(1, 2, 4), (1, *target_hw)]] * batch,
+               img_mask=img_mask.to(device), return_dict=False)
     return model, [inp], layers
 
 
-def flux(
-    heads: int,
-    head_dim: int,
-    layers: int,
-    *,
-    device: str = "cpu",
-    batch: int = 2,
-    tokens: int = 16,
-    text: int = 7,
-    seed: int = 0,
-):
+def flux(heads: int, head_dim: int, layers: int, *, device: str = "cpu", batch: int = 2, tokens: int = 16,
+         text: int = 7, seed: int = 0):
     torch.manual_seed(seed)
     ctx, pooled = (32, 16) if head_dim == 32 else (4096, 768)
     with torch.device(device):
         model = _classes().FluxTransformer2DModel(
-            patch_size=1,
-            in_channels=16,
-            out_channels=16,
-            num_layers=layers,
-            num_single_layers=1,
-            attention_head_dim=head_dim,
-            num_attention_heads=heads,
-            joint_attention_dim=ctx,
-            pooled_projection_dim=pooled,
-            guidance_embeds=False,
-            axes_dims_rope=(8, 12, 12) if head_dim == 32 else (16, 56, 56),
-        )
+            patch_size=1, in_channels=16, out_channels=16, num_layers=layers, num_single_layers=1,
+            attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=ctx,
+            pooled_projection_dim=pooled, guidance_embeds=False,
+            axes_dims_rope=(8, 12, 12) if head_dim == 32 else (16, 56, 56))
     model = model.to(torch.bfloat16).eval()
     g = torch.Generator().manual_seed(seed + 1)
-    inp = dict(
-        hidden_states=torch.randn(batch, tokens, 16, generator=g).to(torch.bfloat16).to(device),
-        encoder_hidden_states=torch.randn(batch, text, ctx, generator=g).to(torch.bfloat16).to(device),
-        pooled_projections=torch.randn(batch, pooled, generator=g).to(torch.bfloat16).to(device),
-        timestep=torch.rand(batch, generator=g).to(device),
-        img_ids=torch.zeros(tokens, 3, device=device),
-        txt_ids=torch.zeros(text, 3, device=device),
-        return_dict=False,
-    )
+    inp = dict(hidden_states=torch.randn(batch, tokens, 16, generator=g).to(torch.bfloat16).to(device),
+               encoder_hidden_states=torch.randn(batch, text, ctx, generator=g).to(torch.bfloat16).to(device),
+               pooled_projections=torch.randn(batch, pooled, generator=g).to(torch.bfloat16).to(device),
+               timestep=torch.rand(batch, generator=g).to(device), img_ids=torch.zeros(tokens, 3, device=device),
+               txt_ids=torch.zeros(text, 3, device=device), return_dict=False)
     return model, [inp], 2 * layers
 
 
-def wan(
-    heads: int,
-    head_dim: int,
-    ffn_dim: int,
-    layers: int,
-    per_token: bool,
-    *,
-    device: str = "cpu",
-    batch: int = 2,
-    frames: int = 2,
-    hw: int = 8,
-    seed: int = 0,
-):
+def wan(heads: int, head_dim: int, ffn_dim: int, layers: int, per_token: bool, *, device: str = "cpu",
+        batch: int = 2, frames: int = 2, hw: int = 8, seed: int = 0):
     """Wan and one input: latents [B, 4, frames, hw, hw] (patch 1x2x2); ``per_token``: a timestep per token
     (Wan 2.2 TI2V), else one per sample."""
     torch.manual_seed(seed)
     text_dim = 32 if head_dim == 32 else 4096
     with torch.device(device):
         model = _classes().WanTransformer3DModel(
-            patch_size=(1, 2, 2),
-            num_attention_heads=heads,
-            attention_head_dim=head_dim,
-            in_channels=4,
-            out_channels=4,
-            text_dim=text_dim,
-            freq_dim=32 if head_dim == 32 else 256,
-            ffn_dim=ffn_dim,
-            num_layers=layers,
-            rope_max_seq_len=32 if head_dim == 32 else 1024,
-        )
+            patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim, in_channels=4,
+            out_channels=4, text_dim=text_dim, freq_dim=32 if head_dim == 32 else 256, ffn_dim=ffn_dim,
+            num_layers=layers, rope_max_seq_len=32 if head_dim == 32 else 1024)
     model = model.to(torch.bfloat16).eval()
     g = torch.Generator().manual_seed(seed + 1)
     tokens = frames * (hw // 2) ** 2
     timestep = torch.rand(batch, tokens, generator=g) * 1000 if per_token else torch.rand(batch, generator=g) * 1000
-    inp = dict(
-        hidden_states=torch.randn(batch, 4, frames, hw, hw, generator=g).to(torch.bfloat16).to(device),
-        encoder_hidden_states=torch.randn(batch, 7, text_dim, generator=g).to(torch.bfloat16).to(device),
-        timestep=timestep.to(device),
-        return_dict=False,
-    )
+    inp = dict(hidden_states=torch.randn(batch, 4, frames, hw, hw, generator=g).to(torch.bfloat16).to(device),
+               encoder_hidden_states=torch.randn(batch, 7, text_dim, generator=g).to(torch.bfloat16).to(device),
+               timestep=timestep.to(device), return_dict=False)
     return model, [inp], layers
 
 

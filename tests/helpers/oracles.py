@@ -67,7 +67,7 @@ def e4m3_decode_formula(byte: int) -> float:
     m = byte & 0x7
     if e == 0xF and m == 0x7:
         return math.nan
-    mag = m * 2.0**-9 if e == 0 else 2.0 ** (e - 7) * (1.0 + m / 8.0)
+    mag = m * 2.0 ** -9 if e == 0 else 2.0 ** (e - 7) * (1.0 + m / 8.0)
     return sign * mag
 
 
@@ -206,7 +206,7 @@ def _quantize_rows_oracle(y: torch.Tensor, block_oracle):
         for m, row in enumerate(rows):
             codes = []
             for k in range(K):
-                sf, block_codes = block_oracle(row[16 * k : 16 * k + 16])
+                sf, block_codes = block_oracle(row[16 * k:16 * k + 16])
                 logical[m, k] = sf
                 codes += block_codes
             packed[m] = torch.tensor([codes[2 * i] | (codes[2 * i + 1] << 4) for i in range(D // 2)], dtype=torch.uint8)
@@ -217,7 +217,6 @@ def _quantize_rows_oracle(y: torch.Tensor, block_oracle):
 
 def nvfp4_quantize_oracle(y: torch.Tensor, G: float, fast: bool):
     """Independent step 8 on a small y [..., D] (:func:`_quantize_rows_oracle`)."""
-
     def block_oracle(block):
         sf, o = block_scale_oracle(block_amax_oracle(block), G, fast)
         return sf, [e2m1_code_oracle(float(f32(v) * o)) for v in block]

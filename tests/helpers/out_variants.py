@@ -16,57 +16,24 @@ from qwen_resnorm_fp4.layout import round_up
 ops = torch.ops.qwen_fp4
 
 #: The out-variants' outputs, by functional op, in the schema's order.
-OUTPUTS = {
-    "resnorm_quant": ("packed", "scales", "residual_out"),
-    "resnorm": ("y", "residual_out"),
-    "nvfp4_quantize": ("packed", "scales"),
-}
+OUTPUTS = {"resnorm_quant": ("packed", "scales", "residual_out"), "resnorm": ("y", "residual_out"),
+           "nvfp4_quantize": ("packed", "scales")}
 #: The tensor inputs of each op.
-INPUTS = {
-    "resnorm_quant": (
-        "residual",
-        "x",
-        "bias",
-        "gate",
-        "scale",
-        "shift",
-        "global_scale",
-        "weight",
-        "norm_bias",
-        "modulate_index",
-    ),
-    "resnorm": ("residual", "x", "bias", "gate", "scale", "shift", "weight", "norm_bias", "modulate_index"),
-    "nvfp4_quantize": ("y", "global_scale"),
-}
+INPUTS = {"resnorm_quant": ("residual", "x", "bias", "gate", "scale", "shift", "global_scale", "weight", "norm_bias",
+                            "modulate_index"),
+          "resnorm": ("residual", "x", "bias", "gate", "scale", "shift", "weight", "norm_bias", "modulate_index"),
+          "nvfp4_quantize": ("y", "global_scale")}
 #: The byte every output is filled with before a call (so a refused call can be seen to write nothing).
 MARKER = 0xAB
 
 
-def full_inputs(
-    rows: int,
-    cols: int,
-    device="cpu",
-    seed: int = 0,
-    form: str = "indexed_int64",
-    bias: bool = True,
-    affine: bool = True,
-    param_dtype=torch.bfloat16,
-) -> Dict[str, object]:
+def full_inputs(rows: int, cols: int, device="cpu", seed: int = 0, form: str = "indexed_int64", bias: bool = True,
+                affine: bool = True, param_dtype=torch.bfloat16) -> Dict[str, object]:
     """make_inputs for ``rows`` rows of ``cols`` (one batch, or two when rows is even and form is not shared),
     plus "y" (= x, nvfp4_quantize's input)."""
     batches = 2 if rows % 2 == 0 and rows > 0 and form != "shared" else 1
-    inp = make_inputs(
-        batches,
-        rows // batches,
-        cols,
-        form,
-        param_dtype,
-        seed,
-        device=device,
-        bias=bias,
-        affine=affine,
-        generate_on_device=torch.device(device).type == "cuda",
-    )
+    inp = make_inputs(batches, rows // batches, cols, form, param_dtype, seed, device=device, bias=bias,
+                      affine=affine, generate_on_device=torch.device(device).type == "cuda")
     inp["y"] = inp["x"]
     return inp
 
@@ -94,9 +61,8 @@ def filled_outputs(op: str, inp: Dict[str, object], scale_dtype=torch.uint8) -> 
     return outs
 
 
-def functional(
-    op: str, inp: Dict[str, object], fast: bool = True, code: Optional[int] = None
-) -> Tuple[torch.Tensor, ...]:
+def functional(op: str, inp: Dict[str, object], fast: bool = True, code: Optional[int] = None) -> Tuple[torch.Tensor,
+                                                                                                        ...]:
     """The functional op's outputs (``code``: nvfp4_4over6_code, passed when given)."""
     tail = () if code is None else (code,)
     if op == "nvfp4_quantize":
@@ -107,9 +73,8 @@ def functional(
     return getattr(ops, op)(*args)
 
 
-def out_op_args(
-    op: str, inp: Dict[str, object], outs: Dict[str, torch.Tensor], fast: bool = True, code: Optional[int] = None
-) -> tuple:
+def out_op_args(op: str, inp: Dict[str, object], outs: Dict[str, torch.Tensor], fast: bool = True,
+                code: Optional[int] = None) -> tuple:
     """Positional arguments of torch.ops.qwen_fp4.<op>_out (``code``: nvfp4_4over6_code, passed when given)."""
     given = tuple(outs[name] for name in OUTPUTS[op])
     tail = () if code is None else (code,)
@@ -154,7 +119,7 @@ def carve(arena: torch.Tensor, offset: int, like: torch.Tensor, values: bool) ->
     """A contiguous view of ``arena`` (uint8) at byte ``offset`` with ``like``'s dtype and shape, holding
     like's values when ``values``."""
     n = like.numel() * like.element_size()
-    t = arena[offset : offset + n].view(like.dtype).view(like.shape)
+    t = arena[offset:offset + n].view(like.dtype).view(like.shape)
     if values:
         t.view(torch.uint8).copy_(as_bytes(like).reshape(t.view(torch.uint8).shape))
     return t
@@ -196,21 +161,18 @@ def _misaligned(t: torch.Tensor) -> torch.Tensor:
     step = t.element_size()
     buf = torch.empty(t.numel() * step + 32, dtype=torch.uint8, device=t.device)
     start = (16 - buf.data_ptr() % 16) % 16 + step
-    return buf[start : start + t.numel() * step].view(t.dtype).view(t.shape)
+    return buf[start:start + t.numel() * step].view(t.dtype).view(t.shape)
 
 
 #: Ways to break an output's static rules: kind -> (a broken copy of the output, the words of the refusal
 #: after the output's name, which the Python rules and the C++ checks both say). "device" takes the device.
 BROKEN_OUTPUTS = {
-    "dtype": (
-        lambda t: torch.empty(t.shape, dtype=torch.int8 if t.dtype == torch.uint8 else torch.float32, device=t.device),
-        "must be",
-    ),
-    "shape": (lambda t: torch.empty(t.shape[0] + 1, *t.shape[1:], dtype=t.dtype, device=t.device), "must have shape"),
-    "contiguity": (
-        lambda t: torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)[..., : t.shape[-1]],
-        "must be contiguous",
-    ),
+    "dtype": (lambda t: torch.empty(t.shape, dtype=torch.int8 if t.dtype == torch.uint8 else torch.float32,
+                                    device=t.device), "must be"),
+    "shape": (lambda t: torch.empty(t.shape[0] + 1, *t.shape[1:], dtype=t.dtype, device=t.device),
+              "must have shape"),
+    "contiguity": (lambda t: torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype,
+                                         device=t.device)[..., :t.shape[-1]], "must be contiguous"),
     "alignment": (_misaligned, "must be 16-byte aligned"),
 }
 

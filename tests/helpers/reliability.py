@@ -66,12 +66,8 @@ def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def as_bits(t: torch.Tensor) -> torch.Tensor:
     """Integer view of the same bytes (bf16 -> int16, fp32 -> int32, uint8 stays)."""
-    view = {
-        torch.bfloat16: torch.int16,
-        torch.float16: torch.int16,
-        torch.float32: torch.int32,
-        torch.float64: torch.int64,
-    }.get(t.dtype)
+    view = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
+            torch.float64: torch.int64}.get(t.dtype)
     return t.contiguous().view(view) if view is not None else t
 
 
@@ -122,45 +118,20 @@ def padding_scale_bytes(scales: torch.Tensor, rows: int, cols: int) -> torch.Ten
 _INDEXED_FORMS = {torch.int32: "indexed_int32", torch.int64: "indexed_int64", torch.bool: "indexed_bool"}
 
 
-def block_inputs(
-    rows: int,
-    cols: int,
-    *,
-    batches: int = 1,
-    form: str = "batch",
-    param_dtype=torch.bfloat16,
-    bias: bool = True,
-    affine: bool = False,
-    index_dtype=torch.int32,
-    seed: int = 0,
-    device="cpu",
-    x_std: float = 1.0,
-    residual_std: float = 4.0,
-    generate_on_device: bool = False,
-) -> Dict[str, object]:
+def block_inputs(rows: int, cols: int, *, batches: int = 1, form: str = "batch", param_dtype=torch.bfloat16,
+                 bias: bool = True, affine: bool = False, index_dtype=torch.int32, seed: int = 0,
+                 device="cpu", x_std: float = 1.0, residual_std: float = 4.0,
+                 generate_on_device: bool = False) -> Dict[str, object]:
     """Op arguments by rows and columns: ``helpers.inputs.make_inputs`` (same values for the same seed on every
     device unless ``generate_on_device``) for ``batches`` x rows / batches x cols.
     form "shared" ([D]), "batch" ([B, D]) or "indexed" ([2B, D] + modulate_index [B, S] of index_dtype).
     Keys: residual, x, bias, gate, scale, shift, weight, norm_bias, modulate_index."""
     assert rows % batches == 0
     full_form = _INDEXED_FORMS[index_dtype] if form == "indexed" else form
-    inp = make_inputs(
-        batches,
-        rows // batches,
-        cols,
-        full_form,
-        param_dtype,
-        seed,
-        device=device,
-        bias=bias,
-        affine=affine,
-        x_std=x_std,
-        residual_std=residual_std,
-        generate_on_device=generate_on_device,
-    )
-    return {
-        k: inp[k] for k in ("residual", "x", "bias", "gate", "scale", "shift", "weight", "norm_bias", "modulate_index")
-    }
+    inp = make_inputs(batches, rows // batches, cols, full_form, param_dtype, seed, device=device, bias=bias,
+                      affine=affine, x_std=x_std, residual_std=residual_std, generate_on_device=generate_on_device)
+    return {k: inp[k] for k in ("residual", "x", "bias", "gate", "scale", "shift", "weight", "norm_bias",
+                                "modulate_index")}
 
 
 def resnorm_args(kw: Dict[str, object]):
@@ -185,9 +156,8 @@ def special_values_y(rows: int, cols: int, seed: int, device="cuda") -> torch.Te
     base = torch.randn(rows, cols, generator=g, device=device)
     scale = torch.exp2(torch.randint(-130, 120, (rows, 1), generator=g, device=device).float())
     y = (base * scale).to(torch.bfloat16)
-    special = torch.tensor(
-        [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-40, 3.0e38], device=device
-    ).to(torch.bfloat16)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-40, 3.0e38],
+                           device=device).to(torch.bfloat16)
     pick = torch.randint(0, special.numel(), (rows, cols), generator=g, device=device)
     mask = torch.rand(rows, cols, generator=g, device=device) < 0.05
     y = torch.where(mask, special[pick], y)

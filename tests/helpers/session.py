@@ -67,9 +67,8 @@ def marker_skip_reasons() -> Dict[str, Optional[str]]:
     return {
         "gpu": None,
         "blackwell": None if major in BLACKWELL_MAJORS else f"needs a Blackwell GPU, not capability {major}.{minor}",
-        "blackwell_emulation": None
-        if info.build_info()["blackwell_emulation"]
-        else "needs the Blackwell emulation build (QWEN_FP4_EMULATE_BLACKWELL=1) loaded",
+        "blackwell_emulation": None if info.build_info()["blackwell_emulation"] else
+        "needs the Blackwell emulation build (QWEN_FP4_EMULATE_BLACKWELL=1) loaded",
     }
 
 
@@ -89,6 +88,5 @@ def what_runs() -> tuple:
             f"a CUDA GPU ({gpu}) is present but the compiled library is not loaded ({_library.status()}), so "
             f"every GPU test would skip. Build it in place (the README's quickstart: pip install -e .) or run "
             f"from outside the checkout against an installed wheel; set {CPU_ONLY_VAR}=1 for a deliberate "
-            "CPU-only run."
-        )
+            "CPU-only run.")
     return f"{where}; GPU {gpu}: CPU and GPU tests", None

@@ -32,47 +32,21 @@ FORMS = ("shared", "batch", "token", "token_chunk_views", "token_stride0", "toke
 _MODULATION = ("gate", "scale", "shift")
 
 
-def full_inputs(
-    B: int,
-    S: int,
-    D: int,
-    form: str,
-    *,
-    boundary: int,
-    seed: int,
-    device: str = "cpu",
-    generate_on_device: bool = False,
-) -> Dict[str, object]:
+def full_inputs(B: int, S: int, D: int, form: str, *, boundary: int, seed: int, device: str = "cpu",
+                generate_on_device: bool = False) -> Dict[str, object]:
     """The full call's arguments (a helpers.inputs.make_inputs dict without bias or affine, the DiT blocks' plain
     call), modulation in ``form``."""
     if form not in FORMS:
         raise ValueError(f"unknown form {form!r}")
-    base = {
-        "shared": "shared",
-        "batch": "batch",
-        "token": "token",
-        "token_chunk_views": "token",
-        "token_stride0": "batch",
-        "token_batch_stride0": "token",
-        "indexed": "indexed_int32",
-    }[form]
-    inp = make_inputs(
-        B,
-        S,
-        D,
-        base,
-        seed=seed,
-        device=device,
-        bias=False,
-        generate_on_device=generate_on_device,
-        strided=form == "token_chunk_views",
-    )
+    base = {"shared": "shared", "batch": "batch", "token": "token", "token_chunk_views": "token",
+            "token_stride0": "batch", "token_batch_stride0": "token", "indexed": "indexed_int32"}[form]
+    inp = make_inputs(B, S, D, base, seed=seed, device=device, bias=False, generate_on_device=generate_on_device,
+                      strided=form == "token_chunk_views")
     if form == "token_stride0":
         g = torch.Generator(device=device if generate_on_device else "cpu").manual_seed(seed + 1)
         rest = torch.randn(B, 1, 3, D, generator=g, device=g.device).to(torch.bfloat16).to(device)
-        per_sample = torch.cat(
-            [torch.stack([inp["shift"], inp["scale"], inp["gate"]], dim=1).unsqueeze(1), rest], dim=2
-        )  # [B, 1, 6, D]
+        per_sample = torch.cat([torch.stack([inp["shift"], inp["scale"], inp["gate"]], dim=1).unsqueeze(1), rest],
+                               dim=2)  # [B, 1, 6, D]
         shift, scale, gate = (c.squeeze(2) for c in per_sample.expand(B, S, 6, D).chunk(6, dim=2)[:3])
         assert gate.stride()[1] == 0 and gate.shape == (B, S, D)
         inp.update(gate=gate, scale=scale, shift=shift)
@@ -117,15 +91,9 @@ def scale_rows(scales: torch.Tensor, rows: torch.Tensor, cols: int) -> torch.Ten
     return scales.reshape(-1)[sf_offset_128x4(rows.to(scales.device).unsqueeze(1), k, cols)]
 
 
-def shard_matches_full(
-    full: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    shard: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    B: int,
-    S: int,
-    s0: int,
-    s1: int,
-    quantized_exact: bool = True,
-) -> Optional[str]:
+def shard_matches_full(full: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                       shard: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], B: int, S: int, s0: int, s1: int,
+                       quantized_exact: bool = True) -> Optional[str]:
     """None when the shard's (packed, scales, residual_out) equal the same rows of the full call's, bit for bit
     (packed and scale bytes only with ``quantized_exact``), and the shard's scale padding rows are zero; else
     what differs."""

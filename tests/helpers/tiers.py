@@ -55,10 +55,8 @@ def sweep(argnames, values: Iterable, default: Iterable, *, ids=None):
     values, default = list(values), list(default)
     missing = [d for d in default if not any(d is v or d == v for v in values)]
     if missing or not default:
-        raise ValueError(
-            f"sweep({argnames!r}): the default {default!r} must be a non-empty subset of the values "
-            f"{values!r} (missing {missing!r})"
-        )
+        raise ValueError(f"sweep({argnames!r}): the default {default!r} must be a non-empty subset of the values "
+                         f"{values!r} (missing {missing!r})")
     params = []
     for v in values:
         in_default = any(v is d or v == d for d in default)

@@ -38,7 +38,8 @@ CASES: Dict[str, Callable[[], Any]] = {
 
 def converted(case: str, fmt: str, mode: str = "fused"):
     model, inputs = CASES[case]()
-    qd.convert_transformer(model, format=fmt, mode=mode, linears="all", calibration_inputs=inputs, allow_cpu=True)
+    qd.convert_transformer(model, format=fmt, mode=mode, linears="all", calibration_inputs=inputs,
+                           allow_cpu=True)
     return model, inputs[0]
 
 
@@ -249,10 +250,8 @@ def test_load_state_dict_refuses_differing_swiglu_scales_and_changes_nothing(fmt
     before = {k: v.clone() for k, v in model.state_dict().items()}
     sd = model.state_dict()
     key = next(k for k in sd if k.endswith("gate_layer.input_scale") or k.endswith("gate_layer.input_global_scale"))
-    sd = {
-        k: (v * 2 if k == key else v + 1 if v.dtype == torch.bfloat16 and "transformer_blocks.0." in k else v)
-        for k, v in sd.items()
-    }
+    sd = {k: (v * 2 if k == key else v + 1 if v.dtype == torch.bfloat16 and "transformer_blocks.0." in k else v)
+          for k, v in sd.items()}
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         model.load_state_dict(sd)
     after = model.state_dict()
@@ -301,16 +300,8 @@ def real_width_qwen_image(fmt: str, zero_cond_t: bool):
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = QwenImageTransformer2DModel(
-            patch_size=2,
-            in_channels=64,
-            out_channels=16,
-            num_layers=1,
-            attention_head_dim=128,
-            num_attention_heads=24,
-            joint_attention_dim=3584,
-            axes_dims_rope=(16, 56, 56),
-            zero_cond_t=zero_cond_t,
-        )
+            patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), zero_cond_t=zero_cond_t)
     model = model.to(torch.bfloat16).eval()
     inputs = [make_inputs(1, 77, zero_cond_t, small=False, seed=s, device="cuda") for s in (1, 2)]
     qd.convert_transformer(model, format=fmt, linears="all", calibration_inputs=inputs[:1])

@@ -137,11 +137,8 @@ CASES: Dict[str, Callable[[], Tuple[torch.nn.Module, Dict[str, Any], List[Dict[s
 
 
 def _processors(model: torch.nn.Module) -> List[Any]:
-    return [
-        m.processor
-        for m in model.modules()
-        if getattr(m, "processor", None) is not None and hasattr(m.processor, "_parallel_config")
-    ]
+    return [m.processor for m in model.modules()
+            if getattr(m, "processor", None) is not None and hasattr(m.processor, "_parallel_config")]
 
 
 def _enable_ulysses(model: torch.nn.Module) -> None:
@@ -168,10 +165,8 @@ def _run_case(name: str) -> Dict[str, Any]:
     block_class = type(next(m for m in model.modules() if type(m).__name__.endswith(("TransformerBlock",))))
     qd.convert_transformer(model, mode="fused", calibration_inputs=calib, allow_cpu=True)
     converted = next(m for m in model.modules() if isinstance(m, block_class))
-    signature_kept = (
-        list(inspect.signature(converted.forward).parameters)
-        == list(inspect.signature(block_class.forward).parameters)[1:]
-    )
+    signature_kept = (list(inspect.signature(converted.forward).parameters)
+                      == list(inspect.signature(block_class.forward).parameters)[1:])
     reference = _run(model, inp)
     qd.fused_path_stats(model, reset=True)
 
@@ -186,19 +181,10 @@ def _run_case(name: str) -> Dict[str, Any]:
     for p in _processors(model):
         p._parallel_config = None
     control = _run(model, inp)
-    return dict(
-        err=rel_err(fused, reference),
-        control_err=rel_err(control, reference),
-        fused_equals_unfused=torch.equal(fused, unfused),
-        stats=stats,
-        unfused_stats=unfused_stats,
-        segments=segments,
-        processors=len(kept),
-        parallel_config_kept=all(kept),
-        signature_kept=signature_kept,
-        shape=tuple(fused.shape),
-        reference_shape=tuple(reference.shape),
-    )
+    return dict(err=rel_err(fused, reference), control_err=rel_err(control, reference),
+                fused_equals_unfused=torch.equal(fused, unfused), stats=stats, unfused_stats=unfused_stats,
+                segments=segments, processors=len(kept), parallel_config_kept=all(kept),
+                signature_kept=signature_kept, shape=tuple(fused.shape), reference_shape=tuple(reference.shape))
 
 
 def _conversion_after_parallelism() -> str:
@@ -220,9 +206,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     results: Dict[str, Any] = {}
     try:
-        torch.distributed.init_process_group(
-            "gloo", rank=rank, world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-        )
+        torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE,
+                                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     except Exception:  # noqa: BLE001 - e.g. the port taken meanwhile: reported by the fixture
         torch.save({"setup": traceback.format_exc()}, os.path.join(out_dir, f"rank{rank}.pt"))
         raise
@@ -307,10 +292,8 @@ def test_control_without_parallel_config_fails_tolerance(ranks, name):
 def test_every_shard_fused_no_fallback(ranks, name):
     for rank, r in enumerate(_case(ranks, name)):
         n = r["segments"]
-        assert r["stats"] == {"fused": n, "unfused": 0, "fallback": 0, "decline_reasons": {}, "compiled": {}}, (
-            rank,
-            r["stats"],
-        )
+        assert r["stats"] == {"fused": n, "unfused": 0, "fallback": 0, "decline_reasons": {},
+                              "compiled": {}}, (rank, r["stats"])
         assert r["unfused_stats"]["unfused"] == n, (rank, r["unfused_stats"])
         assert r["fused_equals_unfused"], f"rank {rank}: fused and unfused bytes differ under sharding"
 

@@ -22,15 +22,13 @@ from helpers.diffusers_models import SKIP_REASON, SMALL_CASES, flux, fused_then_
 needs_diffusers = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 
 
-def check_fp8_fused_equals_unfused(
-    model, inputs: List[Dict[str, Any]], segments: int, *, linears, allow_cpu: bool = True
-) -> List[str]:
+def check_fp8_fused_equals_unfused(model, inputs: List[Dict[str, Any]], segments: int, *, linears,
+                                   allow_cpu: bool = True) -> List[str]:
     """Calibrated FP8 conversion; fused == unfused (bytes) with every segment counted; the converted layers
     are FP8Linear and the others untouched; restore gives the original outputs back. Returns report lines."""
     originals = [run(model, inp) for inp in inputs]
-    qd.convert_transformer(
-        model, mode="fused", format="fp8", linears=linears, calibration_inputs=inputs, allow_cpu=allow_cpu
-    )
+    qd.convert_transformer(model, mode="fused", format="fp8", linears=linears, calibration_inputs=inputs,
+                           allow_cpu=allow_cpu)
     lines = []
     try:
         info = qd.conversion_info(model)
@@ -38,11 +36,8 @@ def check_fp8_fused_equals_unfused(
         # the FFN segments, plus the GELU -> FP8 FC2 ones and, in Qwen-Image, norm1 -> FP8 q/k/v: per stream
         # three with linears="all", two with "modelopt" (FC2 stays BF16)
         qwen = type(model).__name__ == "QwenImageTransformer2DModel"
-        per_stream = (
-            {"fc1": 1, "all": 3 if qwen else None, "modelopt": 2 if qwen else None}.get(linears)
-            if isinstance(linears, str)
-            else None
-        )
+        per_stream = {"fc1": 1, "all": 3 if qwen else None, "modelopt": 2 if qwen else None}.get(linears) \
+            if isinstance(linears, str) else None
         if per_stream is None:
             assert info.segments_per_forward >= segments
         else:
@@ -53,18 +48,15 @@ def check_fp8_fused_equals_unfused(
         for name, module in model.named_modules():
             if name in names:
                 assert isinstance(module, FP8Linear), name
-                assert torch.equal(
-                    module.input_scale, torch.tensor([info.input_amax[name] / 448.0], device=module.input_scale.device)
-                ), name
+                assert torch.equal(module.input_scale, torch.tensor([info.input_amax[name] / 448.0],
+                                                                    device=module.input_scale.device)), name
             assert not isinstance(module, NVFP4Linear), name
         for inp, original in zip(inputs, originals):
             fused = fused_then_unfused(model, inp, segments)
             err = rel_err(fused, original)
             assert 0 < err < 0.1, err
-            lines.append(
-                f"{type(model).__name__} fp8 linears={linears}: {len(names)} FP8 layers, rel. error vs "
-                f"BF16 {err:.4f}, sha256 {sha256(fused)[:16]} (fused and unfused)"
-            )
+            lines.append(f"{type(model).__name__} fp8 linears={linears}: {len(names)} FP8 layers, rel. error vs "
+                         f"BF16 {err:.4f}, sha256 {sha256(fused)[:16]} (fused and unfused)")
     finally:
         qd.restore_transformer(model)
     for inp, original in zip(inputs, originals):
@@ -84,27 +76,13 @@ def test_small_model_fp8_fused_equals_unfused_cpu(case, linears):
 def test_modelopt_preset_keeps_what_sglang_keeps_in_bf16():
     model, inputs, _ = qwen_image(False)
     names = qd.linear_names(model, "modelopt", "fp8")
-    block = [n[len("transformer_blocks.0.") :] for n in names if n.startswith("transformer_blocks.0.")]
-    assert sorted(block) == sorted(
-        [
-            "img_mlp.net.0.proj",
-            "txt_mlp.net.0.proj",
-            "attn.to_q",
-            "attn.to_k",
-            "attn.to_v",
-            "attn.to_out.0",
-            "attn.add_q_proj",
-            "attn.add_k_proj",
-            "attn.add_v_proj",
-            "attn.to_add_out",
-        ]
-    )
+    block = [n[len("transformer_blocks.0."):] for n in names if n.startswith("transformer_blocks.0.")]
+    assert sorted(block) == sorted([
+        "img_mlp.net.0.proj", "txt_mlp.net.0.proj", "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+        "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"])
     every = set(qd.linear_names(model, "all", "fp8"))
-    assert every - set(names) == {
-        f"transformer_blocks.{b}.{n}"
-        for b in (0, 1)
-        for n in ("img_mod.1", "txt_mod.1", "img_mlp.net.2", "txt_mlp.net.2")
-    }
+    assert every - set(names) == {f"transformer_blocks.{b}.{n}" for b in (0, 1)
+                                  for n in ("img_mod.1", "txt_mod.1", "img_mlp.net.2", "txt_mlp.net.2")}
     qd.convert_transformer(model, format="fp8", linears="modelopt", calibration_inputs=inputs, allow_cpu=True)
     try:
         b = model.transformer_blocks[0]
@@ -126,7 +104,8 @@ def test_list_of_names():
     fc1 = qd.linear_names(model, "fc1")
     relative = ["img_mlp.net.0.proj", "txt_mlp.net.0.proj", "attn.to_q", "attn.to_out.0"]
     names = qd.linear_names(model, relative, "fp8")
-    assert names == [n for n in qd.linear_names(model, "all", "fp8") if any(n.endswith("." + r) for r in relative)]
+    assert names == [n for n in qd.linear_names(model, "all", "fp8")
+                     if any(n.endswith("." + r) for r in relative)]
     assert len(names) == 4 * 2
     full = fc1 + ["transformer_blocks.1.attn.to_k"]
     assert qd.linear_names(model, full, "fp8") == [n for n in qd.linear_names(model, "all", "fp8") if n in full]
@@ -192,9 +171,8 @@ def test_fp8_conversion_errors_leave_the_model_untouched():
     with pytest.raises(ValueError, match="must include every block's FFN input layers"):
         qd.convert_transformer(model, format="fp8", input_amax=1.0, linears=["attn.to_q"])
     with pytest.raises(ValueError, match="not a block Linear"):
-        qd.convert_transformer(
-            model, format="fp8", input_amax=1.0, linears=qd.linear_names(model, "fc1") + ["proj_out"]
-        )
+        qd.convert_transformer(model, format="fp8", input_amax=1.0,
+                               linears=qd.linear_names(model, "fc1") + ["proj_out"])
     with pytest.raises(TypeError, match="linears must be one of"):
         qd.convert_transformer(model, format="fp8", input_amax=1.0, linears=[])
     with pytest.raises(ValueError, match="linears must be one of"):

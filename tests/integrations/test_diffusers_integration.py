@@ -25,18 +25,8 @@ import torch
 
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import NVFP4Linear
-from helpers.diffusers_models import (
-    SKIP_REASON,
-    SMALL_LAYERS,
-    QwenImageTransformer2DModel,
-    build_small,
-    calibration,
-    kernel_names,
-    make_inputs,
-    needs_diffusers,
-    run,
-    sha256,
-)
+from helpers.diffusers_models import (SKIP_REASON, SMALL_LAYERS, QwenImageTransformer2DModel, build_small, calibration,
+                                      kernel_names, make_inputs, needs_diffusers, run, sha256)
 from helpers.reliability import rel_err
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(qd.__file__)))  # where qwen_resnorm_fp4 is imported from
@@ -63,18 +53,14 @@ def test_fused_equals_unfused_and_restore_cpu(small_models, zero_cond_t, batch, 
     inp = make_inputs(batch, text_len, zero_cond_t, small=True, seed=batch * 100 + text_len)
     original = run(model, inp)
     original_fc1 = model.transformer_blocks[0].img_mlp.net[0].proj
-    qd.convert_qwen_image_transformer(model, mode="fused", calibration_inputs=calibration(zero_cond_t), allow_cpu=True)
+    qd.convert_qwen_image_transformer(model, mode="fused", calibration_inputs=calibration(zero_cond_t),
+                                      allow_cpu=True)
     try:
         assert isinstance(model.transformer_blocks[0].img_mlp.net[0].proj, NVFP4Linear)
         fused = run(model, inp)
         stats = qd.fused_path_stats(model, reset=True)
-        assert stats == {
-            "fused": 2 * SMALL_LAYERS,
-            "unfused": 0,
-            "fallback": 0,
-            "decline_reasons": {},
-            "compiled": {},
-        }, stats
+        assert stats == {"fused": 2 * SMALL_LAYERS, "unfused": 0, "fallback": 0, "decline_reasons": {},
+                     "compiled": {}}, stats
 
         qd.set_mode(model, "unfused")
         unfused = run(model, inp)
@@ -148,12 +134,9 @@ def test_input_amax_forms(small_models):
     amax = qd.calibrate_input_amax(model, calibration(False))
     seen: Dict[str, float] = {}
     mods = dict(model.named_modules())
-    hooks = [
-        mods[n].register_forward_pre_hook(
-            lambda m, a, n=n: seen.__setitem__(n, max(seen.get(n, 0.0), a[0].abs().amax().float().item()))
-        )
-        for n in names
-    ]
+    hooks = [mods[n].register_forward_pre_hook(
+        lambda m, a, n=n: seen.__setitem__(n, max(seen.get(n, 0.0), a[0].abs().amax().float().item())))
+        for n in names]
     try:
         run(model, calibration(False)[0])
     finally:
@@ -163,11 +146,8 @@ def test_input_amax_forms(small_models):
 
     # a dict of amax values reproduces the calibrated conversion byte for byte; a callable calibrates too
     outs = []
-    for kw in (
-        dict(calibration_inputs=calibration(False)),
-        dict(input_amax=amax),
-        dict(calibration_inputs=lambda m: m(**calibration(False)[0])),
-    ):
+    for kw in (dict(calibration_inputs=calibration(False)), dict(input_amax=amax),
+               dict(calibration_inputs=lambda m: m(**calibration(False)[0]))):
         qd.convert_qwen_image_transformer(model, mode="fused", allow_cpu=True, **kw)
         try:
             assert qd.conversion_info(model).input_amax == amax
@@ -276,9 +256,8 @@ def test_gemm_backend_typo_refused_before_calibration(small_models):
     model = small_models[False]
     calls = []
     with pytest.raises(ValueError, match="gemm_backend"):
-        qd.convert_qwen_image_transformer(
-            model, calibration_inputs=lambda m: calls.append(m(**calibration(False)[0])), gemm_backend="tensorcore"
-        )
+        qd.convert_qwen_image_transformer(model, calibration_inputs=lambda m: calls.append(m(**calibration(False)[0])),
+                                          gemm_backend="tensorcore")
     assert calls == []  # the model never ran
     with pytest.raises(TypeError, match="gemm_backend"):
         qd.convert_qwen_image_transformer(model, input_amax=1.0, gemm_backend=None)
@@ -287,13 +266,8 @@ def test_gemm_backend_typo_refused_before_calibration(small_models):
 
 def test_public_names_only():
     """The Qwen-Image names of earlier releases are gone; the public names stay."""
-    for old in (
-        "restore_qwen_image_transformer",
-        "set_qwen_image_mode",
-        "fc1_names",
-        "calibrate_fc1_input_amax",
-        "QwenImageConversion",
-    ):
+    for old in ("restore_qwen_image_transformer", "set_qwen_image_mode", "fc1_names", "calibrate_fc1_input_amax",
+                "QwenImageConversion"):
         assert not hasattr(qd, old), old
     for name in ("convert_transformer", "set_mode", "restore_transformer", "fused_path_stats"):
         assert callable(getattr(qd, name)), name
@@ -325,23 +299,17 @@ def test_import_does_not_patch_diffusers():
 GPU_LAYERS = 2
 
 
-def end_to_end(
-    model, layers: int, zero_cond_t: bool, *, small: bool, device: str, text_lens=(17, 77), allow_cpu: bool = False
-) -> List[str]:
+def end_to_end(model, layers: int, zero_cond_t: bool, *, small: bool, device: str, text_lens=(17, 77),
+               allow_cpu: bool = False) -> List[str]:
     """Originals for batch 1 and 2 x text_lens, convert (calibrated), then for each: fused == unfused (bytes and
     SHA-256), the fused path ran in every stream; on CUDA the launch counts; restore. Returns report lines."""
     configs = [(b, t) for b in (1, 2) for t in text_lens]
-    inputs = {
-        c: make_inputs(c[0], c[1], zero_cond_t, small=small, seed=10 * c[0] + c[1], device=device) for c in configs
-    }
+    inputs = {c: make_inputs(c[0], c[1], zero_cond_t, small=small, seed=10 * c[0] + c[1], device=device)
+              for c in configs}
     originals = {c: run(model, inputs[c]) for c in configs}
 
-    qd.convert_qwen_image_transformer(
-        model,
-        mode="fused",
-        allow_cpu=allow_cpu,
-        calibration_inputs=calibration(zero_cond_t, small=small, device=device),
-    )
+    qd.convert_qwen_image_transformer(model, mode="fused", allow_cpu=allow_cpu,
+                                      calibration_inputs=calibration(zero_cond_t, small=small, device=device))
     lines = []
     try:
         for c in configs:
@@ -358,10 +326,8 @@ def end_to_end(
             assert torch.isfinite(fused.float()).all()
             e_f, e_u = rel_err(fused, originals[c]), rel_err(unfused, originals[c])
             assert e_f < 0.5, e_f
-            lines.append(
-                f"zero_cond_t={zero_cond_t} batch={c[0]} text={c[1]}: rel. Frobenius error vs BF16 "
-                f"fused {e_f:.4f} unfused {e_u:.4f}, sha256 {sha256(fused)[:16]} (both)"
-            )
+            lines.append(f"zero_cond_t={zero_cond_t} batch={c[0]} text={c[1]}: rel. Frobenius error vs BF16 "
+                         f"fused {e_f:.4f} unfused {e_u:.4f}, sha256 {sha256(fused)[:16]} (both)")
 
         if device == "cuda":
             # Launches: the fused forward has exactly one launch fewer per stream, i.e. 2 per block.
@@ -377,10 +343,8 @@ def end_to_end(
             assert count(unfused_k, "resnorm_kernel") == 2 * layers, unfused_k
             assert count(unfused_k, "nvfp4_quantize_kernel") == 2 * layers, unfused_k
             assert len(unfused_k) - len(fused_k) == 2 * layers, (len(unfused_k), len(fused_k))
-            lines.append(
-                f"zero_cond_t={zero_cond_t}: kernel launches in one forward ({layers} blocks, batch "
-                f"{configs[-1][0]}, text {configs[-1][1]}): fused {len(fused_k)}, unfused {len(unfused_k)}"
-            )
+            lines.append(f"zero_cond_t={zero_cond_t}: kernel launches in one forward ({layers} blocks, batch "
+                         f"{configs[-1][0]}, text {configs[-1][1]}): fused {len(fused_k)}, unfused {len(unfused_k)}")
     finally:
         qd.restore_transformer(model)
     for c in configs:
@@ -392,15 +356,8 @@ def end_to_end(
 @pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
 def test_end_to_end_small_cpu(small_models, zero_cond_t):
     """The GPU test's procedure on the small model on CPU (allow_cpu), text lengths 7 and 13."""
-    end_to_end(
-        small_models[zero_cond_t],
-        SMALL_LAYERS,
-        zero_cond_t,
-        small=True,
-        device="cpu",
-        text_lens=(7, 13),
-        allow_cpu=True,
-    )
+    end_to_end(small_models[zero_cond_t], SMALL_LAYERS, zero_cond_t, small=True, device="cpu", text_lens=(7, 13),
+               allow_cpu=True)
 
 
 @pytest.mark.gpu
@@ -410,16 +367,8 @@ def test_gpu_real_width_fused_equals_unfused(zero_cond_t, capsys):
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = QwenImageTransformer2DModel(
-            patch_size=2,
-            in_channels=64,
-            out_channels=16,
-            num_layers=GPU_LAYERS,
-            attention_head_dim=128,
-            num_attention_heads=24,
-            joint_attention_dim=3584,
-            axes_dims_rope=(16, 56, 56),
-            zero_cond_t=zero_cond_t,
-        )
+            patch_size=2, in_channels=64, out_channels=16, num_layers=GPU_LAYERS, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), zero_cond_t=zero_cond_t)
     model = model.to(torch.bfloat16).eval()
     lines = end_to_end(model, GPU_LAYERS, zero_cond_t, small=False, device="cuda")
     with capsys.disabled():

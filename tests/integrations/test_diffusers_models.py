@@ -8,8 +8,8 @@ image) and without; Wan 2.1 modulation ([B, 1, D]) and Wan 2.2 TI2V per-token mo
 (docs/diffusers.md, qwen_image21.md, flux.md, wan.md) runs as written.
 
 GPU tests (marked gpu; need CUDA and the compiled library): the real widths (Qwen-Image 2.1 4096, FLUX.1 3072,
-Wan 1536 and 5120, Wan 2.2 TI2V's per-token modulation at 3072), 1-2 blocks, a few hundred tokens: fused == unfused bytes, exactly one kernel launch fewer
-per converted segment, and the relative error against the BF16 model printed.
+Wan 1536 and 5120, Wan 2.2 TI2V's per-token modulation at 3072), 1-2 blocks, a few hundred tokens: fused == unfused
+bytes, exactly one kernel launch fewer per converted segment, and the relative error against the BF16 model printed.
 """
 
 from __future__ import annotations
@@ -22,24 +22,14 @@ import torch
 
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import NVFP4Linear
-from helpers.diffusers_models import (
-    SMALL_CASES,
-    flux,
-    fused_then_unfused,
-    kernel_names,
-    needs_diffusers,
-    qwen21,
-    run,
-    sha256,
-    wan,
-)
+from helpers.diffusers_models import (SMALL_CASES, flux, fused_then_unfused, kernel_names, needs_diffusers, qwen21, run,
+                                      sha256, wan)
 from helpers.paths import REPO_ROOT
 from helpers.reliability import rel_err
 
 
-def check_fused_equals_unfused(
-    model, inputs: List[Dict[str, Any]], segments: int, *, linears: str, allow_cpu: bool, device: str
-) -> List[str]:
+def check_fused_equals_unfused(model, inputs: List[Dict[str, Any]], segments: int, *, linears: str,
+                               allow_cpu: bool, device: str) -> List[str]:
     """Originals, calibrated conversion, fused == unfused (bytes) with every segment counted, on CUDA one launch
     fewer per segment, restore gives the originals back. Returns report lines."""
     originals = [run(model, inp) for inp in inputs]
@@ -57,10 +47,8 @@ def check_fused_equals_unfused(
             fused = fused_then_unfused(model, inp, segments)
             err = rel_err(fused, original)
             assert 0 < err < 0.5, err
-            lines.append(
-                f"{type(model).__name__} linears={linears}: rel. error vs BF16 {err:.4f}, "
-                f"sha256 {sha256(fused)[:16]} (fused and unfused)"
-            )
+            lines.append(f"{type(model).__name__} linears={linears}: rel. error vs BF16 {err:.4f}, "
+                         f"sha256 {sha256(fused)[:16]} (fused and unfused)")
         if device == "cuda":
             inp = inputs[-1]
             qd.set_mode(model, "fused")
@@ -71,10 +59,8 @@ def check_fused_equals_unfused(
             assert count(fused_k, "resnorm_quant") == segments, fused_k
             assert count(unfused_k, "resnorm_kernel") == segments, unfused_k
             assert len(unfused_k) - len(fused_k) == segments, (len(unfused_k), len(fused_k))
-            lines.append(
-                f"{type(model).__name__}: launches per forward fused {len(fused_k)}, unfused "
-                f"{len(unfused_k)} ({segments} segments)"
-            )
+            lines.append(f"{type(model).__name__}: launches per forward fused {len(fused_k)}, unfused "
+                         f"{len(unfused_k)} ({segments} segments)")
     finally:
         qd.restore_transformer(model)
     for inp, original in zip(inputs, originals):
@@ -123,7 +109,8 @@ def test_qwen_image21_swiglu_inputs_share_one_scale():
 @needs_diffusers
 def test_model_specific_converters_refuse_other_models():
     model, _, _ = flux(2, 32, 1)
-    for convert in (qd.convert_qwen_image_transformer, qd.convert_qwen_image21_transformer, qd.convert_wan_transformer):
+    for convert in (qd.convert_qwen_image_transformer, qd.convert_qwen_image21_transformer,
+                    qd.convert_wan_transformer):
         with pytest.raises(TypeError, match="model must be a diffusers"):
             convert(model, input_amax=1.0)
     with pytest.raises(TypeError, match="FluxTransformer2DModel"):
@@ -147,7 +134,7 @@ def test_doc_example_runs_as_written(page, capsys):
     if not DOCS.is_dir():
         pytest.skip("docs/ not in this copy of the tests")
     text = (DOCS / page).read_text()
-    example = text[text.index("## Example") :]
+    example = text[text.index("## Example"):]
     code = re.search(r"```python\n(.*?)```", example, re.S).group(1)
     exec(compile(code, f"docs/{page} (example)", "exec"), {"__name__": "doc_example"})
 

@@ -27,23 +27,20 @@ from helpers.diffusers_models import build_small, make_inputs, needs_diffusers, 
 # ------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "make, exc, argument",
-    [
-        (lambda: qd.NVFP4Options(fast_math=1), TypeError, "fast_math"),
-        (lambda: qd.NVFP4Options(fast_math="yes"), TypeError, "fast_math"),
-        (lambda: qd.NVFP4Options(gemm_backend=None), TypeError, "gemm_backend"),
-        (lambda: qd.NVFP4Options(gemm_backend="tensorcore"), ValueError, "gemm_backend"),
-        (lambda: qd.FP8Options(use_fast_accum=1), TypeError, "use_fast_accum"),
-        (lambda: qd.FP8Options(use_fast_accum=None), TypeError, "use_fast_accum"),
-        (lambda: qd.ConversionOptions(mode="fast"), ValueError, "mode"),
-        (lambda: qd.ConversionOptions(format="fp8"), TypeError, "format"),
-        (lambda: qd.ConversionOptions(linears="attention"), ValueError, "linears"),
-        (lambda: qd.ConversionOptions(linears=[]), TypeError, "linears"),
-        (lambda: qd.ConversionOptions(allow_cpu=1), TypeError, "allow_cpu"),
-        (lambda: qd.ConversionOptions(keep_original="no"), TypeError, "keep_original"),
-    ],
-)
+@pytest.mark.parametrize("make, exc, argument", [
+    (lambda: qd.NVFP4Options(fast_math=1), TypeError, "fast_math"),
+    (lambda: qd.NVFP4Options(fast_math="yes"), TypeError, "fast_math"),
+    (lambda: qd.NVFP4Options(gemm_backend=None), TypeError, "gemm_backend"),
+    (lambda: qd.NVFP4Options(gemm_backend="tensorcore"), ValueError, "gemm_backend"),
+    (lambda: qd.FP8Options(use_fast_accum=1), TypeError, "use_fast_accum"),
+    (lambda: qd.FP8Options(use_fast_accum=None), TypeError, "use_fast_accum"),
+    (lambda: qd.ConversionOptions(mode="fast"), ValueError, "mode"),
+    (lambda: qd.ConversionOptions(format="fp8"), TypeError, "format"),
+    (lambda: qd.ConversionOptions(linears="attention"), ValueError, "linears"),
+    (lambda: qd.ConversionOptions(linears=[]), TypeError, "linears"),
+    (lambda: qd.ConversionOptions(allow_cpu=1), TypeError, "allow_cpu"),
+    (lambda: qd.ConversionOptions(keep_original="no"), TypeError, "keep_original"),
+])
 def test_each_options_error_names_its_argument(make, exc, argument):
     with pytest.raises(exc, match=rf"^{argument}\b"):
         make()
@@ -63,40 +60,28 @@ def test_options_are_frozen_and_checked_values_kept():
 
 
 def test_keywords_become_the_formats_options():
-    assert format_options("nvfp4", dict(fast_math=True, gemm_backend="auto", use_fast_accum=True)) == qd.NVFP4Options(
-        fast_math=True
-    )
-    assert format_options("fp8", dict(fast_math=None, gemm_backend="auto", use_fast_accum=False)) == qd.FP8Options(
-        use_fast_accum=False
-    )
+    assert format_options("nvfp4", dict(fast_math=True, gemm_backend="auto", use_fast_accum=True)) == \
+        qd.NVFP4Options(fast_math=True)
+    assert format_options("fp8", dict(fast_math=None, gemm_backend="auto", use_fast_accum=False)) == \
+        qd.FP8Options(use_fast_accum=False)
     given = qd.FP8Options(use_fast_accum=False)
     assert format_options(given, dict(fast_math=None, gemm_backend="auto", use_fast_accum=True)) is given
-    options = qd.ConversionOptions.from_keywords(
-        mode="unfused",
-        format="fp8",
-        linears="all",
-        allow_cpu=True,
-        keep_original=False,
-        fast_math=None,
-        gemm_backend="auto",
-        use_fast_accum=False,
-    )
+    options = qd.ConversionOptions.from_keywords(mode="unfused", format="fp8", linears="all", allow_cpu=True,
+                                                 keep_original=False, fast_math=None, gemm_backend="auto",
+                                                 use_fast_accum=False)
     assert options == qd.ConversionOptions("unfused", qd.FP8Options(False), "all", True, False)
 
 
-@pytest.mark.parametrize(
-    "format, keywords, text",
-    [
-        ("fp8", dict(fast_math=True), "fast_math is a setting of the NVFP4 quantizer"),
-        ("fp8", dict(fast_math=False), "fast_math is a setting of the NVFP4 quantizer"),
-        ("fp8", dict(gemm_backend="reference"), "gemm_backend is a setting of NVFP4Linear"),
-        ("nvfp4", dict(use_fast_accum=False), "use_fast_accum is a setting of FP8Linear"),
-        (qd.FP8Options(), dict(use_fast_accum=False), "format is given as FP8Options.*set use_fast_accum there"),
-        (qd.NVFP4Options(), dict(fast_math=True), "format is given as NVFP4Options.*set fast_math there"),
-        ("int8", {}, "format must be one of"),
-        (None, {}, "format must be one of"),
-    ],
-)
+@pytest.mark.parametrize("format, keywords, text", [
+    ("fp8", dict(fast_math=True), "fast_math is a setting of the NVFP4 quantizer"),
+    ("fp8", dict(fast_math=False), "fast_math is a setting of the NVFP4 quantizer"),
+    ("fp8", dict(gemm_backend="reference"), "gemm_backend is a setting of NVFP4Linear"),
+    ("nvfp4", dict(use_fast_accum=False), "use_fast_accum is a setting of FP8Linear"),
+    (qd.FP8Options(), dict(use_fast_accum=False), "format is given as FP8Options.*set use_fast_accum there"),
+    (qd.NVFP4Options(), dict(fast_math=True), "format is given as NVFP4Options.*set fast_math there"),
+    ("int8", {}, "format must be one of"),
+    (None, {}, "format must be one of"),
+])
 def test_a_setting_the_format_does_not_have_is_refused(format, keywords, text):
     with pytest.raises(ValueError, match=text):
         format_options(format, keywords)
@@ -116,26 +101,18 @@ def test_an_unknown_setting_is_a_type_error():
 
 def test_converters_share_convert_transformers_signature():
     reference = inspect.signature(qd.convert_transformer)
-    for converter in (
-        qd.convert_qwen_image_transformer,
-        qd.convert_qwen_image21_transformer,
-        qd.convert_flux_transformer,
-        qd.convert_wan_transformer,
-    ):
+    for converter in (qd.convert_qwen_image_transformer, qd.convert_qwen_image21_transformer,
+                      qd.convert_flux_transformer, qd.convert_wan_transformer):
         assert inspect.signature(converter) == reference, converter.__name__
         assert converter.__name__.startswith("convert_") and "convert_transformer" in converter.__doc__
     # the keyword defaults are the options' own
     defaults = {k: p.default for k, p in reference.parameters.items()}
     assert defaults["mode"] == qd.ConversionOptions().mode
     assert defaults["linears"] == qd.ConversionOptions().linears
-    assert (defaults["allow_cpu"], defaults["keep_original"]) == (
-        qd.ConversionOptions().allow_cpu,
-        qd.ConversionOptions().keep_original,
-    )
-    assert (defaults["fast_math"], defaults["gemm_backend"]) == (
-        qd.NVFP4Options().fast_math,
-        qd.NVFP4Options().gemm_backend,
-    )
+    assert (defaults["allow_cpu"], defaults["keep_original"]) == (qd.ConversionOptions().allow_cpu,
+                                                                  qd.ConversionOptions().keep_original)
+    assert (defaults["fast_math"], defaults["gemm_backend"]) == (qd.NVFP4Options().fast_math,
+                                                                 qd.NVFP4Options().gemm_backend)
     assert defaults["use_fast_accum"] == qd.FP8Options().use_fast_accum
 
 
@@ -155,9 +132,8 @@ def test_format_given_as_options_converts_as_its_keywords():
     by_keywords = build_small(False)
     by_options = build_small(False)
     qd.convert_transformer(by_keywords, format="fp8", use_fast_accum=False, input_amax=4.0, allow_cpu=True)
-    qd.convert_qwen_image_transformer(
-        by_options, format=qd.FP8Options(use_fast_accum=False), input_amax=4.0, allow_cpu=True
-    )
+    qd.convert_qwen_image_transformer(by_options, format=qd.FP8Options(use_fast_accum=False), input_amax=4.0,
+                                      allow_cpu=True)
     for model in (by_keywords, by_options):
         info = qd.conversion_info(model)
         assert info.format == "fp8" and info.format_options == qd.FP8Options(use_fast_accum=False)

@@ -52,7 +52,7 @@ def block(B=2, S=8, D=128, N=96, *, device="cpu", form="batch", param_dtype=torc
         extra["modulate_index"] = torch.randint(0, 2, (B, S), generator=g).to(torch.int32)
     lin = torch.nn.Linear(D, N)
     with torch.no_grad():
-        lin.weight.copy_(rnd(N, D, std=D**-0.5))
+        lin.weight.copy_(rnd(N, D, std=D ** -0.5))
         lin.bias.copy_(rnd(N, std=0.1))
     fc1 = q.NVFP4Linear.from_linear(lin.bfloat16(), 8.0)
     kw = {k: v.to(device) for k, v in kw.items()}
@@ -65,27 +65,14 @@ def direct(kw, extra, fc1, *, eps=1e-6, weight=None, norm_bias=None, fast_math=N
     gate, scale, shift = kw["gate"], kw["scale"], kw["shift"]
     if gate.dim() == 3:
         gate, scale, shift = gate.squeeze(1), scale.squeeze(1), shift.squeeze(1)
-    return q.resnorm_quant(
-        kw["residual"],
-        kw["x"],
-        extra.get("bias"),
-        gate,
-        scale,
-        shift,
-        fc1.input_global_scale,
-        eps,
-        fast_math,
-        weight=weight,
-        norm_bias=norm_bias,
-        modulate_index=extra.get("modulate_index"),
-        nvfp4_4over6=nvfp4_4over6,
-    )
+    return q.resnorm_quant(kw["residual"], kw["x"], extra.get("bias"), gate, scale, shift, fc1.input_global_scale,
+                           eps, fast_math, weight=weight, norm_bias=norm_bias,
+                           modulate_index=extra.get("modulate_index"), nvfp4_4over6=nvfp4_4over6)
 
 
 def call(kw, extra, fc1, **more):
-    return q.try_fused_resnorm_quant(
-        kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"], fc1, **extra, **more
-    )
+    return q.try_fused_resnorm_quant(kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"], fc1,
+                                     **extra, **more)
 
 
 def assert_same(out, ref):
@@ -244,7 +231,6 @@ def _mutated_block(mutate_kw=None, mutate_extra=None, fc1_fn=None, **block_kw):
 
 def _case(name):
     """(reason, callable returning the fused path's result) for a named decline case."""
-
     def run(mutate_kw=None, mutate_extra=None, fc1_fn=None, **more):
         kw, extra, fc1 = _mutated_block(mutate_kw, mutate_extra, fc1_fn)
         more.setdefault("allow_cpu", True)
@@ -255,10 +241,8 @@ def _case(name):
         "cpu_tensors": (R.CPU_TENSORS, lambda: run(allow_cpu=False)),
         "meta_device": (R.UNSUPPORTED_DEVICE, lambda: run(lambda k: {n: t.to("meta") for n, t in k.items()})),
         "gate_on_meta": (R.DEVICE_MISMATCH, lambda: run(lambda k: dict(k, gate=k["gate"].to("meta")))),
-        "bias_on_meta": (
-            R.DEVICE_MISMATCH,
-            lambda: run(mutate_extra=lambda e: dict(bias=torch.zeros(D, device="meta"))),
-        ),
+        "bias_on_meta": (R.DEVICE_MISMATCH,
+                         lambda: run(mutate_extra=lambda e: dict(bias=torch.zeros(D, device="meta")))),
         "norm_weight_on_meta": (R.DEVICE_MISMATCH, lambda: run(norm=dict(weight=torch.ones(D, device="meta")))),
         "fc1_scale_on_meta": (R.DEVICE_MISMATCH, lambda: run(fc1_fn=lambda f: f.to("meta"))),
         "x_fp16": (R.UNSUPPORTED_DTYPE, lambda: run(lambda k: dict(k, x=k["x"].half()))),
@@ -266,77 +250,38 @@ def _case(name):
         "x_not_tensor": (R.UNSUPPORTED_DTYPE, lambda: run(lambda k: dict(k, x=k["x"].tolist()))),
         "gate_fp16": (R.UNSUPPORTED_DTYPE, lambda: run(lambda k: dict(k, gate=k["gate"].half()))),
         "shift_fp64": (R.UNSUPPORTED_DTYPE, lambda: run(lambda k: dict(k, shift=k["shift"].double()))),
-        "bias_int": (
-            R.UNSUPPORTED_DTYPE,
-            lambda: run(mutate_extra=lambda e: dict(bias=torch.zeros(D, dtype=torch.int32))),
-        ),
-        "index_float": (
-            R.UNSUPPORTED_DTYPE,
-            lambda: run(
-                lambda k: {n: torch.cat([t, t]) if n in ("gate", "scale", "shift") else t for n, t in k.items()},
-                lambda e: dict(modulate_index=torch.zeros(2, 8)),
-            ),
-        ),
+        "bias_int": (R.UNSUPPORTED_DTYPE,
+                     lambda: run(mutate_extra=lambda e: dict(bias=torch.zeros(D, dtype=torch.int32)))),
+        "index_float": (R.UNSUPPORTED_DTYPE, lambda: run(
+            lambda k: {n: torch.cat([t, t]) if n in ("gate", "scale", "shift") else t for n, t in k.items()},
+            lambda e: dict(modulate_index=torch.zeros(2, 8)))),
         "norm_weight_fp16": (R.UNSUPPORTED_DTYPE, lambda: run(norm=dict(weight=torch.ones(D, dtype=torch.float16)))),
-        "shape_mismatch": (
-            R.UNSUPPORTED_SHAPE,
-            lambda: run(lambda k: dict(k, residual=k["residual"][:, :4].contiguous())),
-        ),
-        "zero_rows": (
-            R.UNSUPPORTED_SHAPE,
-            lambda: run(lambda k: dict(k, x=k["x"][:, :0], residual=k["residual"][:, :0])),
-        ),
-        "scalar_x": (
-            R.UNSUPPORTED_SHAPE,
-            lambda: run(lambda k: dict(k, x=k["x"][0, 0, 0], residual=k["residual"][0, 0, 0])),
-        ),
+        "shape_mismatch": (R.UNSUPPORTED_SHAPE,
+                           lambda: run(lambda k: dict(k, residual=k["residual"][:, :4].contiguous()))),
+        "zero_rows": (R.UNSUPPORTED_SHAPE,
+                      lambda: run(lambda k: dict(k, x=k["x"][:, :0], residual=k["residual"][:, :0]))),
+        "scalar_x": (R.UNSUPPORTED_SHAPE,
+                     lambda: run(lambda k: dict(k, x=k["x"][0, 0, 0], residual=k["residual"][0, 0, 0]))),
         "bias_wrong_shape": (R.UNSUPPORTED_SHAPE, lambda: run(mutate_extra=lambda e: dict(bias=torch.zeros(64)))),
-        "width_96": (
-            R.UNSUPPORTED_WIDTH,
-            lambda: run(
-                lambda k: dict(k, x=k["x"][..., :96].contiguous(), residual=k["residual"][..., :96].contiguous())
-            ),
-        ),
-        "width_too_large": (
-            R.UNSUPPORTED_WIDTH,
-            lambda: q.try_fused_resnorm_quant(
-                torch.zeros(1, 16448, dtype=torch.bfloat16),
-                torch.zeros(1, 16448, dtype=torch.bfloat16),
-                torch.zeros(16448),
-                torch.zeros(16448),
-                torch.zeros(16448),
-                q.NVFP4Linear(64, 32),
-                allow_cpu=True,
-            ),
-        ),
-        "x_transposed": (
-            R.NON_CONTIGUOUS,
-            lambda: run(lambda k: dict(k, x=k["x"].transpose(0, 1).contiguous().transpose(0, 1))),
-        ),
-        "residual_strided": (
-            R.NON_CONTIGUOUS,
-            lambda: run(lambda k: dict(k, residual=torch.cat([k["residual"]] * 2, -1)[..., :128])),
-        ),
-        "per_token_rows_mismatch": (
-            R.UNSUPPORTED_MODULATION,
-            lambda: run(
-                lambda k: dict(k, gate=torch.zeros(2, 4, D), scale=torch.zeros(2, 4, D), shift=torch.zeros(2, 4, D))
-            ),
-        ),
+        "width_96": (R.UNSUPPORTED_WIDTH, lambda: run(lambda k: dict(k, x=k["x"][..., :96].contiguous(),
+                                                                     residual=k["residual"][..., :96].contiguous()))),
+        "width_too_large": (R.UNSUPPORTED_WIDTH, lambda: q.try_fused_resnorm_quant(
+            torch.zeros(1, 16448, dtype=torch.bfloat16), torch.zeros(1, 16448, dtype=torch.bfloat16),
+            torch.zeros(16448), torch.zeros(16448), torch.zeros(16448), q.NVFP4Linear(64, 32), allow_cpu=True)),
+        "x_transposed": (R.NON_CONTIGUOUS,
+                         lambda: run(lambda k: dict(k, x=k["x"].transpose(0, 1).contiguous().transpose(0, 1)))),
+        "residual_strided": (R.NON_CONTIGUOUS,
+                             lambda: run(lambda k: dict(k, residual=torch.cat([k["residual"]] * 2, -1)[..., :128]))),
+        "per_token_rows_mismatch": (R.UNSUPPORTED_MODULATION, lambda: run(lambda k: dict(
+            k, gate=torch.zeros(2, 4, D), scale=torch.zeros(2, 4, D), shift=torch.zeros(2, 4, D)))),
         "gate_scale_shapes_differ": (R.UNSUPPORTED_MODULATION, lambda: run(lambda k: dict(k, gate=k["gate"][0]))),
-        "gate_wrong_width": (
-            R.UNSUPPORTED_MODULATION,
-            lambda: run(lambda k: dict(k, gate=k["gate"][:, :64], scale=k["scale"][:, :64], shift=k["shift"][:, :64])),
-        ),
-        "rows_not_split": (
-            R.UNSUPPORTED_MODULATION,
-            lambda: run(lambda k: dict(k, gate=torch.zeros(3, D), scale=torch.zeros(3, D), shift=torch.zeros(3, D))),
-        ),
+        "gate_wrong_width": (R.UNSUPPORTED_MODULATION, lambda: run(lambda k: dict(
+            k, gate=k["gate"][:, :64], scale=k["scale"][:, :64], shift=k["shift"][:, :64]))),
+        "rows_not_split": (R.UNSUPPORTED_MODULATION, lambda: run(lambda k: dict(
+            k, gate=torch.zeros(3, D), scale=torch.zeros(3, D), shift=torch.zeros(3, D)))),
         "gate_none": (R.UNSUPPORTED_MODULATION, lambda: run(lambda k: dict(k, gate=None))),
-        "index_without_2B": (
-            R.UNSUPPORTED_MODULATION,
-            lambda: run(mutate_extra=lambda e: dict(modulate_index=torch.zeros(2, 8, dtype=torch.int32))),
-        ),
+        "index_without_2B": (R.UNSUPPORTED_MODULATION, lambda: run(
+            mutate_extra=lambda e: dict(modulate_index=torch.zeros(2, 8, dtype=torch.int32)))),
         "rmsnorm_module": (R.UNSUPPORTED_NORM, lambda: run(norm=torch.nn.RMSNorm(D))),
         "identity_module": (R.UNSUPPORTED_NORM, lambda: run(norm=torch.nn.Identity())),
         "rmsnorm_dict": (R.UNSUPPORTED_NORM, lambda: run(norm=dict(type="rmsnorm", eps=1e-6))),
@@ -348,85 +293,29 @@ def _case(name):
         "fc1_nn_linear": (R.FC1_NOT_NVFP4, lambda: run(fc1_fn=lambda f: torch.nn.Linear(D, 32))),
         "fc1_none": (R.FC1_NOT_NVFP4, lambda: run(fc1_fn=lambda f: None)),
         "fc1_no_scale": (R.FC1_NOT_NVFP4, lambda: run(fc1_fn=lambda f: _NotNVFP4())),
-        "fc1_scale_fp16": (
-            R.FC1_NOT_NVFP4,
-            lambda: run(
-                fc1_fn=lambda f: types.SimpleNamespace(
-                    in_features=D, input_global_scale=torch.ones(1, dtype=torch.float16)
-                )
-            ),
-        ),
+        "fc1_scale_fp16": (R.FC1_NOT_NVFP4, lambda: run(fc1_fn=lambda f: types.SimpleNamespace(
+            in_features=D, input_global_scale=torch.ones(1, dtype=torch.float16)))),
         "fc1_width": (R.FC1_WIDTH_MISMATCH, lambda: run(fc1_fn=lambda f: q.NVFP4Linear(2 * D, 32))),
-        "fake_cuda_no_library": (
-            R.NO_KERNEL_FOR_DEVICE,
-            lambda: q.try_fused_resnorm_quant(
-                *(lambda x, p: (x, x, p, p, p))(*_fake_cuda_block()), q.NVFP4Linear(128, 32)
-            ),
-        ),
+        "fake_cuda_no_library": (R.NO_KERNEL_FOR_DEVICE, lambda: q.try_fused_resnorm_quant(
+            *(lambda x, p: (x, x, p, p, p))(*_fake_cuda_block()), q.NVFP4Linear(128, 32))),
     }
     return cases[name]
 
 
-CASES = [
-    "cpu_tensors",
-    "meta_device",
-    "gate_on_meta",
-    "bias_on_meta",
-    "norm_weight_on_meta",
-    "fc1_scale_on_meta",
-    "x_fp16",
-    "residual_fp32",
-    "x_not_tensor",
-    "gate_fp16",
-    "shift_fp64",
-    "bias_int",
-    "index_float",
-    "norm_weight_fp16",
-    "shape_mismatch",
-    "zero_rows",
-    "scalar_x",
-    "bias_wrong_shape",
-    "width_96",
-    "width_too_large",
-    "x_transposed",
-    "residual_strided",
-    "per_token_rows_mismatch",
-    "gate_scale_shapes_differ",
-    "gate_wrong_width",
-    "rows_not_split",
-    "gate_none",
-    "index_without_2B",
-    "rmsnorm_module",
-    "identity_module",
-    "rmsnorm_dict",
-    "rmsnorm_namespace",
-    "layernorm_wrong_shape",
-    "norm_weight_wrong_shape",
-    "eps_nan",
-    "eps_negative",
-    "fc1_nn_linear",
-    "fc1_none",
-    "fc1_no_scale",
-    "fc1_scale_fp16",
-    "fc1_width",
-    "fake_cuda_no_library",
-]
+CASES = ["cpu_tensors", "meta_device", "gate_on_meta", "bias_on_meta", "norm_weight_on_meta", "fc1_scale_on_meta",
+         "x_fp16", "residual_fp32", "x_not_tensor", "gate_fp16", "shift_fp64", "bias_int", "index_float",
+         "norm_weight_fp16", "shape_mismatch", "zero_rows", "scalar_x", "bias_wrong_shape", "width_96",
+         "width_too_large", "x_transposed", "residual_strided", "per_token_rows_mismatch", "gate_scale_shapes_differ",
+         "gate_wrong_width", "rows_not_split", "gate_none", "index_without_2B", "rmsnorm_module",
+         "identity_module", "rmsnorm_dict", "rmsnorm_namespace", "layernorm_wrong_shape",
+         "norm_weight_wrong_shape", "eps_nan", "eps_negative", "fc1_nn_linear", "fc1_none", "fc1_no_scale",
+         "fc1_scale_fp16", "fc1_width", "fake_cuda_no_library"]
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.skipif(
-                CUDA_OK, reason="the library is loaded here: fake CUDA tensors pass the kernel check"
-            ),
-        )
-        if n == "fake_cuda_no_library"
-        else n
-        for n in CASES
-    ],
-)
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.skipif(
+        CUDA_OK, reason="the library is loaded here: fake CUDA tensors pass the kernel check"))
+    if n == "fake_cuda_no_library" else n for n in CASES])
 def test_decline(name):
     reason, run = _case(name)
     assert run() is None
@@ -459,13 +348,8 @@ def test_env_switches(monkeypatch):
     assert q.last_decline_reason() is R.UNSUPPORTED_RECIPE
     assert "median" in q.last_decline_detail()
     with pytest.raises(ValueError, match="err_mode"):  # a malformed argument is the caller's bug: raised
-        call(
-            kw,
-            extra,
-            bare,
-            allow_cpu=True,
-            nvfp4_4over6=types.SimpleNamespace(e4m3_max=448, err_mode="median", err_use_fast_math=False),
-        )
+        call(kw, extra, bare, allow_cpu=True, nvfp4_4over6=types.SimpleNamespace(
+            e4m3_max=448, err_mode="median", err_use_fast_math=False))
     monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "0")
     assert call(kw, extra, fc1, allow_cpu=True) is not None
     # the switches come first: even an unservable call reports them
@@ -484,18 +368,9 @@ def test_every_reason_is_covered_and_described(monkeypatch):
     assert covered == set(R)
     for r in R:
         assert r.description and str(r) == r.value
-    assert {r.value for r in R} >= {
-        "disabled_by_env",
-        "unsupported_recipe",
-        "no_kernel_for_device",
-        "cpu_tensors",
-        "unsupported_dtype",
-        "unsupported_width",
-        "non_contiguous",
-        "unsupported_norm",
-        "fc1_not_nvfp4",
-        "fc1_width_mismatch",
-    }
+    assert {r.value for r in R} >= {"disabled_by_env", "unsupported_recipe", "no_kernel_for_device", "cpu_tensors",
+                                     "unsupported_dtype", "unsupported_width", "non_contiguous",
+                                     "unsupported_norm", "fc1_not_nvfp4", "fc1_width_mismatch"}
 
 
 def test_no_kernel_for_old_gpu(monkeypatch):
@@ -518,9 +393,8 @@ def test_no_kernel_for_old_gpu(monkeypatch):
         device.forget()
 
 
-@pytest.mark.parametrize(
-    "error", [RuntimeError("CUDA driver initialization failed"), AssertionError("Torch not compiled with CUDA enabled")]
-)
+@pytest.mark.parametrize("error", [RuntimeError("CUDA driver initialization failed"),
+                                   AssertionError("Torch not compiled with CUDA enabled")])
 def test_broken_cuda_means_no_kernel(monkeypatch, error):
     """torch.cuda's errors for a broken CUDA setup answer "no capability, no kernel" (and are cached)."""
     monkeypatch.setattr(device._library, "cuda_available", lambda: True)
@@ -603,7 +477,6 @@ def _block_fn(fc1, norm, **more):
             return None
         (packed, scales), residual_out, _ = out
         return packed, scales, residual_out, fc1((packed, scales), out_shape=x.shape[:-1])
-
     return f
 
 
@@ -629,9 +502,8 @@ def test_compile_fullgraph_cpu():
     assert q.last_decline_reason() is None
     assert compiled(*args) is not None
     # the serve_ form returns the Decline itself, compiled too
-    serve = torch.compile(
-        lambda *a: q.serve_fused_resnorm_quant(*a, fc1, norm=ln, allow_cpu=True), fullgraph=True, backend="aot_eager"
-    )
+    serve = torch.compile(lambda *a: q.serve_fused_resnorm_quant(*a, fc1, norm=ln, allow_cpu=True),
+                          fullgraph=True, backend="aot_eager")
     declined = serve(kw["residual"], kw["x"].half(), kw["gate"], kw["scale"], kw["shift"])
     assert isinstance(declined, q.Decline) and declined.reason is R.UNSUPPORTED_DTYPE, declined
     assert not isinstance(serve(*args), q.Decline)
@@ -640,7 +512,6 @@ def test_compile_fullgraph_cpu():
 
 def test_last_decline_reason_is_per_thread():
     import threading
-
     kw, extra, fc1 = block()
     args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"], fc1)
     assert q.try_fused_resnorm_quant(*args) is None  # CPU tensors without allow_cpu
@@ -663,7 +534,6 @@ def test_last_decline_reason_is_per_asyncio_task():
     """Each asyncio task keeps its own last decline (a contextvars record): one task's decline is not another's,
     and a task's calls do not change the caller's."""
     import asyncio
-
     kw, extra, fc1 = block()
     args = (kw["residual"], kw["x"], kw["gate"], kw["scale"], kw["shift"], fc1)
     assert q.try_fused_resnorm_quant(*args, allow_cpu=True) is not None
@@ -707,19 +577,8 @@ def _mutable(value) -> bool:
     import threading
     import weakref
 
-    containers = (
-        dict,
-        list,
-        set,
-        bytearray,
-        collections.deque,
-        weakref.WeakSet,
-        weakref.WeakValueDictionary,
-        weakref.WeakKeyDictionary,
-        threading.local,
-        type(threading.Lock()),
-        type(threading.RLock()),
-    )
+    containers = (dict, list, set, bytearray, collections.deque, weakref.WeakSet, weakref.WeakValueDictionary,
+                  weakref.WeakKeyDictionary, threading.local, type(threading.Lock()), type(threading.RLock()))
     if isinstance(value, containers):
         return True
     if isinstance(value, (tuple, frozenset)):
@@ -742,12 +601,8 @@ def test_fused_path_modules_keep_no_module_level_mutable_state():
             if _mutable(value):
                 found.append(f"{module.__name__}.{name}: {type(value).__name__}")
     assert not found, found
-    handles = [
-        (m.__name__, n)
-        for m in _fused_path_modules()
-        for n, v in vars(m).items()
-        if isinstance(v, contextvars.ContextVar)
-    ]
+    handles = [(m.__name__, n) for m in _fused_path_modules() for n, v in vars(m).items()
+               if isinstance(v, contextvars.ContextVar)]
     assert handles == [("qwen_resnorm_fp4._fused_common", "_DECLINE_LOG")], handles
 
 
@@ -759,10 +614,8 @@ def test_the_state_scan_finds_module_state():
     assert _mutable(set()) and _mutable({}) and _mutable([]) and _mutable(threading.local())
     assert _mutable(threading.Lock()) and _mutable(weakref.WeakSet()) and _mutable((1, {}))
     from qwen_resnorm_fp4.integrations._state import StreamStats
-
     assert _mutable(StreamStats()) and not _mutable(q.Decline(R.CPU_TENSORS, "x"))
     assert not _mutable((1, "a", frozenset({2}))) and not _mutable(types.MappingProxyType({}))
-
 
 def test_compile_reads_env_at_trace_time(monkeypatch):
     torch._dynamo.reset()
@@ -780,6 +633,7 @@ def test_compile_reads_env_at_trace_time(monkeypatch):
 # --------------------------------------------------------------------------------------------------
 # GPU: the kernel under the fused path, torch.compile and CUDA-graph capture
 # --------------------------------------------------------------------------------------------------
+
 
 
 @pytest.mark.gpu
@@ -836,11 +690,9 @@ def _cuda_cases():
 
     def mk(form="batch", param_dtype=torch.float32, bias=False, kw_fn=None, extra_fn=None, fc1_fn=None, **more):
         def build():
-            kw, extra, fc1 = _mutated_block(
-                kw_fn, extra_fn, fc1_fn, device="cuda", form=form, param_dtype=param_dtype, bias=bias
-            )
+            kw, extra, fc1 = _mutated_block(kw_fn, extra_fn, fc1_fn, device="cuda", form=form,
+                                            param_dtype=param_dtype, bias=bias)
             return kw, extra, fc1, {k: (v() if callable(v) else v) for k, v in more.items()}
-
         return build
 
     def ln(affine=True, shape=(D,), device="cuda", eps=1e-5):
@@ -851,7 +703,6 @@ def _cuda_cases():
                     m.weight.normal_(1.0, 0.1)
                     m.bias.normal_(0.0, 0.1)
             return m.bfloat16().to(device)
-
         return make
 
     def misaligned(t):
@@ -891,33 +742,21 @@ def _cuda_cases():
         "bias_on_cpu": mk(extra_fn=lambda e: dict(bias=torch.zeros(D))),
         "zero_rows": mk(kw_fn=lambda k: dict(k, x=k["x"][:, :0], residual=k["residual"][:, :0])),
         "residual_shape": mk(kw_fn=lambda k: dict(k, residual=k["residual"][:, :4].contiguous())),
-        "width_96": mk(
-            kw_fn=lambda k: dict(k, x=k["x"][..., :96].contiguous(), residual=k["residual"][..., :96].contiguous()),
-            fc1_fn=cuda_fc1(96),
-        ),
+        "width_96": mk(kw_fn=lambda k: dict(k, x=k["x"][..., :96].contiguous(),
+                                            residual=k["residual"][..., :96].contiguous()),
+                       fc1_fn=cuda_fc1(96)),
         "x_transposed": mk(kw_fn=lambda k: dict(k, x=k["x"].transpose(0, 1).contiguous().transpose(0, 1))),
         "residual_strided": mk(kw_fn=lambda k: dict(k, residual=torch.cat([k["residual"]] * 2, -1)[..., :D])),
-        "per_token_rows_mismatch": mk(
-            kw_fn=lambda k: dict(
-                k,
-                gate=torch.zeros(2, 4, D, device="cuda"),
-                scale=torch.zeros(2, 4, D, device="cuda"),
-                shift=torch.zeros(2, 4, D, device="cuda"),
-            )
-        ),
+        "per_token_rows_mismatch": mk(kw_fn=lambda k: dict(k, gate=torch.zeros(2, 4, D, device="cuda"),
+                                                           scale=torch.zeros(2, 4, D, device="cuda"),
+                                                           shift=torch.zeros(2, 4, D, device="cuda"))),
         "batch1_gate_only": mk(form="batch1", kw_fn=lambda k: dict(k, scale=k["scale"].squeeze(1))),
         "gate_scale_shapes_differ": mk(kw_fn=lambda k: dict(k, gate=k["gate"][0])),
-        "rows_not_split": mk(
-            kw_fn=lambda k: dict(
-                k,
-                gate=torch.zeros(3, D, device="cuda"),
-                scale=torch.zeros(3, D, device="cuda"),
-                shift=torch.zeros(3, D, device="cuda"),
-            )
-        ),
-        "index_without_2B": mk(
-            extra_fn=lambda e: dict(modulate_index=torch.zeros(2, 8, dtype=torch.int32, device="cuda"))
-        ),
+        "rows_not_split": mk(kw_fn=lambda k: dict(k, gate=torch.zeros(3, D, device="cuda"),
+                                                  scale=torch.zeros(3, D, device="cuda"),
+                                                  shift=torch.zeros(3, D, device="cuda"))),
+        "index_without_2B": mk(extra_fn=lambda e: dict(modulate_index=torch.zeros(2, 8, dtype=torch.int32,
+                                                                                  device="cuda"))),
         "index_float": mk(form="indexed", extra_fn=lambda e: dict(modulate_index=e["modulate_index"].float())),
         "index_on_cpu": mk(form="indexed", extra_fn=lambda e: dict(modulate_index=e["modulate_index"].cpu())),
         "eps_nan": mk(eps=float("nan")),
@@ -925,9 +764,8 @@ def _cuda_cases():
         "eps_bool": mk(eps=True),
         "norm_eps_negative": mk(norm=ln(eps=-1.0)),
         "fc1_width": mk(fc1_fn=lambda f: q.NVFP4Linear(2 * D, 32).cuda()),
-        "fc1_in_features_bool": mk(
-            fc1_fn=lambda f: types.SimpleNamespace(in_features=True, input_global_scale=torch.ones(1, device="cuda"))
-        ),
+        "fc1_in_features_bool": mk(fc1_fn=lambda f: types.SimpleNamespace(
+            in_features=True, input_global_scale=torch.ones(1, device="cuda"))),
         "fc1_scale_fp16": mk(fc1_fn=cuda_fc1(scale=lambda: torch.ones(1, dtype=torch.float16, device="cuda"))),
         "fc1_scale_two_elements": mk(fc1_fn=cuda_fc1(scale=lambda: torch.ones(2, device="cuda"))),
         "fc1_scale_on_cpu": mk(fc1_fn=cuda_fc1(scale=lambda: torch.ones(1))),
@@ -938,41 +776,20 @@ def _cuda_cases():
 
 # What each CUDA case must give: "served", the decline reason, or the exception type.
 _CUDA_OUTCOMES = {
-    "layernorm_weight_on_cpu": R.DEVICE_MISMATCH,
-    "layernorm_wrong_shape": R.UNSUPPORTED_NORM,
-    "layernorm_fp16": R.UNSUPPORTED_DTYPE,
-    "x_fp16": R.UNSUPPORTED_DTYPE,
-    "residual_fp32": R.UNSUPPORTED_DTYPE,
-    "gate_fp16": R.UNSUPPORTED_DTYPE,
-    "shift_fp64": R.UNSUPPORTED_DTYPE,
-    "gate_on_cpu": R.DEVICE_MISMATCH,
-    "gate_none": R.UNSUPPORTED_MODULATION,
-    "bias_int": R.UNSUPPORTED_DTYPE,
-    "bias_wrong_shape": R.UNSUPPORTED_SHAPE,
-    "bias_on_cpu": R.DEVICE_MISMATCH,
-    "zero_rows": R.UNSUPPORTED_SHAPE,
-    "residual_shape": R.UNSUPPORTED_SHAPE,
-    "width_96": R.UNSUPPORTED_WIDTH,
-    "x_transposed": R.NON_CONTIGUOUS,
-    "residual_strided": R.NON_CONTIGUOUS,
-    "per_token_rows_mismatch": R.UNSUPPORTED_MODULATION,
-    "batch1_gate_only": R.UNSUPPORTED_MODULATION,
-    "gate_scale_shapes_differ": R.UNSUPPORTED_MODULATION,
-    "rows_not_split": R.UNSUPPORTED_MODULATION,
-    "index_without_2B": R.UNSUPPORTED_MODULATION,
-    "index_float": R.UNSUPPORTED_DTYPE,
-    "index_on_cpu": R.DEVICE_MISMATCH,
-    "eps_nan": R.UNSUPPORTED_NORM,
-    "eps_negative": R.UNSUPPORTED_NORM,
-    "eps_bool": R.UNSUPPORTED_NORM,
-    "norm_eps_negative": R.UNSUPPORTED_NORM,
-    "fc1_width": R.FC1_WIDTH_MISMATCH,
-    "fc1_in_features_bool": R.FC1_NOT_NVFP4,
-    "fc1_scale_fp16": R.FC1_NOT_NVFP4,
-    "fc1_scale_two_elements": R.FC1_NOT_NVFP4,
-    "fc1_scale_on_cpu": R.DEVICE_MISMATCH,
-    "fc1_nn_linear": R.FC1_NOT_NVFP4,
-    "fast_math_str": TypeError,
+    "layernorm_weight_on_cpu": R.DEVICE_MISMATCH, "layernorm_wrong_shape": R.UNSUPPORTED_NORM,
+    "layernorm_fp16": R.UNSUPPORTED_DTYPE, "x_fp16": R.UNSUPPORTED_DTYPE, "residual_fp32": R.UNSUPPORTED_DTYPE,
+    "gate_fp16": R.UNSUPPORTED_DTYPE, "shift_fp64": R.UNSUPPORTED_DTYPE, "gate_on_cpu": R.DEVICE_MISMATCH,
+    "gate_none": R.UNSUPPORTED_MODULATION, "bias_int": R.UNSUPPORTED_DTYPE, "bias_wrong_shape": R.UNSUPPORTED_SHAPE,
+    "bias_on_cpu": R.DEVICE_MISMATCH, "zero_rows": R.UNSUPPORTED_SHAPE, "residual_shape": R.UNSUPPORTED_SHAPE,
+    "width_96": R.UNSUPPORTED_WIDTH, "x_transposed": R.NON_CONTIGUOUS, "residual_strided": R.NON_CONTIGUOUS,
+    "per_token_rows_mismatch": R.UNSUPPORTED_MODULATION, "batch1_gate_only": R.UNSUPPORTED_MODULATION,
+    "gate_scale_shapes_differ": R.UNSUPPORTED_MODULATION, "rows_not_split": R.UNSUPPORTED_MODULATION,
+    "index_without_2B": R.UNSUPPORTED_MODULATION, "index_float": R.UNSUPPORTED_DTYPE,
+    "index_on_cpu": R.DEVICE_MISMATCH, "eps_nan": R.UNSUPPORTED_NORM, "eps_negative": R.UNSUPPORTED_NORM,
+    "eps_bool": R.UNSUPPORTED_NORM, "norm_eps_negative": R.UNSUPPORTED_NORM, "fc1_width": R.FC1_WIDTH_MISMATCH,
+    "fc1_in_features_bool": R.FC1_NOT_NVFP4, "fc1_scale_fp16": R.FC1_NOT_NVFP4,
+    "fc1_scale_two_elements": R.FC1_NOT_NVFP4, "fc1_scale_on_cpu": R.DEVICE_MISMATCH,
+    "fc1_nn_linear": R.FC1_NOT_NVFP4, "fast_math_str": TypeError,
 }
 
 

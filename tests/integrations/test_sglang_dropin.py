@@ -2,7 +2,8 @@
 value, what it serves (bytes equal to the unfused chain) and what it declines (with the reason kept).
 
 CPU tests run the reference (``allow_cpu=True``). GPU tests (marked gpu): real widths 3072 and 5120 (1536 and 4096
-in the exhaustive sweep, tests/conftest.py) at batch 2, eager, ``torch.compile(fullgraph=True)`` and CUDA-graph capture, each byte-equal to resnorm + quantize.
+in the exhaustive sweep, tests/helpers/tiers.py) at batch 2, eager, ``torch.compile(fullgraph=True)`` and
+CUDA-graph capture, each byte-equal to resnorm + quantize.
 """
 
 from __future__ import annotations
@@ -20,19 +21,8 @@ from qwen_resnorm_fp4.integrations.sglang import try_fused_scale_residual_norm_s
 
 #: SGLang's parameter names, in order, read from sglang 0.5.23 (the PyPI wheel),
 #: sglang/kernels/kda_kernels/norm_scale_shift_jit.py, try_fused_scale_residual_norm_scale_shift_nvfp4.
-SGLANG_PARAMETERS = (
-    "residual",
-    "x",
-    "input_bias",
-    "gate",
-    "weight",
-    "bias",
-    "scale",
-    "shift",
-    "global_scale",
-    "norm_type",
-    "eps",
-)
+SGLANG_PARAMETERS = ("residual", "x", "input_bias", "gate", "weight", "bias", "scale", "shift", "global_scale",
+                     "norm_type", "eps")
 
 
 def test_signature_matches_recorded_sglang():
@@ -54,21 +44,12 @@ def test_signature_matches_installed_sglang():
 
 def sglang_inputs(B: int, S: int, D: int, *, device: str = "cpu", affine: bool = False, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s, std=1.0: torch.randn(*s, generator=g) * std  # noqa: E731
+    r = lambda *s, std=1.0: (torch.randn(*s, generator=g) * std)  # noqa: E731
     bf = torch.bfloat16
-    out = dict(
-        residual=r(B, S, D, std=2.0).to(bf),
-        x=r(B, S, D).to(bf),
-        input_bias=r(D, std=0.1).to(bf),
-        gate=r(B, 1, D, std=0.5).to(bf),
-        weight=None,
-        bias=None,
-        scale=r(B, 1, D, std=0.2).to(bf),
-        shift=r(B, 1, D, std=0.2).to(bf),
-        global_scale=torch.tensor([448.0 * 6.0 / 8.0]),
-        norm_type="layer",
-        eps=1e-6,
-    )
+    out = dict(residual=r(B, S, D, std=2.0).to(bf), x=r(B, S, D).to(bf), input_bias=r(D, std=0.1).to(bf),
+               gate=r(B, 1, D, std=0.5).to(bf), weight=None, bias=None, scale=r(B, 1, D, std=0.2).to(bf),
+               shift=r(B, 1, D, std=0.2).to(bf), global_scale=torch.tensor([448.0 * 6.0 / 8.0]),
+               norm_type="layer", eps=1e-6)
     if affine:  # SGLang's FP32LayerNorm keeps float32 parameters
         out["weight"], out["bias"] = 1 + r(D, std=0.1), r(D, std=0.1)
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
@@ -78,17 +59,8 @@ def unfused(inp, gate=None):
     """resnorm + the standalone quantizer: SGLang's unfused chain under the library's numerics contract."""
     g = inp["gate"] if gate is None else gate
     sq = lambda t: t.squeeze(1) if t.dim() == 3 else t  # noqa: E731
-    y, residual_out = q.resnorm(
-        inp["residual"],
-        inp["x"],
-        inp["input_bias"],
-        sq(g),
-        sq(inp["scale"]),
-        sq(inp["shift"]),
-        inp["eps"],
-        weight=inp["weight"],
-        norm_bias=inp["bias"],
-    )
+    y, residual_out = q.resnorm(inp["residual"], inp["x"], inp["input_bias"], sq(g), sq(inp["scale"]),
+                                sq(inp["shift"]), inp["eps"], weight=inp["weight"], norm_bias=inp["bias"])
     return q.nvfp4_quantize(y, inp["global_scale"]), residual_out
 
 
@@ -133,11 +105,8 @@ def test_declines_with_reason_cpu():
         (dict(norm_type="rms"), dict(allow_cpu=True), "unsupported_norm"),
         (dict(gate=2), dict(allow_cpu=True), "unsupported_modulation"),
         (dict(scale=torch.zeros(2, 5, 64, dtype=torch.bfloat16)), dict(allow_cpu=True), "unsupported_modulation"),
-        (
-            dict(x=inp["x"][..., :48].contiguous(), residual=inp["residual"][..., :48].contiguous()),
-            dict(allow_cpu=True),
-            "unsupported_width",
-        ),
+        (dict(x=inp["x"][..., :48].contiguous(), residual=inp["residual"][..., :48].contiguous()),
+         dict(allow_cpu=True), "unsupported_width"),
     ]
     for change, kw, reason in cases:
         assert dropin(**{**inp, **change}, **kw) is None, change
@@ -159,16 +128,8 @@ def _indexed_inputs(B: int, S: int, D: int, boundary: int, rows_shape: str, seed
 
 def unfused_indexed(inp, index):
     sq = lambda t: t.squeeze(1) if t.dim() == 3 else t  # noqa: E731
-    y, residual_out = q.resnorm(
-        inp["residual"],
-        inp["x"],
-        inp["input_bias"],
-        sq(inp["gate"]),
-        sq(inp["scale"]),
-        sq(inp["shift"]),
-        inp["eps"],
-        modulate_index=index,
-    )
+    y, residual_out = q.resnorm(inp["residual"], inp["x"], inp["input_bias"], sq(inp["gate"]), sq(inp["scale"]),
+                                sq(inp["shift"]), inp["eps"], modulate_index=index)
     return q.nvfp4_quantize(y, inp["global_scale"]), residual_out
 
 
@@ -179,10 +140,8 @@ def test_modulate_index_cpu(B, rows_shape):
     inp, index = _indexed_inputs(B, 24, 128, 16, rows_shape, seed=B)
     assert_same(dropin(*inp.values(), allow_cpu=True, modulate_index=index), unfused_indexed(inp, index))
     ones = torch.ones(2 * B, 128, dtype=torch.bfloat16)
-    assert_same(
-        dropin(**{**inp, "gate": 1}, allow_cpu=True, modulate_index=index),
-        unfused_indexed({**inp, "gate": ones}, index),
-    )
+    assert_same(dropin(**{**inp, "gate": 1}, allow_cpu=True, modulate_index=index),
+                unfused_indexed({**inp, "gate": ones}, index))
 
 
 @pytest.mark.parametrize("form", ["indexed", "per_token", "per_batch"])

@@ -47,24 +47,14 @@ def test_signature_matches_installed_sglang():
     assert leading_parameters(fn) == SGLANG_PARAMETERS
 
 
-def sglang_inputs(
-    B: int, S: int, D: int, *, device: str = "cpu", affine: bool = False, seed: int = 0, input_scale: float = 0.03125
-):
+def sglang_inputs(B: int, S: int, D: int, *, device: str = "cpu", affine: bool = False, seed: int = 0,
+                  input_scale: float = 0.03125):
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s, std=1.0: torch.randn(*s, generator=g) * std  # noqa: E731
+    r = lambda *s, std=1.0: (torch.randn(*s, generator=g) * std)  # noqa: E731
     bf = torch.bfloat16
-    out = dict(
-        residual=r(B, S, D, std=2.0).to(bf),
-        x=r(B, S, D).to(bf),
-        gate=r(B, 1, D, std=0.5).to(bf),
-        weight=None,
-        bias=None,
-        scale=r(B, 1, D, std=0.2).to(bf),
-        shift=r(B, 1, D, std=0.2).to(bf),
-        input_scale=torch.tensor(input_scale, dtype=torch.float32),
-        norm_type="layer",
-        eps=1e-6,
-    )
+    out = dict(residual=r(B, S, D, std=2.0).to(bf), x=r(B, S, D).to(bf), gate=r(B, 1, D, std=0.5).to(bf),
+               weight=None, bias=None, scale=r(B, 1, D, std=0.2).to(bf), shift=r(B, 1, D, std=0.2).to(bf),
+               input_scale=torch.tensor(input_scale, dtype=torch.float32), norm_type="layer", eps=1e-6)
     if affine:  # SGLang's FP32LayerNorm keeps float32 parameters
         out["weight"], out["bias"] = 1 + r(D, std=0.1), r(D, std=0.1)
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
@@ -75,18 +65,8 @@ def unfused(inp, gate=None, modulate_index=None):
     library's numerics contract."""
     g = inp["gate"] if gate is None else gate
     sq = lambda t: t.squeeze(1) if t.dim() == 3 and t.shape[1] == 1 else t  # noqa: E731
-    y, residual_out = q.resnorm(
-        inp["residual"],
-        inp["x"],
-        None,
-        sq(g),
-        sq(inp["scale"]),
-        sq(inp["shift"]),
-        inp["eps"],
-        weight=inp["weight"],
-        norm_bias=inp["bias"],
-        modulate_index=modulate_index,
-    )
+    y, residual_out = q.resnorm(inp["residual"], inp["x"], None, sq(g), sq(inp["scale"]), sq(inp["shift"]),
+                                inp["eps"], weight=inp["weight"], norm_bias=inp["bias"], modulate_index=modulate_index)
     return y, q.fp8_quantize(y, inp["input_scale"].reshape(1)), residual_out
 
 
@@ -119,15 +99,11 @@ def test_gate_one_per_token_and_modulate_index_cpu():
     assert_same(dropin(**{**inp, "gate": 1}, allow_cpu=True), unfused(inp, gate=ones))
     assert_same(dropin(**{**inp, "gate": None}, allow_cpu=True), unfused(inp, gate=ones))
     g = torch.Generator().manual_seed(9)
-    per_token = {
-        **inp,
-        **{k: (torch.randn(2, 5, 64, generator=g) * 0.3).to(torch.bfloat16) for k in ("gate", "scale", "shift")},
-    }
+    per_token = {**inp, **{k: (torch.randn(2, 5, 64, generator=g) * 0.3).to(torch.bfloat16)
+                           for k in ("gate", "scale", "shift")}}
     assert_same(dropin(**per_token, allow_cpu=True), unfused(per_token))
-    indexed = {
-        **inp,
-        **{k: (torch.randn(4, 64, generator=g) * 0.3).to(torch.bfloat16) for k in ("gate", "scale", "shift")},
-    }
+    indexed = {**inp, **{k: (torch.randn(4, 64, generator=g) * 0.3).to(torch.bfloat16)
+                         for k in ("gate", "scale", "shift")}}
     index = torch.tensor([[0, 1, 1, 0, 1], [1, 0, 0, 0, 1]], dtype=torch.int32)
     assert_same(dropin(**indexed, modulate_index=index, allow_cpu=True), unfused(indexed, modulate_index=index))
 
@@ -160,11 +136,8 @@ def test_declines_with_reason_cpu():
 @pytest.mark.gpu
 # Each case compiles (inductor): by default every width of the three below and both need_normalized values, not
 # every pair; 1536, 4096 and the other pairs in the exhaustive sweep.
-@sweep(
-    "D,need_normalized",
-    [(d, n) for n in (True, False) for d in (1536, 3072, 4096, 5120, 3088)],
-    [(3072, True), (3072, False), (5120, True), (3088, False)],
-)
+@sweep("D,need_normalized", [(d, n) for n in (True, False) for d in (1536, 3072, 4096, 5120, 3088)],
+       [(3072, True), (3072, False), (5120, True), (3088, False)])
 def test_gpu_eager_compile_and_graph(D, need_normalized):
     inp = sglang_inputs(2, 77, D, device="cuda", affine=D == 5120, seed=D, input_scale=0.4263392984867096)
     expected = unfused(inp)

@@ -15,15 +15,8 @@ import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import info
 from qwen_resnorm_fp4.layout import round_up
 from helpers.tiers import sweep
-from helpers.reliability import (
-    as_bits,
-    block_inputs,
-    capture_graph,
-    extra_kwargs,
-    first_difference,
-    resnorm_args,
-    special_values_y,
-)
+from helpers.reliability import (as_bits, block_inputs, capture_graph, extra_kwargs, first_difference, resnorm_args,
+                                 special_values_y)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.blackwell_emulation]
 
@@ -35,7 +28,6 @@ def _restore_launch_options():
     yield
     q.set_launch_options(*before)
 
-
 DIMS = (64, 1536, 2048, 3072, 4096, 5120, 8192, 16384)
 ROWS = (1, 17, 127, 128, 129, 255, 2048, 4113)
 # The default run's subset (the rest: the exhaustive sweep, which scripts/gpu_check.sh's emulation stage runs):
@@ -43,6 +35,7 @@ ROWS = (1, 17, 127, 128, 129, 255, 2048, 4113)
 # scale tile, the many-rows threshold and an odd many-rows count.
 DEFAULT_DIMS = (64, 1536, 3072, 5120, 16384)
 DEFAULT_ROWS = (1, 129, 2048, 4113)
+
 
 
 def _sms() -> int:
@@ -83,17 +76,10 @@ def run_case(monkeypatch, rows: int, cols: int, fast: bool, seed: int, **opts):
     args, extra = resnorm_args(kw), extra_kwargs(kw)
     y, _ = q.resnorm(*args, 1e-6, **extra)
     G = _global_scale(y)
-    assert_paths_agree(
-        monkeypatch, lambda: q.resnorm_quant(*args, G, 1e-6, fast, **extra), rows, cols, f"resnorm_quant {what}"
-    )
-    assert_paths_agree(
-        monkeypatch,
-        lambda: q.nvfp4_quantize(y, G, fast),
-        rows,
-        cols,
-        f"nvfp4_quantize {what}",
-        names=("packed", "scales"),
-    )
+    assert_paths_agree(monkeypatch, lambda: q.resnorm_quant(*args, G, 1e-6, fast, **extra), rows, cols,
+                       f"resnorm_quant {what}")
+    assert_paths_agree(monkeypatch, lambda: q.nvfp4_quantize(y, G, fast), rows, cols, f"nvfp4_quantize {what}",
+                       names=("packed", "scales"))
 
 
 def _kernel_names(fn) -> list:
@@ -113,15 +99,10 @@ def test_switch_selects_the_kernels(monkeypatch):
     kw = block_inputs(256, 3072, device="cuda", seed=1)
     G = torch.tensor([100.0], device="cuda")
     y, _ = q.resnorm(*resnorm_args(kw))
-    calls = {
-        "resnorm_quant": lambda: q.resnorm_quant(*resnorm_args(kw), G),
-        "nvfp4_quantize": lambda: q.nvfp4_quantize(y, G),
-    }
-    for path, conversion in (
-        ("blackwell", "FlashInferNvfp4"),
-        ("auto", "FlashInferNvfp4"),
-        ("portable", "PortableNvfp4"),
-    ):
+    calls = {"resnorm_quant": lambda: q.resnorm_quant(*resnorm_args(kw), G),
+             "nvfp4_quantize": lambda: q.nvfp4_quantize(y, G)}
+    for path, conversion in (("blackwell", "FlashInferNvfp4"), ("auto", "FlashInferNvfp4"), ("portable",
+                                                                                             "PortableNvfp4")):
         q.set_launch_options(kernel_path=path)
         for op, fn in calls.items():
             names = _kernel_names(fn)
@@ -155,15 +136,11 @@ def test_split_kernel_boundary(monkeypatch, cols, fast, seed):
 @sweep("bias,affine", ((False, False), (True, False), (False, True), (True, True)), ((False, False), (True, True)))
 @pytest.mark.parametrize("param_dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
 @pytest.mark.parametrize("form", ("shared", "batch", "indexed"))
-@pytest.mark.parametrize(
-    "rows,cols",
-    ((4 * 13, 3072), (4 * 65, 5120), (4 * 513, 3072), (4 * 513, 5120)),
-    ids=("split3072", "one5120", "many3072", "many5120"),
-)
+@pytest.mark.parametrize("rows,cols", ((4 * 13, 3072), (4 * 65, 5120), (4 * 513, 3072), (4 * 513, 5120)),
+                         ids=("split3072", "one5120", "many3072", "many5120"))
 def test_modulation_forms_and_options(monkeypatch, rows, cols, form, param_dtype, bias, affine, fast, seed):
-    run_case(
-        monkeypatch, rows, cols, fast, seed, batches=4, form=form, param_dtype=param_dtype, bias=bias, affine=affine
-    )
+    run_case(monkeypatch, rows, cols, fast, seed, batches=4, form=form, param_dtype=param_dtype, bias=bias,
+             affine=affine)
 
 
 @pytest.mark.parametrize("index_dtype", (torch.int32, torch.int64, torch.bool))
@@ -180,14 +157,8 @@ def test_quantizer_special_values_and_global_scales(monkeypatch, gs, fast, seed)
     rows, cols = 1000, 1024
     y = special_values_y(rows, cols, seed)
     G = torch.tensor([gs], device="cuda")
-    assert_paths_agree(
-        monkeypatch,
-        lambda: q.nvfp4_quantize(y, G, fast),
-        rows,
-        cols,
-        f"nvfp4_quantize G={gs}",
-        names=("packed", "scales"),
-    )
+    assert_paths_agree(monkeypatch, lambda: q.nvfp4_quantize(y, G, fast), rows, cols, f"nvfp4_quantize G={gs}",
+                       names=("packed", "scales"))
 
 
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
@@ -199,13 +170,8 @@ def test_fused_special_values(monkeypatch, gs, fast, seed):
     kw["x"] = special_values_y(rows, cols, seed).reshape(kw["x"].shape)
     kw["residual"][:, 5] = float("nan")
     G = torch.tensor([gs], device="cuda")
-    assert_paths_agree(
-        monkeypatch,
-        lambda: q.resnorm_quant(*resnorm_args(kw), G, 1e-6, fast, **extra_kwargs(kw)),
-        rows,
-        cols,
-        f"resnorm_quant specials G={gs}",
-    )
+    assert_paths_agree(monkeypatch, lambda: q.resnorm_quant(*resnorm_args(kw), G, 1e-6, fast, **extra_kwargs(kw)),
+                       rows, cols, f"resnorm_quant specials G={gs}")
 
 
 def _fused(residual, x, gate, scale, shift, G):
@@ -214,28 +180,13 @@ def _fused(residual, x, gate, scale, shift, G):
 
 def test_cuda_graph_replay_through_the_blackwell_path(monkeypatch):
     kw = block_inputs(4608, 3072, device="cuda", seed=3, form="shared", bias=False)
-    static = [
-        kw["residual"].clone(),
-        kw["x"].clone(),
-        kw["gate"].clone(),
-        kw["scale"].clone(),
-        kw["shift"].clone(),
-        torch.tensor([100.0], device="cuda"),
-    ]
+    static = [kw["residual"].clone(), kw["x"].clone(), kw["gate"].clone(), kw["scale"].clone(), kw["shift"].clone(),
+              torch.tensor([100.0], device="cuda")]
     q.set_launch_options(kernel_path="blackwell")
     graph, captured = capture_graph(_fused, *static)
     fresh = block_inputs(4608, 3072, device="cuda", seed=4, form="shared", bias=False)
-    for dst, src in zip(
-        static,
-        (
-            fresh["residual"],
-            fresh["x"],
-            fresh["gate"],
-            fresh["scale"],
-            fresh["shift"],
-            torch.tensor([50.0], device="cuda"),
-        ),
-    ):
+    for dst, src in zip(static, (fresh["residual"], fresh["x"], fresh["gate"], fresh["scale"], fresh["shift"],
+                                 torch.tensor([50.0], device="cuda"))):
         dst.copy_(src)
     q.set_launch_options(kernel_path="portable")  # the graph keeps the kernels it captured
     graph.replay()
@@ -267,26 +218,16 @@ FOUR_OVER_SIX_CODES = (1, 3, 5, 17, 21)
 @sweep("rows,cols", ((1, 64), (17, 3072), (129, 5120), (2048, 3072), (4113, 16384)), ((129, 5120), (4113, 16384)))
 def test_4over6_rows_and_widths(monkeypatch, rows, cols, code, fast, seed):
     config = q.recipe.nvfp4_4over6_from_code(code)
-    kw = block_inputs(rows, cols, device="cuda", generate_on_device=True, seed=seed, form="batch", batches=1, bias=True)
+    kw = block_inputs(rows, cols, device="cuda", generate_on_device=True, seed=seed, form="batch",
+                      batches=1, bias=True)
     args, extra = resnorm_args(kw), extra_kwargs(kw)
     y, _ = q.resnorm(*args, 1e-6, **extra)
     G = _global_scale(y)
     what = f"4over6 code={code} rows={rows} D={cols} fast={fast}"
-    assert_paths_agree(
-        monkeypatch,
-        lambda: q.resnorm_quant(*args, G, 1e-6, fast, nvfp4_4over6=config, **extra),
-        rows,
-        cols,
-        f"resnorm_quant {what}",
-    )
-    assert_paths_agree(
-        monkeypatch,
-        lambda: q.nvfp4_quantize(y, G, fast, nvfp4_4over6=config),
-        rows,
-        cols,
-        f"nvfp4_quantize {what}",
-        names=("packed", "scales"),
-    )
+    assert_paths_agree(monkeypatch, lambda: q.resnorm_quant(*args, G, 1e-6, fast, nvfp4_4over6=config, **extra),
+                       rows, cols, f"resnorm_quant {what}")
+    assert_paths_agree(monkeypatch, lambda: q.nvfp4_quantize(y, G, fast, nvfp4_4over6=config), rows, cols,
+                       f"nvfp4_quantize {what}", names=("packed", "scales"))
 
 
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
@@ -297,14 +238,8 @@ def test_4over6_special_values_and_global_scales(monkeypatch, gs, code, fast, se
     y = special_values_y(rows, cols, seed)
     G = torch.tensor([gs], device="cuda")
     config = q.recipe.nvfp4_4over6_from_code(code)
-    assert_paths_agree(
-        monkeypatch,
-        lambda: q.nvfp4_quantize(y, G, fast, nvfp4_4over6=config),
-        rows,
-        cols,
-        f"nvfp4_quantize 4over6 code={code} G={gs}",
-        names=("packed", "scales"),
-    )
+    assert_paths_agree(monkeypatch, lambda: q.nvfp4_quantize(y, G, fast, nvfp4_4over6=config), rows, cols,
+                       f"nvfp4_quantize 4over6 code={code} G={gs}", names=("packed", "scales"))
 
 
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
@@ -318,10 +253,5 @@ def test_per_token_chunk_views(monkeypatch, rows, cols, fast, seed):
     _, _, _, gate, scale, shift = temb.chunk(6, dim=-1)
     y, _ = q.resnorm(residual, x, None, gate, scale, shift)
     G = _global_scale(y)
-    assert_paths_agree(
-        monkeypatch,
-        lambda: q.resnorm_quant(residual, x, None, gate, scale, shift, G, 1e-6, fast),
-        rows,
-        cols,
-        f"per-token rows={rows} D={cols} fast={fast}",
-    )
+    assert_paths_agree(monkeypatch, lambda: q.resnorm_quant(residual, x, None, gate, scale, shift, G, 1e-6, fast),
+                       rows, cols, f"per-token rows={rows} D={cols} fast={fast}")

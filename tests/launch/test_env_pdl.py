@@ -19,9 +19,8 @@ from qwen_resnorm_fp4 import env, info
 ROOT = REPO_ROOT
 
 
-@pytest.mark.parametrize(
-    "value, expected", [(None, None), ("1", True), ("0", False), ("", None), ("true", None), ("00", None)]
-)
+@pytest.mark.parametrize("value, expected", [(None, None), ("1", True), ("0", False), ("", None), ("true", None),
+                                             ("00", None)])
 def test_pdl_rule(value, expected, monkeypatch):
     if value is None:
         monkeypatch.delenv(env.PDL_VAR, raising=False)
@@ -37,9 +36,8 @@ def _options_at_import(**variables) -> str:
     child_env.update({k: v for k, v in variables.items() if v is not None})
     child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), child_env.get("PYTHONPATH", "")])
     code = "import qwen_resnorm_fp4 as q; print(tuple(q.launch_options()))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=child_env, capture_output=True, text=True, timeout=HANG_GUARD_S
-    )
+    out = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True,
+                         timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -60,12 +58,8 @@ def test_set_launch_options_returns_the_previous_and_refuses_bad_values():
         assert q.set_launch_options(kernel_path="portable", pdl=False) == (before.kernel_path, True)
         assert q.launch_options() == q.LaunchOptions("portable", False)
         assert q.set_launch_options() == q.launch_options()  # None keeps both
-        for bad, error in (
-            (dict(kernel_path="hopper"), ValueError),
-            (dict(kernel_path=1), TypeError),
-            (dict(pdl=1), TypeError),
-            (dict(pdl="1"), TypeError),
-        ):
+        for bad, error in (dict(kernel_path="hopper"), ValueError), (dict(kernel_path=1), TypeError), \
+                          (dict(pdl=1), TypeError), (dict(pdl="1"), TypeError):
             with pytest.raises(error, match=next(iter(bad))):
                 q.set_launch_options(**bad)
         assert q.launch_options() == q.LaunchOptions("portable", False)

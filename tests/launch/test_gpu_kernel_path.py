@@ -26,10 +26,8 @@ def _calls():
     kw = block_inputs(129, 3072, device="cuda", seed=11)
     G = torch.tensor([100.0], device="cuda")
     y, _ = q.resnorm(*resnorm_args(kw))
-    return {
-        "resnorm_quant": lambda: q.resnorm_quant(*resnorm_args(kw), G),
-        "nvfp4_quantize": lambda: q.nvfp4_quantize(y, G),
-    }
+    return {"resnorm_quant": lambda: q.resnorm_quant(*resnorm_args(kw), G),
+            "nvfp4_quantize": lambda: q.nvfp4_quantize(y, G)}
 
 
 def test_unknown_value_is_refused(set_path):

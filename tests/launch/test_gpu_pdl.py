@@ -46,16 +46,10 @@ def make_inputs(rows: int, seed: int = 0) -> Dict[str, torch.Tensor]:
     def randn(*shape, std=1.0):
         return (torch.randn(*shape, device="cuda", generator=gen) * std).to(bf)
 
-    return {
-        "residual": randn(1, rows, D, std=2.0),
-        "x": randn(1, rows, D),
-        "gate": randn(1, D, std=0.5),
-        "scale": randn(1, D, std=0.1),
-        "shift": randn(1, D, std=0.1),
-        "a": randn(rows, D),
-        "weight": randn(D, D, std=D**-0.5),
-        "global_scale": torch.full((1,), 60.0, device="cuda", dtype=torch.float32),
-    }
+    return {"residual": randn(1, rows, D, std=2.0), "x": randn(1, rows, D), "gate": randn(1, D, std=0.5),
+            "scale": randn(1, D, std=0.1), "shift": randn(1, D, std=0.1),
+            "a": randn(rows, D), "weight": randn(D, D, std=D ** -0.5),
+            "global_scale": torch.full((1,), 60.0, device="cuda", dtype=torch.float32)}
 
 
 def chain(inp: Dict[str, torch.Tensor], synchronize: bool) -> Tuple[torch.Tensor, ...]:
@@ -121,9 +115,8 @@ def test_output_reusing_memory_the_predecessor_still_reads(rows, set_pdl):
             x_ptr, x_bytes = x_tmp.data_ptr(), x_tmp.numel() * x_tmp.element_size()
             del x_tmp  # back to the pool, reusable at once on this stream
             y_b, r_b = ops.resnorm(r_a, y_a, None, g, s, sh, EPS)
-        assert any(t.data_ptr() < x_ptr + x_bytes and x_ptr < t.data_ptr() + x_bytes for t in (y_b, r_b)), (
+        assert any(t.data_ptr() < x_ptr + x_bytes and x_ptr < t.data_ptr() + x_bytes for t in (y_b, r_b)), \
             "precondition: B's output reuses A's input block"
-        )
         torch.cuda.synchronize()
         assert_same_bytes((y_a, r_a, y_b, r_b), (y_a_ref, r_a_ref, y_b_ref, r_b_ref))
         del y_a, r_a, y_b, r_b
@@ -160,12 +153,8 @@ def test_graph_capture_with_pdl(rows, set_pdl):
 
 
 class _EdgeData(ctypes.Structure):  # CUgraphEdgeData
-    _fields_ = [
-        ("from_port", ctypes.c_ubyte),
-        ("to_port", ctypes.c_ubyte),
-        ("type", ctypes.c_ubyte),
-        ("reserved", ctypes.c_ubyte * 5),
-    ]
+    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+                ("reserved", ctypes.c_ubyte * 5)]
 
 
 _PROGRAMMATIC = 1  # CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
@@ -183,13 +172,11 @@ def _edge_types(graph: torch.cuda.CUDAGraph):
     frm, to = (ctypes.c_void_p * n.value)(), (ctypes.c_void_p * n.value)()
     data = (_EdgeData * n.value)()
     assert get_edges(handle, frm, to, data, ctypes.byref(n)) == 0
-    return [d.type for d in data[: n.value]]
+    return [d.type for d in data[:n.value]]
 
 
-@pytest.mark.skipif(
-    "keep_graph" not in str(inspect.signature(torch.cuda.CUDAGraph.__new__)),
-    reason="this torch has no CUDAGraph(keep_graph=True)",
-)
+@pytest.mark.skipif("keep_graph" not in str(inspect.signature(torch.cuda.CUDAGraph.__new__)),
+                    reason="this torch has no CUDAGraph(keep_graph=True)")
 @pytest.mark.parametrize("pdl", [True, False])
 def test_switch_reaches_the_launcher(pdl, set_pdl):
     """The PDL switch decides whether resnorm -> nvfp4_quantize is captured with a programmatic edge."""

@@ -21,9 +21,9 @@ TIES = [
     (0.75, 0x2),  # between 0.5 (1) and 1.0 (2) -> 2
     (1.25, 0x2),  # between 1.0 (2) and 1.5 (3) -> 2
     (1.75, 0x4),  # between 1.5 (3) and 2.0 (4) -> 4
-    (2.5, 0x4),  # between 2.0 (4) and 3.0 (5) -> 4
-    (3.5, 0x6),  # between 3.0 (5) and 4.0 (6) -> 6
-    (5.0, 0x6),  # between 4.0 (6) and 6.0 (7) -> 6
+    (2.5, 0x4),   # between 2.0 (4) and 3.0 (5) -> 4
+    (3.5, 0x6),   # between 3.0 (5) and 4.0 (6) -> 6
+    (5.0, 0x6),   # between 4.0 (6) and 6.0 (7) -> 6
 ]
 
 
@@ -76,13 +76,11 @@ def test_negative_zero_keeps_sign():
 
 def test_against_brute_force_random():
     g = torch.Generator().manual_seed(0)
-    v = torch.cat(
-        [
-            torch.randn(3000, generator=g) * 3,
-            (torch.rand(2000, generator=g) - 0.5) * 16,
-            torch.randn(500, generator=g) * 1e-3,
-        ]
-    ).float()
+    v = torch.cat([
+        torch.randn(3000, generator=g) * 3,
+        (torch.rand(2000, generator=g) - 0.5) * 16,
+        torch.randn(500, generator=g) * 1e-3,
+    ]).float()
     assert torch.equal(R.e2m1_code(v), e2m1_codes_oracle(v))
 
 

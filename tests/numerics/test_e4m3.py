@@ -20,7 +20,7 @@ def sat(values):
 
 def test_table_shape_and_known_values():
     assert len(TABLE) == 127 and np.all(np.diff(TABLE) > 0)
-    assert TABLE[0x7E] == 448.0 and TABLE[0x01] == 2.0**-9 and TABLE[0x08] == 2.0**-6 and TABLE[0x38] == 1.0
+    assert TABLE[0x7E] == 448.0 and TABLE[0x01] == 2.0 ** -9 and TABLE[0x08] == 2.0 ** -6 and TABLE[0x38] == 1.0
 
 
 def test_decode_matches_formula_all_bytes():
@@ -61,8 +61,8 @@ def test_saturation_and_specials():
     assert sat([-448.0, -464.0, -1e6, -INF]) == [0xFE] * 4
     assert sat([float("nan")]) == [0x7F]
     assert sat([0.0, -0.0]) == [0x00, 0x80]
-    assert sat([2.0**-10, 2.0**-11, -(2.0**-11)]) == [0x00, 0x00, 0x80]  # tie to 0 and underflow
-    assert sat([3 * 2.0**-10]) == [0x02]  # tie between 2^-9 (odd) and 2^-8 (even)
+    assert sat([2.0 ** -10, 2.0 ** -11, -2.0 ** -11]) == [0x00, 0x00, 0x80]  # tie to 0 and underflow
+    assert sat([3 * 2.0 ** -10]) == [0x02]  # tie between 2^-9 (odd) and 2^-8 (even)
 
 
 def test_random_against_brute_force():
@@ -93,7 +93,7 @@ HAND_SCALES = [
     # subnormal SF: 0.010009765625 / 6 = 0.0016683 = 0.854 * 2^-9 -> m = 1: 0x01
     (0.010009765625, 1.0, 0x01, 0x01),
     # underflow: 2^-12 / 6 = 4.07e-5 < 2^-10 (half the smallest subnormal) -> 0x00
-    (2.0**-12, 1.0, 0x00, 0x00),
+    (2.0 ** -12, 1.0, 0x00, 0x00),
     # saturation: 6 / 6 * 1000 = 1000 > 448 -> 0x7E
     (6.0, 1000.0, 0x7E, 0x7E),
     # the modes differ: fast 1.5 * 0.16666667 = 0.2500000075 -> fp32 0.25, * 100 = 25.0 exactly, the
@@ -130,14 +130,14 @@ def test_sf_zero_encode_scale_fast_vs_exact():
     # encode scale 0, so every code is zero (0x8 for a negative value: -x * 0 = -0.0); exact mode checks
     # amax != 0 and uses min(1 / (0 * 1), FLT_MAX) = FLT_MAX, so non-zero values saturate to +-6.
     y = torch.zeros(1, 64)
-    y[0, 0], y[0, 1], y[0, 2] = 2.0**-12, -(2.0**-12), 2.0**-14
+    y[0, 0], y[0, 1], y[0, 2] = 2.0 ** -12, -(2.0 ** -12), 2.0 ** -14
     y = y.to(torch.bfloat16)
     gs = torch.tensor([1.0])
     pf, sf_ = R.nvfp4_quantize(y, gs, True)
     pe, se = R.nvfp4_quantize(y, gs, False)
     assert sf_[0, 0].item() == 0 and se[0, 0].item() == 0
-    assert pf[0, :2].tolist() == [0x80, 0x00]  # codes 0, 8 | 0, 0
-    assert pe[0, :2].tolist() == [0xF7, 0x07]  # codes 7, F | 7, 0 (the zero stays 0)
+    assert pf[0, :2].tolist() == [0x80, 0x00]   # codes 0, 8 | 0, 0
+    assert pe[0, :2].tolist() == [0xF7, 0x07]   # codes 7, F | 7, 0 (the zero stays 0)
     assert pf[0, 2:].count_nonzero() == 0 and pe[0, 2:].count_nonzero() == 0
 
 
@@ -145,8 +145,8 @@ def test_nan_and_inf_blocks():
     # amax ignores NaN; an all-NaN block has amax NaN -> SF 0x7F and codes 0x7.
     y = torch.zeros(1, 64)
     y[0, 0:16] = float("nan")
-    y[0, 16], y[0, 17], y[0, 18] = float("nan"), 3.0, -1.5  # block 1: amax 3
-    y[0, 32], y[0, 33] = float("inf"), 1.0  # block 2: amax inf -> SF 448
+    y[0, 16], y[0, 17], y[0, 18] = float("nan"), 3.0, -1.5     # block 1: amax 3
+    y[0, 32], y[0, 33] = float("inf"), 1.0                     # block 2: amax inf -> SF 448
     y = y.to(torch.bfloat16)
     G = 2.0
     for fast in (True, False):
@@ -165,9 +165,8 @@ def test_nan_and_inf_blocks():
 def test_block_scales_match_oracle_random():
     g = torch.Generator().manual_seed(3)
     # blocks with amax spread over many binades so that subnormal, normal and saturated SFs all occur
-    y = torch.randn(8, 256, generator=g) * torch.exp2(
-        torch.randint(-14, 8, (8, 16, 1), generator=g).float()
-    ).repeat_interleave(16, 1).reshape(8, 256)
+    binade = torch.exp2(torch.randint(-14, 8, (8, 16, 1), generator=g).float())
+    y = torch.randn(8, 256, generator=g) * binade.repeat_interleave(16, 1).reshape(8, 256)
     y = y.to(torch.bfloat16)
     for G in (1.0, 100.0, 336.0):
         for fast in (True, False):
@@ -188,25 +187,12 @@ def _packed_codes(packed_row):
     return [c for b in packed_row.tolist() for c in (b & 0xF, b >> 4)]
 
 
-@pytest.mark.parametrize(
-    "fast,sf,o,codes,packed",
-    [
-        (
-            True,
-            0x5C,
-            4.166667,
-            [0x7, 0xE, 0x5, 0x2, 0x9, 0x5, 0x7, 0xC, 0x0, 0x3, 0xF, 0x6, 0x6, 0x9, 0x4, 0xA],
-            [0xE7, 0x25, 0x59, 0xC7, 0x30, 0x6F, 0x96, 0xA4],
-        ),
-        (
-            False,
-            0x5D,
-            3.846154,
-            [0x7, 0xE, 0x4, 0x2, 0x9, 0x5, 0x6, 0xC, 0x0, 0x3, 0xF, 0x5, 0x6, 0x8, 0x4, 0xA],
-            [0xE7, 0x24, 0x59, 0xC6, 0x30, 0x5F, 0x86, 0xA4],
-        ),
-    ],
-)
+@pytest.mark.parametrize("fast,sf,o,codes,packed", [
+    (True, 0x5C, 4.166667, [0x7, 0xE, 0x5, 0x2, 0x9, 0x5, 0x7, 0xC, 0x0, 0x3, 0xF, 0x6, 0x6, 0x9, 0x4, 0xA],
+     [0xE7, 0x25, 0x59, 0xC7, 0x30, 0x6F, 0x96, 0xA4]),
+    (False, 0x5D, 3.846154, [0x7, 0xE, 0x4, 0x2, 0x9, 0x5, 0x6, 0xC, 0x0, 0x3, 0xF, 0x5, 0x6, 0x8, 0x4, 0xA],
+     [0xE7, 0x24, 0x59, 0xC6, 0x30, 0x5F, 0x86, 0xA4]),
+])
 def test_docs_example_1(fast, sf, o, codes, packed):
     y = torch.zeros(1, 64)
     y[0, :16] = torch.tensor(DOC_BLOCK)
@@ -217,13 +203,12 @@ def test_docs_example_1(fast, sf, o, codes, packed):
     assert block_scale_oracle(1.5, 100.0, fast) == (sf, np.float32(o))
     # the codes are the nearest E2M1 values of v * o (the oracle from the printed o)
     from helpers.oracles import e2m1_code_oracle
-
     assert [e2m1_code_oracle(float(np.float32(v) * np.float32(o))) for v in DOC_BLOCK] == codes
 
 
 def test_docs_example_2():
     y = torch.zeros(1, 64)
-    y[0, :3] = torch.tensor([2.0**-12, -(2.0**-12), 2.0**-14])
+    y[0, :3] = torch.tensor([2.0 ** -12, -(2.0 ** -12), 2.0 ** -14])
     y = y.to(torch.bfloat16)
     pf, sf = R.nvfp4_quantize(y, torch.tensor([1.0]), True)
     pe, se = R.nvfp4_quantize(y, torch.tensor([1.0]), False)

@@ -38,11 +38,11 @@ def test_offset_on_python_ints_and_hand_values():
     D = 256  # K = 16 blocks, K4 = 4 tiles of 4 blocks a row tile: 2048 bytes per 128 rows
     assert sf_offset_128x4(0, 0, D) == 0
     assert sf_offset_128x4(0, 3, D) == 3
-    assert sf_offset_128x4(0, 4, D) == 512  # next k tile
-    assert sf_offset_128x4(1, 0, D) == 16  # m % 32 strides by 16
-    assert sf_offset_128x4(32, 0, D) == 4  # (m % 128) // 32 strides by 4
+    assert sf_offset_128x4(0, 4, D) == 512                   # next k tile
+    assert sf_offset_128x4(1, 0, D) == 16                    # m % 32 strides by 16
+    assert sf_offset_128x4(32, 0, D) == 4                    # (m % 128) // 32 strides by 4
     assert sf_offset_128x4(33, 5, D) == 512 + 16 + 4 + 1
-    assert sf_offset_128x4(128, 0, D) == 4 * 512  # next row tile
+    assert sf_offset_128x4(128, 0, D) == 4 * 512             # next row tile
     assert sf_offset_128x4(200, 13, D) == 2048 + 3 * 512 + (200 % 32) * 16 + ((200 % 128) // 32) * 4 + 1
 
 
@@ -68,7 +68,7 @@ def test_scales_are_placed_and_padding_is_zero(M, D, fast):
     # the logical scale of (m, k) is the SF of that block: amax * G / 6 within one E4M3 step
     sf = R.e4m3_to_float(real)
     amax = y.float().reshape(M, K, 16).abs().amax(-1)
-    assert torch.allclose(sf, amax * 10.0 / 6.0, rtol=2**-4)
+    assert torch.allclose(sf, amax * 10.0 / 6.0, rtol=2 ** -4)
 
 
 @pytest.mark.parametrize("M", [1, 127, 128, 129])
@@ -129,17 +129,9 @@ def test_dequantize_reads_the_layout():
     assert torch.equal(deq, y.float())
 
 
-@pytest.mark.parametrize(
-    "m,k,offset,row,col",
-    [
-        (0, 0, 0, 0, 0),
-        (1, 0, 16, 0, 16),
-        (32, 0, 4, 0, 4),
-        (0, 5, 513, 2, 129),
-        (37, 6, 598, 3, 22),
-        (200, 191, 48779, 254, 11),
-    ],
-)
+@pytest.mark.parametrize("m,k,offset,row,col", [
+    (0, 0, 0, 0, 0), (1, 0, 16, 0, 16), (32, 0, 4, 0, 4), (0, 5, 513, 2, 129), (37, 6, 598, 3, 22),
+    (200, 191, 48779, 254, 11)])
 def test_docs_example_3_offsets(m, k, offset, row, col):
     # docs/numerics.md, worked example 3: D = 3072, M = 200
     assert sf_offset_128x4(m, k, 3072) == offset

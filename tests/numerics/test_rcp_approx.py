@@ -23,8 +23,8 @@ def test_normal_range_is_exponent_independent():
     base = ((127 << 23) | m).view(torch.float32)
     r = rcp_approx_f32(base)
     for shift in (-126, -60, -1, 1, 60, 125):  # s * 2^shift stays in exponents 1..252
-        scaled = rcp_approx_f32(base * 2.0**shift)
-        assert torch.equal(_bits(scaled), _bits(r * 2.0**-shift))
+        scaled = rcp_approx_f32(base * 2.0 ** shift)
+        assert torch.equal(_bits(scaled), _bits(r * 2.0 ** -shift))
 
 
 def test_within_one_ulp_of_the_correctly_rounded_reciprocal():
@@ -35,12 +35,12 @@ def test_within_one_ulp_of_the_correctly_rounded_reciprocal():
 
 
 def test_ranges_beyond_the_table():
-    big = torch.tensor([2.0**126, 3.0e38, torch.finfo(torch.float32).max])
+    big = torch.tensor([2.0 ** 126, 3.0e38, torch.finfo(torch.float32).max])
     assert torch.equal(_bits(rcp_approx_f32(big)), _bits(0.25 * rcp_approx_f32(big * 0.25)))
-    tiny = torch.tensor([1e-45, 1e-40, 2.0**-127])
+    tiny = torch.tensor([1e-45, 1e-40, 2.0 ** -127])
     r = rcp_approx_f32(tiny)
     assert torch.isinf(r[:2]).all()
-    assert _bits(r[2:]).item() == _bits(4.0 * rcp_approx_f32(torch.tensor([2.0**-125]))).item()
+    assert _bits(r[2:]).item() == _bits(4.0 * rcp_approx_f32(torch.tensor([2.0 ** -125]))).item()
 
 
 def test_refuses_what_is_not_a_positive_finite_float32():

@@ -39,7 +39,7 @@ def same_float(x, y):
 
 def _random_f32(rng, emin, emax):
     e = rng.randint(emin, emax)
-    return to_f32(rng.choice((-1, 1)) * (1 + rng.getrandbits(23) / 2**23) * 2.0**e)
+    return to_f32(rng.choice((-1, 1)) * (1 + rng.getrandbits(23) / 2 ** 23) * 2.0 ** e)
 
 
 def test_fma_random_against_fraction_oracle():
@@ -85,9 +85,9 @@ def test_fma_double_rounding_through_fp64():
         k = rng.randint(1, 300)
         e = rng.randint(-30, 30)
         s = rng.choice((-1.0, 1.0))
-        c = s * (1 + (2 * rng.getrandbits(22) + 1) / 2**23) * 2.0**e  # odd mantissa
-        a = s * 2.0 ** (e - 24) * (1 + k * 2.0**-23)
-        b = 1 - k * 2.0**-23
+        c = s * (1 + (2 * rng.getrandbits(22) + 1) / 2 ** 23) * 2.0 ** e  # odd mantissa
+        a = s * 2.0 ** (e - 24) * (1 + k * 2.0 ** -23)
+        b = 1 - k * 2.0 ** -23
         assert to_f32(a) == a and to_f32(b) == b and to_f32(c) == c
         cases.append((a, b, c))
     for a, b, c in cases:
@@ -100,9 +100,9 @@ def test_fma_double_rounding_through_fp64():
 
 def test_fma_classic_example_and_subnormals():
     # (1 + 2^-12)^2 - 1 = 2^-11 + 2^-24: exact in fp32 with the fma, 2^-11 with two roundings
-    a = 1 + 2.0**-12
-    assert ref_fma([a], [a], [-1.0]) == [2.0**-11 + 2.0**-24]
-    assert float(np.float32(np.float32(a) * np.float32(a)) - np.float32(1)) == 2.0**-11
+    a = 1 + 2.0 ** -12
+    assert ref_fma([a], [a], [-1.0]) == [2.0 ** -11 + 2.0 ** -24]
+    assert float(np.float32(np.float32(a) * np.float32(a)) - np.float32(1)) == 2.0 ** -11
     # results in the fp32 subnormal range
     rng = random.Random(3)
     a, b, c = [], [], []
@@ -117,19 +117,12 @@ def test_fma_at_the_overflow_threshold():
     # a * b = 2^128 - 2^103 exactly (18631 * 1801 = 2^25 - 1): the midpoint between FLT_MAX and 2^128, which
     # rounds to inf. Adding -1 puts the exact sum just below it: the fma gives FLT_MAX, although the fp64
     # sum is the threshold itself. Both signs, and +1 (just above: inf).
-    a, b = 18631 * 2.0**90, 1801 * 2.0**13
-    assert a * b == 2.0**128 - 2.0**103 and to_f32(a) == a and to_f32(b) == b
+    a, b = 18631 * 2.0 ** 90, 1801 * 2.0 ** 13
+    assert a * b == 2.0 ** 128 - 2.0 ** 103 and to_f32(a) == a and to_f32(b) == b
     flt_max = float(np.finfo(np.float32).max)
-    cases = [
-        (a, b, -1.0, flt_max),
-        (-a, b, 1.0, -flt_max),
-        (a, b, 1.0, math.inf),
-        (-a, b, -1.0, -math.inf),
-        (a, b, 0.0, math.inf),
-        (a, b, -(2.0**103), flt_max),
-        (2.0**127, 2.0, 0.0, math.inf),
-        (2.0**127, 1.5, 0.0, 1.5 * 2.0**127),
-    ]
+    cases = [(a, b, -1.0, flt_max), (-a, b, 1.0, -flt_max), (a, b, 1.0, math.inf), (-a, b, -1.0, -math.inf),
+             (a, b, 0.0, math.inf), (a, b, -2.0 ** 103, flt_max), (2.0 ** 127, 2.0, 0.0, math.inf),
+             (2.0 ** 127, 1.5, 0.0, 1.5 * 2.0 ** 127)]
     for x, y, z, want in cases:
         assert fma_oracle(x, y, z) == want
         assert ref_fma([x], [y], [z]) == [want], (x, y, z)
@@ -159,7 +152,7 @@ def test_resnorm_against_float64_layernorm(B, S, D, form, dtype, bias, affine):
     # residual_out (steps 1-2) is exact
     assert torch.equal(r.double(), r_exact)
     # y: two bf16 roundings (n, then y), each at most 2^-8 relative, plus fp32 noise
-    tol = 2.0**-8 * (n64.abs() * (1 + scale64).abs() + y64.abs()) * 1.01 + 1e-4
+    tol = 2.0 ** -8 * (n64.abs() * (1 + scale64).abs() + y64.abs()) * 1.01 + 1e-4
     err = (y.double() - y64).abs()
     assert (err <= tol).all(), float((err - tol).max())
     # ... and the roundings sit where the contract puts them: redo steps 6-7 from the float64 normalized
@@ -175,7 +168,6 @@ def test_resnorm_against_float64_layernorm(B, S, D, form, dtype, bias, affine):
 
 def modulation_fp32(inp, name):
     from helpers.oracles import modulation_rows
-
     B, S, _ = inp["x"].shape
     return modulation_rows(inp[name], B, S, inp["modulate_index"]).float()
 
@@ -186,14 +178,13 @@ def test_resnorm_matches_torch_layer_norm_loosely():
     y, r = ops.resnorm(*op_args(inp, "resnorm"))
     n = torch.nn.functional.layer_norm(r.float(), (512,), inp["weight"], inp["norm_bias"], eps=inp["eps"])
     y_t = n * (1 + inp["scale"][:, None, :]) + inp["shift"][:, None, :]
-    assert torch.allclose(y.float(), y_t, rtol=2**-6, atol=2**-6)
+    assert torch.allclose(y.float(), y_t, rtol=2 ** -6, atol=2 ** -6)
 
 
 def _per_group(inp, gate, scale, shift, rows):
     """Reference outputs for x[rows] with [D] modulation rows (the explicit per-batch computation)."""
-    sub = dict(
-        inp, x=inp["x"][rows], residual=inp["residual"][rows], gate=gate, scale=scale, shift=shift, modulate_index=None
-    )
+    sub = dict(inp, x=inp["x"][rows], residual=inp["residual"][rows], gate=gate, scale=scale, shift=shift,
+               modulate_index=None)
     y, r = ops.resnorm(*op_args(sub, "resnorm"))
     p, s, r2 = ops.resnorm_quant(*op_args(sub, "resnorm_quant", fast_math=True))
     assert torch.equal(r, r2)
@@ -208,7 +199,7 @@ def test_modulation_forms_equal_per_batch_loop(form):
     inp = make_inputs(B, S, D, form, torch.bfloat16, seed=11, affine=(form == "batch"))
     y, r = ops.resnorm(*op_args(inp, "resnorm"))
     packed, scales, r2 = ops.resnorm_quant(*op_args(inp, "resnorm_quant", fast_math=True))
-    logical = scales.reshape(-1)[sf_offsets_by_permute(B * S, D)[: B * S]].reshape(B, S, D // 16)
+    logical = scales.reshape(-1)[sf_offsets_by_permute(B * S, D)[:B * S]].reshape(B, S, D // 16)
     packed = packed.reshape(B, S, D // 2)
     assert torch.equal(r, r2)
     for b in range(B):
@@ -222,10 +213,8 @@ def test_modulation_forms_equal_per_batch_loop(form):
             variants = {s: (inp["gate"][b, s], inp["scale"][b, s], inp["shift"][b, s]) for s in range(S)}
             pick = torch.arange(S)
         else:
-            variants = {
-                0: (inp["gate"][b], inp["scale"][b], inp["shift"][b]),
-                1: (inp["gate"][B + b], inp["scale"][B + b], inp["shift"][B + b]),
-            }
+            variants = {0: (inp["gate"][b], inp["scale"][b], inp["shift"][b]),
+                        1: (inp["gate"][B + b], inp["scale"][B + b], inp["shift"][B + b])}
             pick = (inp["modulate_index"][b] != 0).long()
             assert 0 < int(pick.sum()) < S  # both rows are used in this batch
         for v, (g, sc, sh) in variants.items():
@@ -246,12 +235,8 @@ def test_index_values_only_matter_by_nonzero():
         assert all(torch.equal(a, b) for a, b in zip(out, base))
     # and the index matters: an all-zero index gives the [B, D] result with the first B rows
     zero = ops.resnorm(*op_args(dict(inp, modulate_index=torch.zeros_like(mi)), "resnorm"))
-    first = ops.resnorm(
-        *op_args(
-            dict(inp, modulate_index=None, gate=inp["gate"][:2], scale=inp["scale"][:2], shift=inp["shift"][:2]),
-            "resnorm",
-        )
-    )
+    first = ops.resnorm(*op_args(dict(inp, modulate_index=None, gate=inp["gate"][:2], scale=inp["scale"][:2],
+                                      shift=inp["shift"][:2]), "resnorm"))
     assert all(torch.equal(a, b) for a, b in zip(zero, first))
     assert not torch.equal(zero[0], base[0])
 
@@ -272,7 +257,7 @@ def test_absent_bias_and_affine_equal_neutral_values():
     y64, n64, s64, r64 = layer_norm_f64(dict(inp2, weight=None))
     assert torch.equal(r2.double(), r64)
     assert not torch.equal(r2, base[1])
-    tol = 2.0**-8 * (n64.abs() * (1 + s64).abs() + y64.abs()) * 1.01 + 1e-4
+    tol = 2.0 ** -8 * (n64.abs() * (1 + s64).abs() + y64.abs()) * 1.01 + 1e-4
     assert ((y2.double() - y64).abs() <= tol).all()
 
 
@@ -282,7 +267,7 @@ def test_absent_bias_and_affine_equal_neutral_values():
 
 FUSED_CASES = [
     (2, 5, 128, "shared", torch.bfloat16, True, False),
-    (2, 70, 256, "batch", torch.bfloat16, True, True),  # 140 rows: two row tiles, padding
+    (2, 70, 256, "batch", torch.bfloat16, True, True),   # 140 rows: two row tiles, padding
     (3, 4, 192, "indexed_int32", torch.float32, False, True),
     (1, 3, 3072, "indexed_bool", torch.bfloat16, True, False),
 ]
@@ -341,7 +326,7 @@ def test_dequantize_error_bound(fast, G):
     bound = (h + (s - 6).clamp(min=0)) * sf_el / G * (1 + 1e-5) + 1e-30
     err = (deq - v).abs()
     assert (err <= bound).all(), float((err / bound).max())
-    normal = (sf_el >= 2.0**-6) & (sf_el < 448)
+    normal = (sf_el >= 2.0 ** -6) & (sf_el < 448)
     assert ((s - 6).clamp(min=0)[normal] <= 0.375 + 1e-5).all()
     # and the error is not trivially small: quantization really happened
     assert err.max() > 0
@@ -383,7 +368,7 @@ T1 = [1.5, -1.5, 0.0625, 0.125, 0.1875, 0.3125, 0.4375, 0.5, 0.625, 0.875, 1.125
 P1 = [0xF7, 0x10, 0x22, 0x44, 0x64, 0xE6, 0x56, 0x6B]
 T2 = [0.0] * 16  # SF 0, codes 0
 P2 = [0x00] * 8
-T3 = [2.0**-12, -(2.0**-12), 2.0**-13] + [0.0] * 13
+T3 = [2.0 ** -12, -(2.0 ** -12), 2.0 ** -13] + [0.0] * 13
 # amax 2^-12: SF = e4m3(2^-12) = 0 (below 2^-10, half the smallest subnormal) in both modes.
 # fast: o = 0 -> codes 0, 8 (-x * 0 = -0.0), 0, ...; exact: o = min(1/0, FLT_MAX) = FLT_MAX -> 7, F, 7, 0...
 P3_FAST = [0x80] + [0x00] * 7
@@ -407,9 +392,7 @@ def _hand_inputs():
         shift=shift.to(torch.bfloat16),
         global_scale=torch.tensor([6.0]),
         eps=1e-6,
-        weight=None,
-        norm_bias=None,
-        modulate_index=None,
+        weight=None, norm_bias=None, modulate_index=None,
     )
     assert torch.equal(inp["shift"].float(), shift)  # every shift is bf16-exact
     return inp, n, t

@@ -22,10 +22,8 @@ from qwen_resnorm_fp4.validation import nvfp4_4over6_code_problem
 from helpers.inputs import make_inputs
 from helpers.oracles import e4m3_byte_oracle, nvfp4_4over6_oracle
 
-CONFIGS = [
-    NVFP44Over6Config(e4m3_max=e, err_mode=m, err_use_fast_math=f)
-    for e, m, f in itertools.product((448, 256), ("MAE", "MSE"), (False, True))
-]
+CONFIGS = [NVFP44Over6Config(e4m3_max=e, err_mode=m, err_use_fast_math=f)
+           for e, m, f in itertools.product((448, 256), ("MAE", "MSE"), (False, True))]
 CODES = [nvfp4_4over6_code(c) for c in CONFIGS]
 
 
@@ -105,7 +103,7 @@ def test_fast_mode_has_no_zero_scale_guard(code):
     """A non-zero block whose candidate scales both round to E4M3 zero: fast mode's encode scale is rcp(0) =
     inf, so 0 * inf = NaN gives code 7 for its zero elements and 7 / 0xF for the others; exact mode's is
     FLT_MAX, so zeros stay 0. The errors tie (both scales 0): byte 0."""
-    G = 2.0**-100  # s6 = amax / 6 * G far below E4M3's smallest subnormal 2^-9; 1 / G still finite
+    G = 2.0 ** -100  # s6 = amax / 6 * G far below E4M3's smallest subnormal 2^-9; 1 / G still finite
     y = torch.zeros(1, 64)
     y[0, :16] = torch.tensor([1.0, -1.0, 0.0, 0.0] * 4)
     assert e4m3_byte_oracle(torch.tensor([1.0 / 6 * G * 1.5]))[0] == 0
@@ -134,30 +132,14 @@ def test_opcheck_with_a_recipe():
     g = torch.tensor([30.0])
     torch.library.opcheck(torch.ops.qwen_fp4.nvfp4_quantize.default, (y, g, True, 21))
     inp = make_inputs(1, 5, 64, seed=2)
-    torch.library.opcheck(
-        torch.ops.qwen_fp4.resnorm_quant.default,
-        (
-            inp["residual"],
-            inp["x"],
-            inp["bias"],
-            inp["gate"],
-            inp["scale"],
-            inp["shift"],
-            inp["global_scale"],
-            1e-6,
-            False,
-            None,
-            None,
-            None,
-            7,
-        ),
-    )
+    torch.library.opcheck(torch.ops.qwen_fp4.resnorm_quant.default,
+                          (inp["residual"], inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"],
+                           inp["global_scale"], 1e-6, False, None, None, None, 7))
 
 
 # --------------------------------------------------------------------------------------------------
 # The code
 # --------------------------------------------------------------------------------------------------
-
 
 def test_code_packing_round_trip():
     assert nvfp4_4over6_code(None) == 0 and nvfp4_4over6_from_code(0) is None
@@ -227,7 +209,6 @@ def test_refused_configs():
 # The argument and the environment
 # --------------------------------------------------------------------------------------------------
 
-
 def test_omitted_argument_reads_the_environment(monkeypatch):
     y = torch.randn(8, 256, generator=torch.Generator().manual_seed(4)).bfloat16()
     g = torch.tensor([100.0])
@@ -255,11 +236,8 @@ def test_omitted_argument_reads_the_environment(monkeypatch):
 def test_linear_global_scale_follows_e4m3_max():
     lin = torch.nn.Linear(128, 32).bfloat16()
     amax = 5.0
-    for config, numerator in (
-        (None, 448 * 6),
-        (NVFP44Over6Config(), 448 * 6),
-        (NVFP44Over6Config(e4m3_max=256, err_mode="MSE"), 256 * 6),
-    ):
+    for config, numerator in ((None, 448 * 6), (NVFP44Over6Config(), 448 * 6),
+                              (NVFP44Over6Config(e4m3_max=256, err_mode="MSE"), 256 * 6)):
         layer = q.NVFP4Linear.from_linear(lin, amax, nvfp4_4over6=config)
         assert layer.nvfp4_4over6 == config
         assert layer.nvfp4_4over6_code == nvfp4_4over6_code(config)

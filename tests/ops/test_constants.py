@@ -33,19 +33,9 @@ def test_the_maxima_are_the_formats_own():
     assert c.FP4_AMAX_SCALE == c.E4M3_MAX * c.E2M1_MAX
 
 
-@pytest.mark.parametrize(
-    "value,ok",
-    [
-        (1.0, True),
-        (c.FLT_MIN_NORMAL, True),
-        (c.FLT_MAX, True),
-        (c.FLT_MIN_NORMAL / 2, False),
-        (0.0, False),
-        (-1.0, False),
-        (float("inf"), False),
-        (float("nan"), False),
-    ],
-)
+@pytest.mark.parametrize("value,ok", [(1.0, True), (c.FLT_MIN_NORMAL, True), (c.FLT_MAX, True),
+                                      (c.FLT_MIN_NORMAL / 2, False), (0.0, False), (-1.0, False),
+                                      (float("inf"), False), (float("nan"), False)])
 def test_fp8_input_scale_rule_on_floats_and_tensors(value, ok):
     assert bool(c.is_fp8_input_scale(value)) is ok
     assert bool(c.is_fp8_input_scale(torch.tensor([value], dtype=torch.float32))) is ok
@@ -57,11 +47,8 @@ def _numeric_literals(path: Path):
             yield node.lineno, node.value
 
 
-@pytest.mark.parametrize(
-    "path",
-    sorted(p for p in PACKAGE.rglob("*.py") if p.name != "constants.py"),
-    ids=lambda p: str(p.relative_to(PACKAGE)),
-)
+@pytest.mark.parametrize("path", sorted(p for p in PACKAGE.rglob("*.py") if p.name != "constants.py"),
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_module_writes_the_maxima_as_literals(path):
     """448 (E4M3) and 448 * 6 are written only in constants.py (6 alone is too common a number to scan for:
     the C++ side and the reviews keep it)."""

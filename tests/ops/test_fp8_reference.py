@@ -56,25 +56,8 @@ def test_every_bf16_value_matches_the_oracle(s):
 def test_hand_computed_bytes():
     """inv = 1: ties to even (1.0625 -> 1.0, 1.1875 -> 1.25, 0.01171875 = 6 * 2^-9 -> 0x06 exactly,
     2^-10 (half the smallest subnormal) -> 0), saturation (456, 1e6, inf), NaN -> -448, signs, -0."""
-    y = torch.tensor(
-        [
-            1.0625,
-            1.1875,
-            0.01171875,
-            2.0**-10,
-            456.0,
-            1e6,
-            float("inf"),
-            -float("inf"),
-            float("nan"),
-            -1.0625,
-            -0.0,
-            0.0,
-            -(2.0**-10),
-            240.0,
-        ],
-        dtype=torch.bfloat16,
-    )
+    y = torch.tensor([1.0625, 1.1875, 0.01171875, 2.0 ** -10, 456.0, 1e6, float("inf"), -float("inf"),
+                      float("nan"), -1.0625, -0.0, 0.0, -2.0 ** -10, 240.0], dtype=torch.bfloat16)
     got = _bytes(reference.fp8_quantize(y, torch.tensor([1.0]), inverse=_ieee_inverse)).tolist()
     assert got == [0x38, 0x3A, 0x06, 0x00, 0x7E, 0x7E, 0x7E, 0xFE, 0xFE, 0xB8, 0x80, 0x00, 0x80, 0x77]
 
@@ -108,7 +91,7 @@ def test_inverse_is_the_div_full_model():
     s = torch.exp2(torch.empty(20000).uniform_(-126, 127, generator=g)) * (1 + torch.rand(20000, generator=g))
     s = s[torch.isfinite(s)]
     assert torch.equal(reference.fp8_inverse_scale(s).view(torch.int32), rcp_approx_f32(s).view(torch.int32))
-    big = torch.tensor([1.5 * 2.0**126, torch.finfo(torch.float32).max])
+    big = torch.tensor([1.5 * 2.0 ** 126, torch.finfo(torch.float32).max])
     assert torch.equal(reference.fp8_inverse_scale(big).view(torch.int32), rcp_approx_f32(big).view(torch.int32))
     refused = reference.fp8_inverse_scale(torch.tensor([0.0, -1.0, 1e-40, float("inf"), float("nan")]))
     assert bool(torch.isnan(refused).all())
@@ -126,35 +109,20 @@ def test_resnorm_quant_fp8_is_fp8_of_resnorm(form, D):
     inp = make_inputs(2, 5, D, form, affine=form == "batch", seed=D)
     s = torch.tensor([0.03125])
     kw = dict(weight=inp["weight"], norm_bias=inp["norm_bias"], modulate_index=inp["modulate_index"])
-    y, r = q.resnorm_quant_fp8(
-        inp["residual"], inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"], s, inp["eps"], **kw
-    )
-    y_bf16, r_ref = q.resnorm(
-        inp["residual"], inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"], inp["eps"], **kw
-    )
+    y, r = q.resnorm_quant_fp8(inp["residual"], inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"], s,
+                               inp["eps"], **kw)
+    y_bf16, r_ref = q.resnorm(inp["residual"], inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"],
+                              inp["eps"], **kw)
     assert y.dtype == torch.float8_e4m3fn and y.shape == inp["x"].shape and torch.equal(r, r_ref)
     assert torch.equal(_bytes(y), _bytes(q.fp8_quantize(y_bf16, s)))
-    assert np.array_equal(
-        _bytes(y).numpy().reshape(-1), fp8_oracle(y_bf16.reshape(-1), np.float32(reference.fp8_inverse_scale(s)[0]))
-    )
+    assert np.array_equal(_bytes(y).numpy().reshape(-1),
+                          fp8_oracle(y_bf16.reshape(-1), np.float32(reference.fp8_inverse_scale(s)[0])))
     # the out-variant, in place on the residual, with the bf16 y as well
     res = inp["residual"].clone()
     out_y = torch.empty_like(y)
     out_bf16 = torch.empty_like(y_bf16)
-    q.resnorm_quant_fp8_out(
-        res,
-        inp["x"],
-        inp["bias"],
-        inp["gate"],
-        inp["scale"],
-        inp["shift"],
-        s,
-        inp["eps"],
-        y=out_y,
-        residual_out=res,
-        y_bf16=out_bf16,
-        **kw,
-    )
+    q.resnorm_quant_fp8_out(res, inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"], s, inp["eps"],
+                            y=out_y, residual_out=res, y_bf16=out_bf16, **kw)
     assert torch.equal(_bytes(out_y), _bytes(y)) and torch.equal(res, r) and torch.equal(out_bf16, y_bf16)
 
 
@@ -191,9 +159,8 @@ def test_fp8_quantize_any_shape_and_out():
         y = torch.randn(shape).bfloat16() * 100
         got = q.fp8_quantize(y, s)
         assert got.shape == y.shape and got.dtype == torch.float8_e4m3fn
-        assert np.array_equal(
-            _bytes(got).numpy().reshape(-1), fp8_oracle(y.reshape(-1), np.float32(reference.fp8_inverse_scale(s)[0]))
-        )
+        assert np.array_equal(_bytes(got).numpy().reshape(-1),
+                              fp8_oracle(y.reshape(-1), np.float32(reference.fp8_inverse_scale(s)[0])))
     y = torch.randn(4, 32).bfloat16()
     strided = y.t()
     assert torch.equal(_bytes(q.fp8_quantize(strided, s)), _bytes(q.fp8_quantize(strided.contiguous(), s)))
@@ -236,18 +203,16 @@ def test_fake_shapes():
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         f = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in inp.items()}
         s = mode.from_tensor(torch.tensor([0.5]))
-        y, r = torch.ops.qwen_fp4.resnorm_quant_fp8(
-            f["residual"], f["x"], f["bias"], f["gate"], f["scale"], f["shift"], s, 1e-6
-        )
+        y, r = torch.ops.qwen_fp4.resnorm_quant_fp8(f["residual"], f["x"], f["bias"], f["gate"], f["scale"],
+                                                    f["shift"], s, 1e-6)
         assert y.shape == (2, 3, 48) and y.dtype == torch.float8_e4m3fn and r.dtype == torch.bfloat16
         assert torch.ops.qwen_fp4.fp8_quantize(f["x"], s).dtype == torch.float8_e4m3fn
         assert torch.ops.qwen_fp4.norm_modulate_quant_fp8(f["x"], f["scale"], f["shift"], s, 1e-6).shape == (2, 3, 48)
     inp = make_inputs(2, 3, 128)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         f = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in inp.items()}
-        packed, scales = torch.ops.qwen_fp4.norm_modulate_quant(
-            f["x"], f["scale"], f["shift"], f["global_scale"], 1e-6, True
-        )
+        packed, scales = torch.ops.qwen_fp4.norm_modulate_quant(f["x"], f["scale"], f["shift"], f["global_scale"],
+                                                               1e-6, True)
         assert packed.shape == (6, 64) and scales.shape == (128, 8)
 
 
@@ -278,32 +243,19 @@ def test_opcheck_cpu():
 
 def _good():
     inp = make_inputs(2, 3, 48)
-    return dict(
-        residual=inp["residual"],
-        x=inp["x"],
-        bias=inp["bias"],
-        gate=inp["gate"],
-        scale=inp["scale"],
-        shift=inp["shift"],
-        input_scale=torch.tensor([0.5]),
-    )
+    return dict(residual=inp["residual"], x=inp["x"], bias=inp["bias"], gate=inp["gate"], scale=inp["scale"],
+                shift=inp["shift"], input_scale=torch.tensor([0.5]))
 
 
-@pytest.mark.parametrize(
-    "overrides,exc,pattern",
-    [
-        (dict(x=torch.zeros(2, 3, 48)), TypeError, r"^x must be bfloat16"),
-        (
-            dict(x=torch.zeros(2, 3, 40, dtype=torch.bfloat16), residual=torch.zeros(2, 3, 40, dtype=torch.bfloat16)),
-            ValueError,
-            r"^x\.shape\[-1\] \(D\) must be a positive multiple of 16, got 40",
-        ),
-        (dict(input_scale=torch.tensor([0.5], dtype=torch.float64)), TypeError, r"^input_scale must be float32"),
-        (dict(input_scale=torch.tensor([0.5, 1.0])), ValueError, r"^input_scale must have exactly one element"),
-        (dict(input_scale=0.5), TypeError, r"^input_scale must be a torch.Tensor"),
-        (dict(gate=torch.zeros(3, 48, dtype=torch.bfloat16)), ValueError, r"gate"),
-    ],
-)
+@pytest.mark.parametrize("overrides,exc,pattern", [
+    (dict(x=torch.zeros(2, 3, 48)), TypeError, r"^x must be bfloat16"),
+    (dict(x=torch.zeros(2, 3, 40, dtype=torch.bfloat16), residual=torch.zeros(2, 3, 40, dtype=torch.bfloat16)),
+     ValueError, r"^x\.shape\[-1\] \(D\) must be a positive multiple of 16, got 40"),
+    (dict(input_scale=torch.tensor([0.5], dtype=torch.float64)), TypeError, r"^input_scale must be float32"),
+    (dict(input_scale=torch.tensor([0.5, 1.0])), ValueError, r"^input_scale must have exactly one element"),
+    (dict(input_scale=0.5), TypeError, r"^input_scale must be a torch.Tensor"),
+    (dict(gate=torch.zeros(3, 48, dtype=torch.bfloat16)), ValueError, r"gate"),
+])
 def test_resnorm_quant_fp8_argument_errors(overrides, exc, pattern):
     kw = dict(_good(), **overrides)
     with pytest.raises(exc, match=pattern):
@@ -345,9 +297,8 @@ def test_resnorm_accepts_every_multiple_of_16():
     for d in (16, 48, 80, 3088):
         inp = make_inputs(1, 3, d, seed=d)
         y, r = q.resnorm(inp["residual"], inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"])
-        y_ref, r_ref = reference.resnorm(
-            inp["residual"], inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"], 1e-6
-        )
+        y_ref, r_ref = reference.resnorm(inp["residual"], inp["x"], inp["bias"], inp["gate"], inp["scale"],
+                                         inp["shift"], 1e-6)
         assert torch.equal(y, y_ref) and torch.equal(r, r_ref)
     inp = make_inputs(1, 3, 48)
     with pytest.raises(ValueError, match="multiple of 64"):

@@ -21,18 +21,15 @@ from helpers.reliability import block_inputs, special_values_y
 
 pytestmark = pytest.mark.gpu
 
-CONFIGS = [
-    NVFP44Over6Config(e4m3_max=e, err_mode=m, err_use_fast_math=f)
-    for e, m, f in itertools.product((448, 256), ("MAE", "MSE"), (False, True))
-]
+CONFIGS = [NVFP44Over6Config(e4m3_max=e, err_mode=m, err_use_fast_math=f)
+           for e, m, f in itertools.product((448, 256), ("MAE", "MSE"), (False, True))]
 MODES = pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 EVERY_CONFIG = pytest.mark.parametrize("config", CONFIGS, ids=repr)
 # The shape matrix's default configurations: one of each e4m3_max, error mode and error form; every configuration
 # runs by default in test_general_parameters and test_special_values_and_extreme_global_scales.
-DEFAULT_CONFIGS = [
-    NVFP44Over6Config(e4m3_max=448, err_mode="MSE", err_use_fast_math=False),
-    NVFP44Over6Config(e4m3_max=256, err_mode="MAE", err_use_fast_math=True),
-]
+DEFAULT_CONFIGS = [NVFP44Over6Config(e4m3_max=448, err_mode="MSE", err_use_fast_math=False),
+                   NVFP44Over6Config(e4m3_max=256, err_mode="MAE", err_use_fast_math=True)]
+
 
 
 def _reference(y, G, fast, code):
@@ -69,24 +66,13 @@ def test_fused_and_quantize_match_reference(config, fast, cols, rows, seed):
 
 @EVERY_CONFIG
 @MODES
-@pytest.mark.parametrize(
-    "param_dtype,bias,affine,form", ((torch.float32, True, True, "batch"), (torch.bfloat16, False, False, "indexed"))
-)
+@pytest.mark.parametrize("param_dtype,bias,affine,form", ((torch.float32, True, True, "batch"),
+                                                           (torch.bfloat16, False, False, "indexed")))
 def test_general_parameters(config, fast, param_dtype, bias, affine, form, seed):
     """fp32 parameters, bias, an affine norm and modulate_index: the recipe's one row kernel per shape serves
     them all, with the bytes of resnorm + nvfp4_quantize."""
-    kw = block_inputs(
-        512,
-        3072,
-        batches=2,
-        form=form,
-        param_dtype=param_dtype,
-        bias=bias,
-        affine=affine,
-        device="cuda",
-        generate_on_device=True,
-        seed=seed,
-    )
+    kw = block_inputs(512, 3072, batches=2, form=form, param_dtype=param_dtype, bias=bias, affine=affine,
+                      device="cuda", generate_on_device=True, seed=seed)
     args = (kw["residual"], kw["x"], kw["bias"], kw["gate"], kw["scale"], kw["shift"])
     extra = dict(weight=kw["weight"], norm_bias=kw["norm_bias"], modulate_index=kw["modulate_index"])
     y, _ = q.resnorm(*args, 1e-6, **extra)
@@ -105,7 +91,7 @@ def test_special_values_and_extreme_global_scales(config, seed):
     y[4, :16] = 3.0  # equal values: the candidates tie
     code = nvfp4_4over6_code(config)
     for fast in (True, False):
-        for gs in (1.0, 448 * 6 / 3.0, 2.0**-100, 1e-20, 1e20, 3e38, -2.0, 0.0):
+        for gs in (1.0, 448 * 6 / 3.0, 2.0 ** -100, 1e-20, 1e20, 3e38, -2.0, 0.0):
             G = torch.tensor([gs], device="cuda")
             packed, scales = q.nvfp4_quantize(y, G, fast, nvfp4_4over6=config)
             p_ref, s_ref = _reference(y, G, fast, code)
@@ -144,16 +130,16 @@ def test_matches_flashinfer_fp4_quantize(config, fast, monkeypatch, seed):
     flashinfer = pytest.importorskip("flashinfer")
     if not fast:
         monkeypatch.setenv("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "1")
-    theirs = flashinfer.NVFP44Over6Config(
-        e4m3_max=config.e4m3_max, err_mode=config.err_mode, err_use_fast_math=config.err_use_fast_math
-    )
+    theirs = flashinfer.NVFP44Over6Config(e4m3_max=config.e4m3_max, err_mode=config.err_mode,
+                                         err_use_fast_math=config.err_use_fast_math)
     kw = block_inputs(4113, 3072, bias=False, device="cuda", generate_on_device=True, seed=seed)
     args = (kw["residual"], kw["x"], None, kw["gate"], kw["scale"], kw["shift"])
     y, _ = q.resnorm(*args)
     G = _global_scale(y, config)
     for ours in (config, theirs):  # FlashInfer's config object is taken as it is
         packed, scales, _ = q.resnorm_quant(*args, G, 1e-6, fast, nvfp4_4over6=ours)
-        fi_packed, fi_scales = flashinfer.fp4_quantize(y.reshape(-1, 3072), G, 16, False, True, nvfp4_4over6=theirs)
+        fi_packed, fi_scales = flashinfer.fp4_quantize(y.reshape(-1, 3072), G, 16, False, True,
+                                                       nvfp4_4over6=theirs)
         assert torch.equal(packed, fi_packed.view(torch.uint8).reshape(packed.shape))
         assert torch.equal(scales.reshape(-1), fi_scales.view(torch.uint8).reshape(-1)[: scales.numel()])
         p_q, s_q = q.nvfp4_quantize(y, G, fast, nvfp4_4over6=ours)

@@ -98,9 +98,8 @@ def test_cpu_inverse_scale_equals_the_gpu(group, seed):
     m = torch.arange(1 << 23, dtype=torch.int64)
     if group == "subnormal":
         subnormal = m[1:].to(torch.int32).view(torch.float32)
-        assert torch.equal(
-            rcp_approx_f32(subnormal).view(torch.int32), gpu_div_full_rcp(subnormal.cuda()).cpu().view(torch.int32)
-        )
+        assert torch.equal(rcp_approx_f32(subnormal).view(torch.int32),
+                           gpu_div_full_rcp(subnormal.cuda()).cpu().view(torch.int32))
         return
     if group == "listed_and_random":
         s = torch.tensor(SCALES + tuple(_random_scales(1 << 16, seed)), dtype=torch.float32)
@@ -140,41 +139,22 @@ def test_fused_equals_unfused(D, rows, seed):
     _check_fused(inp, s)
 
 
-MODULATION_CASES = (
-    "shared",
-    "batch",
-    "token",
-    "token_strided",
-    "indexed_int32",
-    "indexed_int64",
-    "indexed_bool",
-    "fp32_affine_bias",
-    "expand_shared",
-    "expand_batch",
-)
+MODULATION_CASES = ("shared", "batch", "token", "token_strided", "indexed_int32", "indexed_int64", "indexed_bool",
+                    "fp32_affine_bias", "expand_shared", "expand_batch")
 MODULATION_SHAPES = ((3072, 1100), (3088, 300), (48, 4113))
 # The CPU reference below costs seconds at 2 x 1100 x 3072: by default every case at the two smaller shapes and
 # four at the tuned width (the rest: the exhaustive sweep).
-MODULATION_DEFAULT = [(c, 3072, 1100) for c in ("shared", "token_strided", "indexed_int32", "fp32_affine_bias")] + [
-    (c, d, s) for d, s in MODULATION_SHAPES[1:] for c in MODULATION_CASES
-]
+MODULATION_DEFAULT = ([(c, 3072, 1100) for c in ("shared", "token_strided", "indexed_int32", "fp32_affine_bias")]
+                      + [(c, d, s) for d, s in MODULATION_SHAPES[1:] for c in MODULATION_CASES])
 
 
 @sweep("case,D,S", [(c, d, s) for d, s in MODULATION_SHAPES for c in MODULATION_CASES], MODULATION_DEFAULT)
 def test_modulation_forms(case, D, S, seed):
     form = {"token_strided": "token", "fp32_affine_bias": "batch"}.get(case, case)
     form = "shared" if case.startswith("expand") else form
-    inp = _inputs(
-        2,
-        S,
-        D,
-        form,
-        seed=seed,
-        strided=case == "token_strided",
-        bias=case == "fp32_affine_bias",
-        affine=case == "fp32_affine_bias",
-        param_dtype=torch.float32 if case == "fp32_affine_bias" else torch.bfloat16,
-    )
+    inp = _inputs(2, S, D, form, seed=seed, strided=case == "token_strided", bias=case == "fp32_affine_bias",
+                  affine=case == "fp32_affine_bias",
+                  param_dtype=torch.float32 if case == "fp32_affine_bias" else torch.bfloat16)
     if case == "expand_shared":  # [D] seen as [B, S, D] with strides (0, 0, 1): read in place
         for k in ("gate", "scale", "shift"):
             inp[k] = inp[k].expand(2, S, D)
@@ -183,7 +163,7 @@ def test_modulation_forms(case, D, S, seed):
             inp[k] = torch.randn(2, 1, D, device="cuda").bfloat16().expand(2, S, D)
     if form.startswith("indexed"):  # the boundary between the two modulation rows inside each batch
         idx = torch.zeros(2, S, dtype=torch.int64, device="cuda")
-        idx[:, S // 3 :] = 1
+        idx[:, S // 3:] = 1
         inp["modulate_index"] = idx.to(inp["modulate_index"].dtype)
     _check_fused(inp, SCALES[seed % len(SCALES)])
     # against the CPU reference: residual_out exactly, y within the LayerNorm's bound
@@ -217,9 +197,8 @@ def test_out_variants_and_in_place_residual(seed):
     want_bf16 = q.resnorm(*_resnorm_args(inp))[0]
     y, y_bf16 = torch.empty_like(want_y), torch.empty_like(want_bf16)
     res = inp["residual"].clone()
-    q.resnorm_quant_fp8_out(
-        res, inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"], scale, y=y, residual_out=res, y_bf16=y_bf16
-    )
+    q.resnorm_quant_fp8_out(res, inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"], scale, y=y,
+                            residual_out=res, y_bf16=y_bf16)
     assert torch.equal(_bytes(y), _bytes(want_y)) and torch.equal(res, want_r) and torch.equal(y_bf16, want_bf16)
     nm = q.norm_modulate_quant_fp8(inp["x"], inp["scale"], inp["shift"], scale)
     out, out_bf16 = torch.empty_like(nm), torch.empty_like(want_bf16)
@@ -227,9 +206,8 @@ def test_out_variants_and_in_place_residual(seed):
     assert torch.equal(_bytes(out), _bytes(nm)) and torch.equal(_bytes(q.fp8_quantize(out_bf16, scale)), _bytes(nm))
 
 
-@sweep(
-    "D,rows", [(64, 129), (3072, 17), (3072, 4113), (5120, 2048), (16384, 33)], [(64, 129), (3072, 4113), (16384, 33)]
-)
+@sweep("D,rows", [(64, 129), (3072, 17), (3072, 4113), (5120, 2048), (16384, 33)],
+       [(64, 129), (3072, 4113), (16384, 33)])
 @pytest.mark.parametrize("form", ["shared", "indexed_int32"])
 def test_norm_modulate_ops_equal_their_unfused_equivalents(D, rows, form, seed):
     inp = _inputs(1, rows, D, form, seed=seed, affine=form == "shared")
@@ -332,58 +310,37 @@ def test_torch_compile_fullgraph_matches_eager():
     eager = _block(*args)
     compiled = torch.compile(_block, fullgraph=True)(*args)
     for a, b in zip(eager, compiled):
-        assert torch.equal(
-            _bytes(a) if a.dtype == torch.float8_e4m3fn else a, _bytes(b) if b.dtype == torch.float8_e4m3fn else b
-        )
+        assert torch.equal(_bytes(a) if a.dtype == torch.float8_e4m3fn else a,
+                           _bytes(b) if b.dtype == torch.float8_e4m3fn else b)
 
 
 def test_cuda_graph_replay_matches_eager():
     inp = _inputs(1, 4608, 3072, seed=3)
-    static = [
-        inp["residual"].clone(),
-        inp["x"].clone(),
-        inp["gate"].clone(),
-        inp["scale"].clone(),
-        inp["shift"].clone(),
-        torch.tensor([0.03125], device="cuda"),
-    ]
+    static = [inp["residual"].clone(), inp["x"].clone(), inp["gate"].clone(), inp["scale"].clone(),
+              inp["shift"].clone(), torch.tensor([0.03125], device="cuda")]
     graph, out = capture_graph(_block, *static)
     fresh = _inputs(1, 4608, 3072, seed=4)
-    for dst, src in zip(
-        static,
-        (
-            fresh["residual"],
-            fresh["x"],
-            fresh["gate"],
-            fresh["scale"],
-            fresh["shift"],
-            torch.tensor([0.4754464328289032], device="cuda"),
-        ),
-    ):
+    for dst, src in zip(static, (fresh["residual"], fresh["x"], fresh["gate"], fresh["scale"], fresh["shift"],
+                                 torch.tensor([0.4754464328289032], device="cuda"))):
         dst.copy_(src)
     graph.replay()
     torch.cuda.synchronize()
     eager = _block(*static)
     for a, b in zip(out, eager):
-        assert torch.equal(
-            _bytes(a) if a.dtype == torch.float8_e4m3fn else a, _bytes(b) if b.dtype == torch.float8_e4m3fn else b
-        )
+        assert torch.equal(_bytes(a) if a.dtype == torch.float8_e4m3fn else a,
+                           _bytes(b) if b.dtype == torch.float8_e4m3fn else b)
 
 
 def test_opcheck_cuda():
     inp = _inputs(2, 3, 64, "batch", affine=True)
     s = torch.tensor([0.03125], device="cuda")
     tests = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(
-        torch.ops.qwen_fp4.resnorm_quant_fp8,
-        _resnorm_args(inp) + (s, 1e-6, inp["weight"], inp["norm_bias"], None),
-        test_utils=tests,
-    )
+    torch.library.opcheck(torch.ops.qwen_fp4.resnorm_quant_fp8, _resnorm_args(inp) + (s, 1e-6, inp["weight"],
+                          inp["norm_bias"], None), test_utils=tests)
     torch.library.opcheck(torch.ops.qwen_fp4.fp8_quantize, (inp["x"], s), test_utils=tests)
     torch.library.opcheck(torch.ops.qwen_fp4.gelu_tanh_fp8_quantize, (inp["x"], s), test_utils=tests)
-    torch.library.opcheck(
-        torch.ops.qwen_fp4.norm_modulate_quant_fp8, (inp["x"], inp["scale"], inp["shift"], s, 1e-6), test_utils=tests
-    )
+    torch.library.opcheck(torch.ops.qwen_fp4.norm_modulate_quant_fp8, (inp["x"], inp["scale"], inp["shift"], s, 1e-6),
+                          test_utils=tests)
 
 
 def test_div_full_test_op_is_div_full():

@@ -33,15 +33,8 @@ from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
 from qwen_resnorm_fp4.testing import gpu_rcp
 from helpers.session import HANG_GUARD_S
 from helpers.tiers import sweep
-from helpers.reliability import (
-    Y_ULPS_BOUND,
-    block_inputs,
-    capture_graph,
-    logical_scales,
-    padding_scale_bytes,
-    special_values_y,
-    y_ulps,
-)
+from helpers.reliability import (Y_ULPS_BOUND, block_inputs, capture_graph, logical_scales, padding_scale_bytes,
+                                 special_values_y, y_ulps)
 
 pytestmark = pytest.mark.gpu
 
@@ -65,10 +58,9 @@ def _report_y_differences(request):
         mean_frac = sum(r[1] for r in RESULTS) / len(RESULTS)
         reporter = request.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(
-                f"[y vs reference] {len(RESULTS)} cases: mean differing fraction {mean_frac:.5%}, "
-                f"max differing fraction {max(r[1] for r in RESULTS):.5%}, max {worst:.1f} ulps"
-            )
+            reporter.write_line(f"[y vs reference] {len(RESULTS)} cases: mean differing fraction {mean_frac:.5%}, "
+                                f"max differing fraction {max(r[1] for r in RESULTS):.5%}, max {worst:.1f} ulps")
+
 
 
 def gpu_block_inputs(rows: int, cols: int, *, bias: bool = False, **opts):
@@ -142,9 +134,8 @@ def _sms() -> int:
 # 4 x 13 rows: the two-CTAs-per-row kernel on any GPU with 52+ SMs; 4 x 513 rows: the many-rows kernels.
 # Default: every kernel, form and parameter dtype, plain and with bias + affine, fast mode (exact mode: the
 # quantizer's other branch, independent of the modulation, in test_rows_and_widths); the rest in the sweep.
-@pytest.mark.parametrize(
-    "rows,cols", ((4 * 13, 3072), (4 * 13, 5120), (4 * 513, 3072)), ids=("split", "split5120", "many")
-)
+@pytest.mark.parametrize("rows,cols", ((4 * 13, 3072), (4 * 13, 5120), (4 * 513, 3072)), ids=("split", "split5120",
+                                                                                              "many"))
 @pytest.mark.parametrize("form", ("shared", "batch", "indexed"))
 @pytest.mark.parametrize("param_dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
 @sweep("bias,affine", ((False, False), (True, False), (False, True), (True, True)), ((False, False), (True, True)))
@@ -286,27 +277,12 @@ def test_torch_compile_fullgraph_matches_eager():
 def test_cuda_graph_replay_matches_eager():
     kw = gpu_block_inputs(4608, 3072, seed=3)
     G = torch.tensor([100.0], device="cuda")
-    static = [
-        kw["residual"].clone(),
-        kw["x"].clone(),
-        kw["gate"].clone(),
-        kw["scale"].clone(),
-        kw["shift"].clone(),
-        G.clone(),
-    ]
+    static = [kw["residual"].clone(), kw["x"].clone(), kw["gate"].clone(), kw["scale"].clone(),
+              kw["shift"].clone(), G.clone()]
     graph, out = capture_graph(_fused, *static)
     fresh = gpu_block_inputs(4608, 3072, seed=4)
-    for dst, src in zip(
-        static,
-        (
-            fresh["residual"],
-            fresh["x"],
-            fresh["gate"],
-            fresh["scale"],
-            fresh["shift"],
-            torch.tensor([50.0], device="cuda"),
-        ),
-    ):
+    for dst, src in zip(static, (fresh["residual"], fresh["x"], fresh["gate"], fresh["scale"], fresh["shift"],
+                                 torch.tensor([50.0], device="cuda"))):
         dst.copy_(src)
     graph.replay()
     torch.cuda.synchronize()
@@ -340,13 +316,10 @@ def test_first_launch_inside_graph_capture(rows):
         assert len(captured) == 5 and all(torch.equal(a, b) for a, b in zip(captured, eager)), "graph replay differs"
         print("same bytes")
     """).replace("ROWS", str(rows))
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [os.path.dirname(os.path.dirname(q.__file__))] + [p for p in [os.environ.get("PYTHONPATH")] if p]
-        ),
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_GUARD_S)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(q.__file__))] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=HANG_GUARD_S)
     assert proc.returncode == 0 and "same bytes" in proc.stdout, proc.stdout + proc.stderr
 
 

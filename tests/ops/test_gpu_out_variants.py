@@ -7,20 +7,9 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
-from helpers.out_variants import (
-    BROKEN_OUTPUTS,
-    OUTPUTS,
-    assert_bytes_equal,
-    assert_each_output_refused,
-    call_out_op,
-    call_out_wrapper,
-    filled_outputs,
-    full_inputs,
-    functional,
-    on_device,
-    overlap_pairs,
-    with_overlap,
-)
+from helpers.out_variants import (BROKEN_OUTPUTS, OUTPUTS, assert_bytes_equal, assert_each_output_refused, call_out_op,
+                                  call_out_wrapper, filled_outputs, full_inputs, functional, on_device, overlap_pairs,
+                                  with_overlap)
 from helpers.tiers import sweep
 from helpers.reliability import padding_scale_bytes
 
@@ -39,9 +28,9 @@ def gpu_inputs(rows, cols, plain, seed=0):
     """Plain parameters (bf16 [B, D], no bias or affine: what DiT blocks pass) or every optional argument."""
     if plain:
         return full_inputs(rows, cols, "cuda", seed, form="batch", bias=False, affine=False)
-    return full_inputs(
-        rows, cols, "cuda", seed, form="indexed_int64", bias=True, affine=True, param_dtype=torch.float32
-    )
+    return full_inputs(rows, cols, "cuda", seed, form="indexed_int64", bias=True, affine=True,
+                       param_dtype=torch.float32)
+
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -182,27 +171,14 @@ def test_compile_fullgraph_in_place(cols, rows):
     packed, scales, _ = q.empty_resnorm_quant_outputs(inp["x"])
 
     def step(residual, x, gate, scale, shift, global_scale, packed, scales):
-        q.resnorm_quant_out(
-            residual,
-            x,
-            None,
-            gate,
-            scale,
-            shift,
-            global_scale,
-            1e-6,
-            True,
-            packed=packed,
-            scales=scales,
-            residual_out=residual,
-        )
+        q.resnorm_quant_out(residual, x, None, gate, scale, shift, global_scale, 1e-6, True, packed=packed,
+                            scales=scales, residual_out=residual)
         return residual * 1  # a read of the updated residual inside the graph (exact: keeps -0.0)
 
     compiled = torch.compile(step, fullgraph=True, backend="inductor")
     for k, (w_packed, w_scales, w_residual) in enumerate(want):
-        read_back = compiled(
-            residual, inp["x"], inp["gate"], inp["scale"], inp["shift"], inp["global_scale"], packed, scales
-        )
+        read_back = compiled(residual, inp["x"], inp["gate"], inp["scale"], inp["shift"], inp["global_scale"], packed,
+                         scales)
         torch.cuda.synchronize()
         assert_bytes_equal(packed, w_packed, f"step {k} packed")
         assert_bytes_equal(scales, w_scales, f"step {k} scales")

@@ -41,19 +41,8 @@ EPS = 1e-6
 
 def _inputs(rows, cols, param_dtype, options, seed, strided=True):
     b, s = SHAPES[rows]
-    return make_inputs(
-        b,
-        s,
-        cols,
-        "token",
-        param_dtype,
-        seed,
-        device="cuda",
-        bias=options,
-        affine=options,
-        generate_on_device=True,
-        strided=strided,
-    )
+    return make_inputs(b, s, cols, "token", param_dtype, seed, device="cuda", bias=options, affine=options,
+                       generate_on_device=True, strided=strided)
 
 
 def _params(kw):
@@ -75,9 +64,8 @@ def _resnorm(kw):
 
 
 def _resnorm_quant(kw, g, fast=True):
-    return OPS.resnorm_quant(
-        kw["residual"], kw["x"], kw["bias"], *_params(kw), g, EPS, fast, kw["weight"], kw["norm_bias"], None
-    )
+    return OPS.resnorm_quant(kw["residual"], kw["x"], kw["bias"], *_params(kw), g, EPS, fast, kw["weight"],
+                             kw["norm_bias"], None)
 
 
 def _all(kw, g):
@@ -91,13 +79,8 @@ def _equal(a, b):
 def _row(outputs, m, cols):
     """Row m of (y, residual_out, packed, scales, residual_out): the scales as row m's logical bytes."""
     y, r, packed, scales, r2 = outputs
-    return (
-        y.reshape(-1, cols)[m],
-        r.reshape(-1, cols)[m],
-        packed[m],
-        logical_scales(scales, 1, cols, m)[0],
-        r2.reshape(-1, cols)[m],
-    )
+    return (y.reshape(-1, cols)[m], r.reshape(-1, cols)[m], packed[m], logical_scales(scales, 1, cols, m)[0],
+            r2.reshape(-1, cols)[m])
 
 
 @pytest.mark.parametrize("options", (False, True), ids=("plain", "bias_affine"))
@@ -142,9 +125,7 @@ def test_per_token_chunk_views(cols, rows, param_dtype, options):
         shared = _all(_with(kw, *token), g)
         assert _equal(_row(shared, m, cols), _row(out, m, cols)), f"{name}: token {m} vs shared"
         alone_kw = _with(kw, *token)
-        alone_kw.update(
-            residual=kw["residual"].reshape(rows, cols)[m : m + 1], x=kw["x"].reshape(rows, cols)[m : m + 1]
-        )
+        alone_kw.update(residual=kw["residual"].reshape(rows, cols)[m:m + 1], x=kw["x"].reshape(rows, cols)[m:m + 1])
         alone = _all(alone_kw, g)
         assert torch.equal(alone[1][0], r.reshape(rows, cols)[m]), f"{name}: token {m} residual_out alone"
         if rows < MANY_ROWS:
@@ -158,17 +139,14 @@ def test_per_token_equals_shared_and_per_batch_forms(cols, rows, param_dtype):
     """Tokens of a batch sharing a row (stride-0 views, materialized copies, [B, 1, D]) == the per-batch form;
     all tokens sharing one row == the shared form; mixed layouts (an expanded gate next to chunk views) too."""
     b, s = SHAPES[rows]
-    kw = make_inputs(
-        b, s, cols, "batch", param_dtype, seed=cols + rows, device="cuda", bias=False, generate_on_device=True
-    )
+    kw = make_inputs(b, s, cols, "batch", param_dtype, seed=cols + rows, device="cuda", bias=False,
+                     generate_on_device=True)
     g = _global_scale(kw)
     want = _all(kw, g)
     per_batch = _params(kw)
-    for form in (
-        (p[:, None].expand(b, s, cols) for p in per_batch),
-        (p[:, None].expand(b, s, cols).contiguous() for p in per_batch),
-        (p[:, None] for p in per_batch),
-    ):
+    for form in ((p[:, None].expand(b, s, cols) for p in per_batch),
+                 (p[:, None].expand(b, s, cols).contiguous() for p in per_batch),
+                 (p[:, None] for p in per_batch)):
         assert _equal(_all(_with(kw, *form), g), want)
     shared = tuple(p[0] for p in per_batch)
     want_shared = _all(_with(kw, *shared), g)
@@ -180,10 +158,8 @@ def test_per_token_equals_shared_and_per_batch_forms(cols, rows, param_dtype):
     mixed = _all(_with(tok, ones, tok["scale"], tok["shift"]), g)
     assert _equal(_all(_with(tok, ones.contiguous(), tok["scale"].contiguous(), tok["shift"].contiguous()), g), mixed)
     blocks = torch.stack([tok["gate"], tok["scale"], tok["shift"]] * 2, dim=1)  # [B, 6, S, D]: not one row index
-    assert _equal(
-        _all(_with(tok, blocks[:, 0], blocks[:, 1], blocks[:, 2]), g),
-        _all(_with(tok, *(p.contiguous() for p in _params(tok))), g),
-    )
+    assert _equal(_all(_with(tok, blocks[:, 0], blocks[:, 1], blocks[:, 2]), g), _all(_with(tok, *(
+        p.contiguous() for p in _params(tok))), g))
 
 
 def test_raw_op_refuses_unreadable_layouts():
@@ -195,9 +171,8 @@ def test_raw_op_refuses_unreadable_layouts():
         _resnorm_quant(dict(kw, gate=odd_rows), g)
     transposed = torch.zeros(cols, rows, dtype=torch.bfloat16, device="cuda").t()
     with pytest.raises(RuntimeError, match=r"scale must have stride 1 in its last dimension.*scale.contiguous"):
-        _resnorm_quant(
-            dict(kw, gate=kw["gate"].reshape(rows, cols), scale=transposed, shift=kw["shift"].reshape(rows, cols)), g
-        )
+        _resnorm_quant(dict(kw, gate=kw["gate"].reshape(rows, cols), scale=transposed,
+                            shift=kw["shift"].reshape(rows, cols)), g)
     shifted = torch.zeros(rows * cols + 1, dtype=torch.bfloat16, device="cuda")[1:].view(1, rows, cols)
     with pytest.raises(RuntimeError, match=r"shift must be 16-byte aligned"):
         _resnorm_quant(dict(kw, shift=shifted), g)
@@ -205,9 +180,8 @@ def test_raw_op_refuses_unreadable_layouts():
         _resnorm_quant(_with(kw, *(p[:, :16] for p in _params(kw))), g)
     # the wrappers copy such layouts and give the contiguous result
     want = _resnorm_quant(kw, g)
-    got = q.resnorm_quant(
-        kw["residual"], kw["x"], None, odd_rows.copy_(kw["gate"]), kw["scale"], kw["shift"], g, EPS, True
-    )
+    got = q.resnorm_quant(kw["residual"], kw["x"], None, odd_rows.copy_(kw["gate"]), kw["scale"], kw["shift"], g,
+                          EPS, True)
     assert _equal(got, want)
 
 
@@ -228,12 +202,8 @@ def test_torch_compile_fullgraph_with_chunk_views():
 def test_cuda_graph_replay_with_chunk_views(rows):
     b, s = SHAPES[rows]
     kw = _inputs(rows, 3072, torch.bfloat16, False, seed=6)
-    static = [
-        kw["residual"].clone(),
-        kw["x"].clone(),
-        torch.randn(b, s, 6 * 3072, device="cuda").to(torch.bfloat16),
-        torch.tensor([100.0], device="cuda"),
-    ]
+    static = [kw["residual"].clone(), kw["x"].clone(), torch.randn(b, s, 6 * 3072, device="cuda").to(torch.bfloat16),
+              torch.tensor([100.0], device="cuda")]
     graph, out = capture_graph(_block, *static)
     static[2].copy_(torch.randn(b, s, 6 * 3072, device="cuda"))
     static[0].copy_(torch.randn(b, s, 3072, device="cuda"))

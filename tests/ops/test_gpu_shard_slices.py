@@ -29,20 +29,18 @@ from helpers.shards import FORMS, full_inputs, shard_inputs, shard_matches_full
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (torch.cuda.is_available() and _library.cuda_available()),
-        reason="needs a CUDA GPU and the compiled library",
-    ),
+    pytest.mark.skipif(not (torch.cuda.is_available() and _library.cuda_available()),
+                       reason="needs a CUDA GPU and the compiled library"),
 ]
 
 OPS = torch.ops.qwen_fp4
 DIMS = (1536, 3072, 5120)
 GEOMETRIES = {
-    "few-b2": (2, 333, 111, 222),  # 666 rows, shard 222
-    "few-split-b1": (1, 1000, 450, 550),  # shard 100 rows: the two-CTAs-a-row kernel at 3072 / 5120
-    "many-b2": (2, 2100, 1050, 2100),  # 4200 rows, shard 2100
-    "many-b1": (1, 4500, 2000, 4250),  # shard 2250
-    "cross-b1": (1, 2600, 1300, 2600),  # 2600 rows (many), shard 1300 (few)
+    "few-b2": (2, 333, 111, 222),          # 666 rows, shard 222
+    "few-split-b1": (1, 1000, 450, 550),   # shard 100 rows: the two-CTAs-a-row kernel at 3072 / 5120
+    "many-b2": (2, 2100, 1050, 2100),      # 4200 rows, shard 2100
+    "many-b1": (1, 4500, 2000, 4250),      # shard 2250
+    "cross-b1": (1, 2600, 1300, 2600),     # 2600 rows (many), shard 1300 (few)
     "cross-split-b1": (1, 2200, 1000, 1100),  # 2200 rows (many), shard 100 (the two-CTAs-a-row kernel)
 }
 # The default run's subset (the rest: the exhaustive sweep): every form and both formats, at a generic and a
@@ -65,60 +63,27 @@ def _contiguous_index(inp):
 
 def _nvfp4(inp, global_scale):
     """(packed, scales, residual_out) of the raw op, gate/scale/shift read where they are."""
-    return OPS.resnorm_quant(
-        inp["residual"],
-        inp["x"],
-        None,
-        inp["gate"],
-        inp["scale"],
-        inp["shift"],
-        global_scale,
-        EPS,
-        True,
-        None,
-        None,
-        _contiguous_index(inp),
-    )
+    return OPS.resnorm_quant(inp["residual"], inp["x"], None, inp["gate"], inp["scale"], inp["shift"], global_scale,
+                             EPS, True, None, None, _contiguous_index(inp))
 
 
 def _resnorm(inp):
-    return OPS.resnorm(
-        inp["residual"],
-        inp["x"],
-        None,
-        inp["gate"],
-        inp["scale"],
-        inp["shift"],
-        EPS,
-        None,
-        None,
-        _contiguous_index(inp),
-    )
+    return OPS.resnorm(inp["residual"], inp["x"], None, inp["gate"], inp["scale"], inp["shift"], EPS, None, None,
+                       _contiguous_index(inp))
 
 
 def _fp8(inp, input_scale):
     """(E4M3 bytes as uint8, residual_out) of resnorm_quant_fp8, its arguments bound by the op's schema names."""
-    values = dict(
-        residual=inp["residual"],
-        x=inp["x"],
-        bias=None,
-        gate=inp["gate"],
-        scale=inp["scale"],
-        shift=inp["shift"],
-        input_scale=input_scale,
-        eps=EPS,
-        weight=None,
-        norm_bias=None,
-        modulate_index=_contiguous_index(inp),
-    )
+    values = dict(residual=inp["residual"], x=inp["x"], bias=None, gate=inp["gate"], scale=inp["scale"],
+                  shift=inp["shift"], input_scale=input_scale, eps=EPS, weight=None, norm_bias=None,
+                  modulate_index=_contiguous_index(inp))
     kwargs = {}
     for arg in FP8_OP.default._schema.arguments:
         if arg.name in values:
             kwargs[arg.name] = values[arg.name]
         elif not arg.has_default_value():
-            raise AssertionError(
-                f"resnorm_quant_fp8 takes {arg.name!r}, which this test does not pass: add it to _fp8's values"
-            )
+            raise AssertionError(f"resnorm_quant_fp8 takes {arg.name!r}, which this test does not pass: add it to "
+                                 "_fp8's values")
     y, residual_out = FP8_OP.default(**kwargs)[:2]
     return y.view(torch.uint8), residual_out
 
@@ -140,7 +105,8 @@ def _cases(fmt: str, full: Dict[str, object], shard: Dict[str, object]):
 @pytest.mark.parametrize("form", FORMS)
 def test_shard_equals_rows_of_full_gpu(form, geometry, D, fmt):
     B, S, s0, s1 = GEOMETRIES[geometry]
-    full = full_inputs(B, S, D, form, boundary=s0 + (s1 - s0) // 3, seed=D + S, device="cuda", generate_on_device=True)
+    full = full_inputs(B, S, D, form, boundary=s0 + (s1 - s0) // 3, seed=D + S, device="cuda",
+                       generate_on_device=True)
     shard = shard_inputs(full, s0, s1)
     if form == "indexed":
         assert bool((shard["modulate_index"] == 0).any()) and bool((shard["modulate_index"] != 0).any())
@@ -152,17 +118,9 @@ def test_shard_equals_rows_of_full_gpu(form, geometry, D, fmt):
         assert problem is None, problem
         # the fused path serves the shard as a sharded model hands it over (index view included)
         fc1 = type("FC1", (), {"in_features": D, "input_global_scale": static_scale})()
-        result = q.try_fused_resnorm_quant(
-            shard["residual"],
-            shard["x"],
-            shard["gate"],
-            shard["scale"],
-            shard["shift"],
-            fc1,
-            eps=EPS,
-            modulate_index=shard["modulate_index"],
-            fast_math=True,
-        )
+        result = q.try_fused_resnorm_quant(shard["residual"], shard["x"], shard["gate"], shard["scale"],
+                                           shard["shift"], fc1, eps=EPS, modulate_index=shard["modulate_index"],
+                                           fast_math=True)
         assert result is not None, (q.last_decline_reason(), q.last_decline_detail())
         (packed, scales), residual_out, _ = result
         assert torch.equal(packed, s_out[0]) and torch.equal(scales, s_out[1]) and torch.equal(residual_out, s_out[2])

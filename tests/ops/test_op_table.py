@@ -43,9 +43,8 @@ def test_every_cuda_kernel_is_registered_once_for_an_op_of_the_table():
 
 def _files_naming(name: str):
     pattern = re.compile(rf"(?<![\w]){re.escape(name)}(?![\w])")
-    files = [p for p in PACKAGE.rglob("*.py")] + [
-        p for p in CSRC.iterdir() if p.suffix in (".h", ".cuh", ".cu", ".cpp")
-    ]
+    files = [p for p in PACKAGE.rglob("*.py")] + [p for p in CSRC.iterdir() if p.suffix in (".h", ".cuh", ".cu",
+                                                                                            ".cpp")]
     return sorted(str(p.relative_to(REPO_ROOT)) for p in files if pattern.search(p.read_text()))
 
 

@@ -25,33 +25,18 @@ def shape_inputs(shape, form="shared"):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g).bfloat16()
     pshape = (D,) if form == "shared" else (shape[0], D)
-    return dict(
-        residual=torch.randn(*shape, generator=g).bfloat16(),
-        x=x,
-        bias=None,
-        gate=torch.randn(*pshape, generator=g).bfloat16(),
-        scale=torch.zeros(pshape, dtype=torch.bfloat16),
-        shift=torch.zeros(pshape, dtype=torch.bfloat16),
-        global_scale=torch.tensor([50.0]),
-        eps=1e-6,
-        weight=None,
-        norm_bias=None,
-        modulate_index=None,
-    )
+    return dict(residual=torch.randn(*shape, generator=g).bfloat16(), x=x, bias=None,
+                gate=torch.randn(*pshape, generator=g).bfloat16(), scale=torch.zeros(pshape, dtype=torch.bfloat16),
+                shift=torch.zeros(pshape, dtype=torch.bfloat16), global_scale=torch.tensor([50.0]), eps=1e-6,
+                weight=None, norm_bias=None, modulate_index=None)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Fake (meta) implementations
 # ---------------------------------------------------------------------------------------------------
 
-SHAPES = [
-    ((3, 64), "shared"),
-    ((0, 128), "shared"),
-    ((2, 0, 64), "batch"),
-    ((2, 5, 192), "batch"),
-    ((2, 3, 4, 64), "shared"),
-    ((130, 256), "shared"),
-]
+SHAPES = [((3, 64), "shared"), ((0, 128), "shared"), ((2, 0, 64), "batch"), ((2, 5, 192), "batch"),
+          ((2, 3, 4, 64), "shared"), ((130, 256), "shared")]
 
 
 def _expect(shape):
@@ -147,10 +132,8 @@ def test_compile_dynamic_shapes():
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "form,affine,fast",
-    [("shared", False, True), ("indexed_int64", True, False), ("indexed_bool", False, True), ("batch", True, False)],
-)
+@pytest.mark.parametrize("form,affine,fast", [("shared", False, True), ("indexed_int64", True, False),
+                                              ("indexed_bool", False, True), ("batch", True, False)])
 def test_opcheck_resnorm_quant(form, affine, fast):
     inp = make_inputs(2, 3, 64, form, torch.bfloat16, seed=7, affine=affine)
     torch.library.opcheck(ops.resnorm_quant.default, op_args(inp, "resnorm_quant", fast_math=fast))
@@ -212,28 +195,16 @@ def test_non_contiguous_and_misaligned_inputs():
     assert res_off.data_ptr() % 16 != 0
     gate_s = torch.stack([inp["gate"], inp["gate"]], dim=-1)[..., 0]
     assert not gate_s.is_contiguous()
-    got = q.resnorm_quant(
-        res_off, x_t, inp["bias"], gate_s, inp["scale"], inp["shift"], inp["global_scale"], 1e-6, True
-    )
+    got = q.resnorm_quant(res_off, x_t, inp["bias"], gate_s, inp["scale"], inp["shift"], inp["global_scale"], 1e-6,
+                          True)
     assert equal_outputs(got, want)
 
 
 def _good():
     inp = make_inputs(2, 4, 128, "batch", torch.bfloat16, seed=15, affine=True)
-    return dict(
-        residual=inp["residual"],
-        x=inp["x"],
-        bias=inp["bias"],
-        gate=inp["gate"],
-        scale=inp["scale"],
-        shift=inp["shift"],
-        global_scale=inp["global_scale"],
-        eps=1e-6,
-        fast_math=True,
-        weight=inp["weight"],
-        norm_bias=inp["norm_bias"],
-        modulate_index=None,
-    )
+    return dict(residual=inp["residual"], x=inp["x"], bias=inp["bias"], gate=inp["gate"], scale=inp["scale"],
+                shift=inp["shift"], global_scale=inp["global_scale"], eps=1e-6, fast_math=True,
+                weight=inp["weight"], norm_bias=inp["norm_bias"], modulate_index=None)
 
 
 def _call_rq(kw):
@@ -257,16 +228,10 @@ BAD = [
     (dict(x=[[0.0] * D]), TypeError, r"^x "),
     (dict(residual=torch.zeros(2, 4, D)), TypeError, r"^residual "),
     (dict(residual=torch.zeros(2, 5, D, dtype=torch.bfloat16)), ValueError, r"^residual "),
-    (
-        dict(x=torch.zeros(2, 4, 40, dtype=torch.bfloat16), residual=torch.zeros(2, 4, 40, dtype=torch.bfloat16)),
-        ValueError,
-        r"x\.shape\[-1\].*multiple of (64|16)",
-    ),  # resnorm: 16, resnorm_quant: 64
-    (
-        dict(x=torch.zeros(1, 16448, dtype=torch.bfloat16), residual=torch.zeros(1, 16448, dtype=torch.bfloat16)),
-        ValueError,
-        r"x\.shape\[-1\].*at most 16384",
-    ),
+    (dict(x=torch.zeros(2, 4, 40, dtype=torch.bfloat16), residual=torch.zeros(2, 4, 40, dtype=torch.bfloat16)),
+     ValueError, r"x\.shape\[-1\].*multiple of (64|16)"),  # resnorm: 16, resnorm_quant: 64
+    (dict(x=torch.zeros(1, 16448, dtype=torch.bfloat16), residual=torch.zeros(1, 16448, dtype=torch.bfloat16)),
+     ValueError, r"x\.shape\[-1\].*at most 16384"),
     (dict(gate=torch.zeros(2, D, dtype=torch.int32)), TypeError, r"^gate "),
     (dict(gate=torch.zeros(2, D, dtype=torch.float16)), TypeError, r"^gate "),
     (dict(gate=torch.zeros(2, D + 64, dtype=torch.bfloat16)), ValueError, r"^gate "),
@@ -290,16 +255,8 @@ BAD = [
     (dict(modulate_index=torch.zeros(2, 4)), TypeError, r"^modulate_index "),
     (dict(modulate_index=torch.zeros(8, dtype=torch.int32)), ValueError, r"^modulate_index "),
     (dict(modulate_index=torch.zeros(2, 4, dtype=torch.int32)), ValueError, r"gate/scale/shift must be \[2B, D\]"),
-    (
-        dict(
-            modulate_index=torch.zeros(2, 3, dtype=torch.int32),
-            gate=torch.zeros(4, D),
-            scale=torch.zeros(4, D),
-            shift=torch.zeros(4, D),
-        ),
-        ValueError,
-        r"^modulate_index ",
-    ),
+    (dict(modulate_index=torch.zeros(2, 3, dtype=torch.int32), gate=torch.zeros(4, D), scale=torch.zeros(4, D),
+          shift=torch.zeros(4, D)), ValueError, r"^modulate_index "),
 ]
 
 
@@ -319,15 +276,8 @@ def test_wrapper_argument_checks(overrides, exc, pattern):
 def test_good_arguments_pass():
     assert len(_call_rq(_good())) == 3 and len(_call_rn(_good())) == 2
     # the accepted variants: fp32 parameters, int64/bool index, eps = 0, a 0-d global scale
-    kw = dict(
-        _good(),
-        gate=torch.ones(4, D),
-        scale=torch.zeros(4, D),
-        shift=torch.zeros(4, D),
-        modulate_index=torch.ones(2, 4, dtype=torch.bool),
-        eps=0,
-        global_scale=torch.tensor(3.0),
-    )
+    kw = dict(_good(), gate=torch.ones(4, D), scale=torch.zeros(4, D), shift=torch.zeros(4, D),
+              modulate_index=torch.ones(2, 4, dtype=torch.bool), eps=0, global_scale=torch.tensor(3.0))
     assert len(_call_rq(kw)) == 3
 
 
@@ -368,17 +318,14 @@ def differing_inputs():
     return pos, fast, exact, y, qf, qe
 
 
-@pytest.mark.parametrize(
-    "env,expect_fast",
-    [
-        ({}, True),
-        ({FAST_VARS[0]: "1"}, False),
-        ({FAST_VARS[1]: "1"}, False),
-        ({FAST_VARS[0]: "1", FAST_VARS[1]: "1"}, False),
-        ({FAST_VARS[0]: "0"}, True),
-        ({FAST_VARS[1]: "0", FAST_VARS[0]: ""}, True),
-    ],
-)
+@pytest.mark.parametrize("env,expect_fast", [
+    ({}, True),
+    ({FAST_VARS[0]: "1"}, False),
+    ({FAST_VARS[1]: "1"}, False),
+    ({FAST_VARS[0]: "1", FAST_VARS[1]: "1"}, False),
+    ({FAST_VARS[0]: "0"}, True),
+    ({FAST_VARS[1]: "0", FAST_VARS[0]: ""}, True),
+])
 def test_fast_math_none_follows_environment(monkeypatch, differing_inputs, env, expect_fast):
     pos, fast, exact, y, qf, qe = differing_inputs
     for v in FAST_VARS:
@@ -430,3 +377,4 @@ def test_switches_follow_every_way_of_setting_the_environment(monkeypatch, name)
     assert not env.flag_enabled(name)
     monkeypatch.setattr(os, "environ", {name: "1"})
     assert env.flag_enabled(name) and env.default_fast_math() == (name not in FAST_VARS)
+

@@ -7,26 +7,14 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import qwen_resnorm_fp4 as q
-from helpers.out_variants import (
-    BROKEN_OUTPUTS,
-    OUTPUTS,
-    assert_bytes_equal,
-    assert_each_output_refused,
-    call_out_op,
-    call_out_wrapper,
-    filled_outputs,
-    full_inputs,
-    functional,
-    on_device,
-    out_op_args,
-    output_bytes,
-    overlap_pairs,
-    with_overlap,
-)
+from helpers.out_variants import (BROKEN_OUTPUTS, OUTPUTS, assert_bytes_equal, assert_each_output_refused, call_out_op,
+                                  call_out_wrapper, filled_outputs, full_inputs, functional, on_device, out_op_args,
+                                  output_bytes, overlap_pairs, with_overlap)
 
 ops = torch.ops.qwen_fp4
 OPS = tuple(OUTPUTS)
 CALLERS = {"op": call_out_op, "wrapper": call_out_wrapper}
+
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -35,10 +23,8 @@ CALLERS = {"op": call_out_op, "wrapper": call_out_wrapper}
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize(
-    "rows,cols,form,fast",
-    [(1, 64, "shared", True), (6, 128, "indexed_int64", False), (130, 192, "batch", True), (0, 64, "shared", False)],
-)
+@pytest.mark.parametrize("rows,cols,form,fast", [(1, 64, "shared", True), (6, 128, "indexed_int64", False),
+                                                 (130, 192, "batch", True), (0, 64, "shared", False)])
 @pytest.mark.parametrize("caller", CALLERS)
 def test_out_variant_writes_the_functional_bytes(op, rows, cols, form, fast, caller):
     inp = full_inputs(rows, cols, form=form, seed=rows + cols)
@@ -94,9 +80,8 @@ def test_empty_output_helpers():
 
 
 # Python's rules: TypeError for a dtype, ValueError otherwise; the only other device here is meta.
-STATIC_BREAKS = {
-    kind: (make, TypeError if kind == "dtype" else ValueError, words) for kind, (make, words) in BROKEN_OUTPUTS.items()
-}
+STATIC_BREAKS = {kind: (make, TypeError if kind == "dtype" else ValueError, words)
+                 for kind, (make, words) in BROKEN_OUTPUTS.items()}
 STATIC_BREAKS["device"] = (lambda t: on_device(t, "meta"), ValueError, "is on meta")
 
 
@@ -138,11 +123,8 @@ def test_residual_out_at_residual_with_other_strides_is_refused(op, caller):
     outs = filled_outputs(op, inp)
     outs["residual_out"] = wide.view(-1)[: inp["x"].numel()].view(inp["x"].shape)  # same pointer, contiguous
     wide_before = wide.clone()
-    with pytest.raises(
-        ValueError,
-        match=r"residual_out overlaps the input residual in memory \(residual_out may be "
-        r"residual itself, not part of it\)",
-    ):
+    with pytest.raises(ValueError, match=r"residual_out overlaps the input residual in memory \(residual_out may be "
+                                         r"residual itself, not part of it\)"):
         CALLERS[caller](op, inp, outs)
     assert torch.equal(wide, wide_before)
 
@@ -173,9 +155,8 @@ def test_4over6_code_writes_the_functional_bytes(op, code, fast):
     expected = functional(op, inp, fast=fast, code=code)
     assert_bytes_equal(outs["packed"], expected[0], "packed")
     assert_bytes_equal(outs["scales"].view(torch.uint8), expected[1], "scales")
-    assert not torch.equal(expected[0], functional(op, inp, fast=fast)[0]) or not torch.equal(
-        expected[1], functional(op, inp, fast=fast)[1]
-    ), "4over6 changed nothing: a weak case"
+    assert not torch.equal(expected[0], functional(op, inp, fast=fast)[0]) or \
+        not torch.equal(expected[1], functional(op, inp, fast=fast)[1]), "4over6 changed nothing: a weak case"
 
 
 @pytest.mark.parametrize("op", ("resnorm_quant", "nvfp4_quantize"))
@@ -229,19 +210,8 @@ def test_opcheck(op, form):
 
 def _compiled_in_place(op: str, use_wrapper: bool, backend: str):
     def step(residual, x, bias, gate, scale, shift, global_scale, modulate_index, *outs):
-        inp = dict(
-            residual=residual,
-            x=x,
-            bias=bias,
-            gate=gate,
-            scale=scale,
-            shift=shift,
-            global_scale=global_scale,
-            eps=1e-6,
-            weight=None,
-            norm_bias=None,
-            modulate_index=modulate_index,
-        )
+        inp = dict(residual=residual, x=x, bias=bias, gate=gate, scale=scale, shift=shift,
+                   global_scale=global_scale, eps=1e-6, weight=None, norm_bias=None, modulate_index=modulate_index)
         given = dict(zip(OUTPUTS[op][:-1], outs), residual_out=residual)
         (call_out_wrapper if use_wrapper else call_out_op)(op, inp, given)
         return residual * 1  # a read of the updated residual inside the graph (exact: keeps -0.0)
@@ -260,34 +230,16 @@ def test_compile_in_place_fullgraph(op, use_wrapper, backend):
     outs = filled_outputs(op, inp)
     extra = [outs[name] for name in OUTPUTS[op][:-1]]
     compiled = _compiled_in_place(op, use_wrapper, backend)
-    read_back = compiled(
-        residual,
-        inp["x"],
-        inp["bias"],
-        inp["gate"],
-        inp["scale"],
-        inp["shift"],
-        inp["global_scale"],
-        inp["modulate_index"],
-        *extra,
-    )
+    read_back = compiled(residual, inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"],
+                         inp["global_scale"], inp["modulate_index"], *extra)
     for name, w in zip(OUTPUTS[op][:-1], want):
         assert_bytes_equal(outs[name], w, name)
     assert_bytes_equal(residual, want[-1], "residual updated in place")
     assert_bytes_equal(read_back, want[-1], "the graph's read of the residual")
     # a second step continues from the updated residual, as a model's next block does
     want2 = functional(op, dict(inp, residual=residual.clone()))
-    compiled(
-        residual,
-        inp["x"],
-        inp["bias"],
-        inp["gate"],
-        inp["scale"],
-        inp["shift"],
-        inp["global_scale"],
-        inp["modulate_index"],
-        *extra,
-    )
+    compiled(residual, inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"], inp["global_scale"],
+             inp["modulate_index"], *extra)
     assert_bytes_equal(residual, want2[-1], "second step")
 
 

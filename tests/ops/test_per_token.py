@@ -85,9 +85,8 @@ def test_wrappers_serve_chunk_views():
     inp = make_inputs(B, S, D, "token", torch.bfloat16, seed=10, strided=True)
     args = (inp["residual"], inp["x"], inp["bias"], inp["gate"], inp["scale"], inp["shift"])
     assert _equal(q.resnorm(*args, inp["eps"]), ops.resnorm(*op_args(inp, "resnorm")))
-    assert _equal(
-        q.resnorm_quant(*args, inp["global_scale"], inp["eps"], True), ops.resnorm_quant(*op_args(inp, "resnorm_quant"))
-    )
+    assert _equal(q.resnorm_quant(*args, inp["global_scale"], inp["eps"], True),
+                  ops.resnorm_quant(*op_args(inp, "resnorm_quant")))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -96,32 +95,16 @@ def test_wrappers_serve_chunk_views():
 
 
 def _problem(inp):
-    return validation.resnorm_problem(
-        inp["residual"],
-        inp["x"],
-        inp["bias"],
-        inp["gate"],
-        inp["scale"],
-        inp["shift"],
-        inp["eps"],
-        inp["weight"],
-        inp["norm_bias"],
-        inp["modulate_index"],
-    )
+    return validation.resnorm_problem(inp["residual"], inp["x"], inp["bias"], inp["gate"], inp["scale"],
+                                      inp["shift"], inp["eps"], inp["weight"], inp["norm_bias"], inp["modulate_index"])
 
 
-@pytest.mark.parametrize(
-    "case, pattern",
-    (
-        (
-            "rows_mismatch",
-            r"per-token gate/scale/shift \[B, S, D\] need B \* S = x's rows \(10\), got shape \(2, 4, 128\)",
-        ),
-        ("four_dims", r"gate must be \[D\], \[B, D\] or \[B, S, D\] with D=128, got shape \(2, 5, 1, 128\)"),
-        ("scale_differs", r"gate is \(2, 5, 128\) and scale is \(10, 128\)"),
-        ("with_index", r"with modulate_index of shape \(2, 5\), gate/scale/shift must be \[2B, D\]"),
-    ),
-)
+@pytest.mark.parametrize("case, pattern", (
+    ("rows_mismatch", r"per-token gate/scale/shift \[B, S, D\] need B \* S = x's rows \(10\), got shape \(2, 4, 128\)"),
+    ("four_dims", r"gate must be \[D\], \[B, D\] or \[B, S, D\] with D=128, got shape \(2, 5, 1, 128\)"),
+    ("scale_differs", r"gate is \(2, 5, 128\) and scale is \(10, 128\)"),
+    ("with_index", r"with modulate_index of shape \(2, 5\), gate/scale/shift must be \[2B, D\]"),
+))
 def test_shape_rules_name_the_argument(case, pattern):
     inp = make_inputs(B, S, D, "token", torch.bfloat16, seed=1)
     g, sc, sh = inp["gate"], inp["scale"], inp["shift"]
@@ -149,25 +132,13 @@ def test_layout_rule_accepts_chunk_views_and_broadcasts():
     assert validation.modulation_layout_problem("gate", torch.ones(1, 7 * D + 3)[:, :D]) is None  # one row
 
 
-@pytest.mark.parametrize(
-    "case, pattern",
-    (
-        (
-            "last_stride",
-            r"gate must have stride 1 in its last dimension, got strides \(1, 10\); pass gate.contiguous\(\)",
-        ),
-        (
-            "row_stride_bf16",
-            r"gate's rows must start at 16-byte boundaries: its strides \(644, 1\) \(elements of 2 "
-            r"bytes\) are not multiples of 16 bytes; pass gate.contiguous\(\)",
-        ),
-        (
-            "token_stride_fp32",
-            r"gate's rows must start at 16-byte boundaries: its strides \(1610, 322, 1\) \(elements "
-            r"of 4 bytes\)",
-        ),
-    ),
-)
+@pytest.mark.parametrize("case, pattern", (
+    ("last_stride", r"gate must have stride 1 in its last dimension, got strides \(1, 10\); pass gate.contiguous\(\)"),
+    ("row_stride_bf16", r"gate's rows must start at 16-byte boundaries: its strides \(644, 1\) \(elements of 2 "
+                        r"bytes\) are not multiples of 16 bytes; pass gate.contiguous\(\)"),
+    ("token_stride_fp32", r"gate's rows must start at 16-byte boundaries: its strides \(1610, 322, 1\) \(elements "
+                          r"of 4 bytes\)"),
+))
 def test_layout_rule_names_the_argument(case, pattern):
     t = {
         "last_stride": lambda: torch.zeros(D, B * S, dtype=torch.bfloat16).t(),

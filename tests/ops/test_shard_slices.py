@@ -29,32 +29,15 @@ class _FC1:
 
 def _static_global_scale(inp) -> torch.Tensor:
     """448 * 6 / amax of the full call's y: calibrated on the whole sequence, the same on every shard."""
-    y, _ = q.resnorm(
-        inp["residual"],
-        inp["x"],
-        None,
-        inp["gate"],
-        inp["scale"],
-        inp["shift"],
-        inp["eps"],
-        modulate_index=inp["modulate_index"],
-    )
+    y, _ = q.resnorm(inp["residual"], inp["x"], None, inp["gate"], inp["scale"], inp["shift"], inp["eps"],
+                     modulate_index=inp["modulate_index"])
     return (FP4_AMAX_SCALE / y.float().abs().amax()).reshape(1)
 
 
 def _fused(inp, fc1):
-    result = q.try_fused_resnorm_quant(
-        inp["residual"],
-        inp["x"],
-        inp["gate"],
-        inp["scale"],
-        inp["shift"],
-        fc1,
-        eps=inp["eps"],
-        modulate_index=inp["modulate_index"],
-        allow_cpu=True,
-        fast_math=True,
-    )
+    result = q.try_fused_resnorm_quant(inp["residual"], inp["x"], inp["gate"], inp["scale"], inp["shift"], fc1,
+                                       eps=inp["eps"], modulate_index=inp["modulate_index"], allow_cpu=True,
+                                       fast_math=True)
     assert result is not None, (q.last_decline_reason(), q.last_decline_detail())
     (packed, scales), residual_out, _ = result
     return packed, scales, residual_out

@@ -16,10 +16,8 @@ GS, INPUT_SCALE = torch.tensor([40.0]), torch.tensor([0.02])
 
 def _same_bytes(a, b) -> bool:
     a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
-    return len(a) == len(b) and all(
-        torch.equal(u.view(torch.uint8), v.view(torch.uint8)) if u.element_size() == 1 else torch.equal(u, v)
-        for u, v in zip(a, b)
-    )
+    return len(a) == len(b) and all(torch.equal(u.view(torch.uint8), v.view(torch.uint8))
+                                    if u.element_size() == 1 else torch.equal(u, v) for u, v in zip(a, b))
 
 
 @pytest.fixture
@@ -36,9 +34,8 @@ def test_residual_norm_equals_the_formats_own_wrapper(inp, fmt, own):
     assert _same_bytes(q.residual_norm(*args, scale, 1e-5, format=fmt, **kw), want)
 
 
-@pytest.mark.parametrize(
-    "fmt,own,scale", [("nvfp4", q.norm_modulate_quant, GS), ("fp8", q.norm_modulate_quant_fp8, INPUT_SCALE)]
-)
+@pytest.mark.parametrize("fmt,own,scale", [("nvfp4", q.norm_modulate_quant, GS),
+                                           ("fp8", q.norm_modulate_quant_fp8, INPUT_SCALE)])
 def test_norm_modulate_quantize_equals_the_formats_own_wrapper(inp, fmt, own, scale):
     args = (inp["x"], inp["scale"], inp["shift"], scale)
     assert _same_bytes(q.norm_modulate_quantize(*args, format=fmt), own(*args))
@@ -54,16 +51,13 @@ def test_every_fusion_of_the_table_has_an_entry_point():
     assert all(ops.OPS[name].format == fmt for (_, fmt), name in ops.FUSIONS.items())
 
 
-@pytest.mark.parametrize(
-    "kw,error,pattern",
-    [
-        (dict(format="fp8", fast_math=True), ValueError, r"^fast_math is a setting of the NVFP4 quantizer"),
-        (dict(format="fp8", nvfp4_4over6=None), ValueError, r"^nvfp4_4over6 is a setting of the NVFP4 quantizer"),
-        (dict(format="int4"), ValueError, r"^format must be one of \['bf16', 'fp8', 'nvfp4'\]"),
-        (dict(format="bf16", quant_scale=GS), ValueError, r"^quant_scale must be None"),
-        (dict(format="nvfp4", quant_scale=None), ValueError, r"^quant_scale is required"),
-    ],
-)
+@pytest.mark.parametrize("kw,error,pattern", [
+    (dict(format="fp8", fast_math=True), ValueError, r"^fast_math is a setting of the NVFP4 quantizer"),
+    (dict(format="fp8", nvfp4_4over6=None), ValueError, r"^nvfp4_4over6 is a setting of the NVFP4 quantizer"),
+    (dict(format="int4"), ValueError, r"^format must be one of \['bf16', 'fp8', 'nvfp4'\]"),
+    (dict(format="bf16", quant_scale=GS), ValueError, r"^quant_scale must be None"),
+    (dict(format="nvfp4", quant_scale=None), ValueError, r"^quant_scale is required"),
+])
 def test_refusals_name_the_argument(inp, kw, error, pattern):
     kw = dict(kw)
     scale = kw.pop("quant_scale", INPUT_SCALE if kw["format"] == "fp8" else GS)

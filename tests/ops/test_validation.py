@@ -20,13 +20,8 @@ from helpers.paths import REPO_ROOT
 CSRC = REPO_ROOT / "csrc"
 LIMITS_H = CSRC / "op_limits.h"
 
-_BINARY = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.LShift: operator.lshift,
-    ast.FloorDiv: operator.floordiv,
-}
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.LShift: operator.lshift,
+           ast.FloorDiv: operator.floordiv}
 
 
 def _int_expression(text: str) -> int:
@@ -99,7 +94,7 @@ def test_row_limit():
     p = v.resnorm_problem(x, x, None, g, g, g, 1e-6)
     assert p is not None and p.reason is R.UNSUPPORTED_SHAPE and p.error is ValueError
     assert "too many rows" in p.message()
-    assert v.resnorm_problem(x[: v.MAX_ROWS], x[: v.MAX_ROWS], None, g, g, g, 1e-6) is None
+    assert v.resnorm_problem(x[:v.MAX_ROWS], x[:v.MAX_ROWS], None, g, g, g, 1e-6) is None
     y_problem = v.quantize_problem(x, torch.ones(1, device="meta"))
     assert y_problem is not None and "y has too many rows" in y_problem.message()
     with pytest.raises(ValueError, match="x has too many rows"):
@@ -108,18 +103,9 @@ def test_row_limit():
 
 def _args(**over):
     d = 128
-    base = dict(
-        residual=torch.zeros(2, 4, d, dtype=torch.bfloat16),
-        x=torch.zeros(2, 4, d, dtype=torch.bfloat16),
-        bias=None,
-        gate=torch.zeros(2, d),
-        scale=torch.zeros(2, d),
-        shift=torch.zeros(2, d),
-        eps=1e-6,
-        weight=None,
-        norm_bias=None,
-        modulate_index=None,
-    )
+    base = dict(residual=torch.zeros(2, 4, d, dtype=torch.bfloat16), x=torch.zeros(2, 4, d, dtype=torch.bfloat16),
+                bias=None, gate=torch.zeros(2, d), scale=torch.zeros(2, d), shift=torch.zeros(2, d), eps=1e-6,
+                weight=None, norm_bias=None, modulate_index=None)
     base.update(over)
     return base
 
@@ -131,23 +117,18 @@ SCHEMA = "schema"
 RULES = [
     (dict(x=torch.zeros(2, 4, 128, dtype=torch.float16)), R.UNSUPPORTED_DTYPE, TypeError),
     (dict(x=[1.0]), R.UNSUPPORTED_DTYPE, TypeError, SCHEMA),
-    (dict(residual=torch.zeros(2, 4, 128, device="meta", dtype=torch.bfloat16)), R.DEVICE_MISMATCH, ValueError, SCHEMA),
+    (dict(residual=torch.zeros(2, 4, 128, device="meta", dtype=torch.bfloat16)), R.DEVICE_MISMATCH, ValueError,
+     SCHEMA),
     (dict(residual=torch.zeros(2, 3, 128, dtype=torch.bfloat16)), R.UNSUPPORTED_SHAPE, ValueError),
-    (
-        dict(x=torch.zeros(2, 4, 40, dtype=torch.bfloat16), residual=torch.zeros(2, 4, 40, dtype=torch.bfloat16)),
-        R.UNSUPPORTED_WIDTH,
-        ValueError,
-    ),
+    (dict(x=torch.zeros(2, 4, 40, dtype=torch.bfloat16), residual=torch.zeros(2, 4, 40, dtype=torch.bfloat16)),
+     R.UNSUPPORTED_WIDTH, ValueError),
     (dict(bias=torch.zeros(64)), R.UNSUPPORTED_SHAPE, ValueError),
     (dict(weight=torch.zeros(64)), R.UNSUPPORTED_NORM, ValueError),
     (dict(norm_bias=torch.zeros(128, dtype=torch.float16)), R.UNSUPPORTED_DTYPE, TypeError),
     (dict(gate=None), R.UNSUPPORTED_MODULATION, TypeError),
     (dict(scale=torch.zeros(128)), R.UNSUPPORTED_MODULATION, ValueError),
-    (
-        dict(gate=torch.zeros(3, 128), scale=torch.zeros(3, 128), shift=torch.zeros(3, 128)),
-        R.UNSUPPORTED_MODULATION,
-        ValueError,
-    ),
+    (dict(gate=torch.zeros(3, 128), scale=torch.zeros(3, 128), shift=torch.zeros(3, 128)), R.UNSUPPORTED_MODULATION,
+     ValueError),
     (dict(modulate_index=torch.zeros(2, 4)), R.UNSUPPORTED_DTYPE, TypeError),
     (dict(modulate_index=torch.zeros(2, 4, dtype=torch.int32)), R.UNSUPPORTED_MODULATION, ValueError),
     (dict(eps=float("nan")), R.UNSUPPORTED_NORM, ValueError),
@@ -170,18 +151,8 @@ def test_each_broken_rule_has_a_reason_and_an_error(mutation, reason, error, raw
         return
     with pytest.raises(error) as raw_error:
         a = _args(**mutation)
-        torch.ops.qwen_fp4.resnorm(
-            a["residual"],
-            a["x"],
-            a["bias"],
-            a["gate"],
-            a["scale"],
-            a["shift"],
-            a["eps"],
-            a["weight"],
-            a["norm_bias"],
-            a["modulate_index"],
-        )
+        torch.ops.qwen_fp4.resnorm(a["residual"], a["x"], a["bias"], a["gate"], a["scale"], a["shift"], a["eps"],
+                                   a["weight"], a["norm_bias"], a["modulate_index"])
     assert str(raw_error.value) == message
 
 

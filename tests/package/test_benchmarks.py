@@ -79,10 +79,8 @@ def test_the_package_imports_no_benchmark():
     for path in pkg.rglob("*.py"):
         text = path.read_text()
         for name in SCRIPTS + ("timing", "harness", "peers"):
-            assert f"import {name}" not in text and f"from {name}" not in text and f"from .{name}" not in text, (
-                path,
-                name,
-            )
+            assert f"import {name}" not in text and f"from {name}" not in text and f"from .{name}" not in text, \
+                (path, name)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -91,18 +89,11 @@ def test_the_package_imports_no_benchmark():
 
 
 def test_check_failures_fails_a_missing_check():
-    rows = [
-        {"dim": 3072, "rows": 17, "byte_exact": True},
-        {"dim": 3072, "rows": 256},
-        {"dim": 3072, "rows": 4096, "byte_exact": False},
-        {"dim": 3072, "rows": 8192, "byte_exact": 1},
-    ]
+    rows = [{"dim": 3072, "rows": 17, "byte_exact": True}, {"dim": 3072, "rows": 256},
+            {"dim": 3072, "rows": 4096, "byte_exact": False}, {"dim": 3072, "rows": 8192, "byte_exact": 1}]
     failures = results.check_failures(rows, ["byte_exact"], lambda r: f"rows={r['rows']}")
-    assert failures == [
-        "rows=256: byte_exact not checked",
-        "rows=4096: byte_exact failed",
-        "rows=8192: byte_exact failed",
-    ]
+    assert failures == ["rows=256: byte_exact not checked", "rows=4096: byte_exact failed",
+                        "rows=8192: byte_exact failed"]
     assert results.check_failures(rows[:1], ["byte_exact"], str) == []
 
 
@@ -125,18 +116,10 @@ def test_outputs_equal_compares_bytes():
 
 
 def test_write_report(tmp_path):
-    rows = [
-        {"dim": 3072, "rows": m, "fused_gbps": 100.0 * m, "peer_gbps": float("nan"), "ok": True} for m in (17, 4096)
-    ]
-    plot = results.Plot(
-        x="rows",
-        panel="dim",
-        series={"fused": "fused_gbps", "peer": "peer_gbps"},
-        xlabel="rows",
-        ylabel="GB/s",
-        title="t",
-        hline=(4000.0, "ceiling"),
-    )
+    rows = [{"dim": 3072, "rows": m, "fused_gbps": 100.0 * m, "peer_gbps": float("nan"), "ok": True}
+            for m in (17, 4096)]
+    plot = results.Plot(x="rows", panel="dim", series={"fused": "fused_gbps", "peer": "peer_gbps"}, xlabel="rows",
+                        ylabel="GB/s", title="t", hline=(4000.0, "ceiling"))
     written = results.write_report(tmp_path / "sub", "b", rows, ["# b", "line"], plot=plot)
     assert (tmp_path / "sub" / "b.csv").read_text().splitlines()[0] == "dim,rows,fused_gbps,peer_gbps,ok"
     assert (tmp_path / "sub" / "b.md").read_text() == "# b\nline\n"
@@ -158,7 +141,7 @@ def test_fmt_and_table():
 
 
 def test_sets_and_reps():
-    l2 = 60 * 2**20
+    l2 = 60 * 2 ** 20
     assert timing.sets_for_cold_l2(1, l2) == timing.MAX_SETS
     assert timing.sets_for_cold_l2(l2, l2) == 2
     assert timing.sets_for_cold_l2(l2, l2, minimum=timing.GRAPH_CALLS) == timing.GRAPH_CALLS
@@ -184,9 +167,8 @@ def test_copy_ceiling_is_the_best_pair(monkeypatch):
     assert ceiling == 4178.0 and per_pair == [4051.0, 4178.0, 4100.0]
     assert len({ptr for s, d, _, _ in seen for ptr in (s, d)}) == 6  # six distinct buffers, all alive together
     assert all(n == 4096 and reps == 7 for _, _, n, reps in seen)
-    assert "4178 GB/s" in timing.ceiling_note(ceiling, per_pair) and "3 buffer pairs" in timing.ceiling_note(
-        ceiling, per_pair
-    )
+    assert "4178 GB/s" in timing.ceiling_note(ceiling, per_pair) and "3 buffer pairs" in \
+        timing.ceiling_note(ceiling, per_pair)
 
 
 def test_copy_ceiling_uses_fewer_pairs_when_memory_runs_out(monkeypatch):
@@ -263,24 +245,13 @@ def test_each_benchmark_refuses_without_a_gpu(script, monkeypatch, tmp_path, cap
     assert not (tmp_path / "never").exists()
 
 
-@pytest.mark.parametrize(
-    "script, argv",
-    [
-        ("bench_fused", ["--reps", "0"]),
-        ("bench_fused", ["--rows", "17,0"]),
-        ("bench_fused", ["--dims", "-64"]),
-        ("bench_pdl", ["--rows", "0"]),
-        ("bench_per_token", ["--replays", "-1"]),
-        ("bench_gemm", ["--rows", "x"]),
-        ("bench_model", ["--layers", "0"]),
-        ("bench_model", ["--tokens", "6889,0"]),
-        ("bench_model", ["--batches", "x"]),
-        ("bench_fp8", ["--rows", "0"]),
-        ("bench_fp8", ["--replays", "-2"]),
-        ("bench_fp8_linear", ["--tokens", "0"]),
-        ("bench_fp8_linear", ["--reps", "0"]),
-    ],
-)
+@pytest.mark.parametrize("script, argv", [
+    ("bench_fused", ["--reps", "0"]), ("bench_fused", ["--rows", "17,0"]), ("bench_fused", ["--dims", "-64"]),
+    ("bench_pdl", ["--rows", "0"]), ("bench_per_token", ["--replays", "-1"]), ("bench_gemm", ["--rows", "x"]),
+    ("bench_model", ["--layers", "0"]), ("bench_model", ["--tokens", "6889,0"]), ("bench_model", ["--batches", "x"]),
+    ("bench_fp8", ["--rows", "0"]), ("bench_fp8", ["--replays", "-2"]), ("bench_fp8_linear", ["--tokens", "0"]),
+    ("bench_fp8_linear", ["--reps", "0"]),
+])
 def test_counts_must_be_positive(script, argv, capsys):
     with pytest.raises(SystemExit) as exc:
         sys.modules[script].main(argv)
@@ -338,52 +309,23 @@ def test_fused_byte_check_failures():
     rows = [_row(17), {"dim": 3072, "rows": 256}]
     graph = {(3072, 17): _graph(), (3072, 32): {"dim": 3072, "rows": 32, "fused": 1.0, "unfused": 2.0}}
     assert bench_fused.byte_check_failures(rows, graph) == [
-        "D=3072 rows=256: byte_exact not checked",
-        "D=3072 rows=32 (graph replay): byte_exact not checked",
-    ]
+        "D=3072 rows=256: byte_exact not checked", "D=3072 rows=32 (graph replay): byte_exact not checked"]
     assert bench_fused.byte_check_failures(rows[:1], {(3072, 17): _graph()}) == []
     assert bench_fused.byte_check_failures([_row(4096, exact=False)], {(3072, 17): _graph(exact=False)}) == [
-        "D=3072 rows=4096: byte_exact failed",
-        "D=3072 rows=17 (graph replay): byte_exact failed",
-    ]
+        "D=3072 rows=4096: byte_exact failed", "D=3072 rows=17 (graph replay): byte_exact failed"]
 
 
 def test_fused_tables():
     nan = float("nan")
-    rows = [
-        {
-            "dim": 3072,
-            "rows": m,
-            "bytes": harness.bytes_moved(m, 3072),
-            "n_sets": 1,
-            "fused_us": 10.0,
-            "fused_gbps": 4000.0,
-            "fused_frac_copy": 0.9,
-            "unfused_us": 15.0,
-            "unfused_gbps": 2600.0,
-            "eager_us": 200.0,
-            "eager_gbps": 200.0,
-            "compiled_us": nan,
-            "compiled_gbps": nan,
-            "speedup_vs_unfused": 1.5,
-            "speedup_vs_eager": 20.0,
-            "speedup_vs_compiled": nan,
-            "byte_exact": True,
-        }
-        for m in (17, 4096)
-    ]
+    rows = [{"dim": 3072, "rows": m, "bytes": harness.bytes_moved(m, 3072), "n_sets": 1, "fused_us": 10.0,
+             "fused_gbps": 4000.0, "fused_frac_copy": 0.9, "unfused_us": 15.0, "unfused_gbps": 2600.0,
+             "eager_us": 200.0, "eager_gbps": 200.0, "compiled_us": nan, "compiled_gbps": nan,
+             "speedup_vs_unfused": 1.5, "speedup_vs_eager": 20.0, "speedup_vs_compiled": nan, "byte_exact": True}
+            for m in (17, 4096)]
     lines = bench_fused.table_lines(rows)
     assert len(lines) == 4 and "n/a" in lines[2] and lines[2].endswith("| yes |")
-    g = {
-        "calls": 20,
-        "fused": 21.0,
-        "unfused": 35.0,
-        "resnorm": 26.0,
-        "quantize": 10.0,
-        "copy": 20.5,
-        "copy_bytes": rows[1]["bytes"],
-        "byte_exact": True,
-    }
+    g = {"calls": 20, "fused": 21.0, "unfused": 35.0, "resnorm": 26.0, "quantize": 10.0, "copy": 20.5,
+         "copy_bytes": rows[1]["bytes"], "byte_exact": True}
     bench_fused.merge_graph(rows[1], g, 4000.0)
     glines = bench_fused.graph_table_lines(rows)
     assert len(glines) == 3 and glines[2].startswith("| 3072 | 4096 | 20 | 21.00 |") and glines[2].endswith("| yes |")
@@ -404,17 +346,12 @@ def test_per_token_judges_fused_equals_unfused_even_when_missing():
 
 def test_per_token_judges_flashinfer_residual_out():
     """FlashInfer's residual_out must equal ours where both ran (its check was computed and never judged)."""
-    row = {
-        "dim": 3072,
-        "rows": 256,
-        "ours_supported": True,
-        "flashinfer_measured": True,
-        "fused_equals_unfused": True,
-        "flashinfer_residual_out_equal": False,
-    }
+    row = {"dim": 3072, "rows": 256, "ours_supported": True, "flashinfer_measured": True,
+           "fused_equals_unfused": True, "flashinfer_residual_out_equal": False}
     assert bench_per_token.byte_check_failures([row]) == ["D=3072 rows=256: flashinfer_residual_out_equal failed"]
     del row["flashinfer_residual_out_equal"]
-    assert bench_per_token.byte_check_failures([row]) == ["D=3072 rows=256: flashinfer_residual_out_equal not checked"]
+    assert bench_per_token.byte_check_failures([row]) == [
+        "D=3072 rows=256: flashinfer_residual_out_equal not checked"]
     assert bench_per_token.byte_check_failures([{"dim": 3072, "rows": 256, "ours_supported": False}]) == []
 
 
@@ -430,12 +367,8 @@ def test_per_token_table_marks_what_was_not_measured():
     row = {"dim": 3072, "rows": 256, "calls": 20, "ours_supported": False}
     for name, n in bench_per_token.impl_bytes(256, 3072).items():
         row[f"{name}_bytes"] = n
-    row.update(
-        flashinfer_dit_us=5.0,
-        flashinfer_dit_gbps=800.0,
-        flashinfer_dit_frac_copy=0.2,
-        flashinfer_dit_frac_own_copy=0.85,
-    )
+    row.update(flashinfer_dit_us=5.0, flashinfer_dit_gbps=800.0, flashinfer_dit_frac_copy=0.2,
+               flashinfer_dit_frac_own_copy=0.85)
     lines = bench_per_token.table_lines([row])
     assert len(lines) == 2 + len(bench_per_token.IMPLS)
     assert "| flashinfer_dit | " in lines[2] and "| 85.0 |" in lines[2]
@@ -444,19 +377,8 @@ def test_per_token_table_marks_what_was_not_measured():
 
 
 def test_pdl_table_and_checks():
-    row = {
-        "dim": 3072,
-        "rows": 256,
-        "calls": 20,
-        "pair_pdl_us": 9.0,
-        "pair_no_pdl_us": 10.0,
-        "pdl_saves_us": 1.0,
-        "pdl_saves_frac": 0.1,
-        "gemm_us": 6.0,
-        "op_pdl_us": 3.5,
-        "op_no_pdl_us": 4.0,
-        "byte_exact": True,
-    }
+    row = {"dim": 3072, "rows": 256, "calls": 20, "pair_pdl_us": 9.0, "pair_no_pdl_us": 10.0, "pdl_saves_us": 1.0,
+           "pdl_saves_frac": 0.1, "gemm_us": 6.0, "op_pdl_us": 3.5, "op_no_pdl_us": 4.0, "byte_exact": True}
     lines = bench_pdl.table_lines([row])
     assert lines[2].startswith("| 3072 | 256 | 20 | 9.00 | 10.00 | 1.00 | 10.0 | 6.00 | 3.50 | 4.00 | yes |")
     assert bench_pdl.byte_check_failures([row]) == []
@@ -485,47 +407,23 @@ def test_pdl_setting_sets_and_restores(before):
 
 def test_gemm_and_model_checks():
     assert bench_gemm.byte_check_failures([{"M": 256, "K": 3072, "N": 12288}]) == [
-        "256 x 3072 x 12288: operands_exact not checked"
-    ]
-    row = {
-        "tokens": 4096,
-        "zero_cond_t": False,
-        "batch": 1,
-        "format": "nvfp4",
-        "linears": "fc1",
-        "fused_equals_unfused": False,
-        "no_fallback": True,
-    }
+        "256 x 3072 x 12288: operands_exact not checked"]
+    row = {"tokens": 4096, "zero_cond_t": False, "batch": 1, "format": "nvfp4", "linears": "fc1",
+           "fused_equals_unfused": False, "no_fallback": True}
     assert bench_model.byte_check_failures([row]) == [
         "4096 tokens batch 1 format=nvfp4 linears=fc1: fused_equals_unfused failed",
-        "4096 tokens batch 1 format=nvfp4 linears=fc1: restored_equals_bf16 not checked",
-    ]
+        "4096 tokens batch 1 format=nvfp4 linears=fc1: restored_equals_bf16 not checked"]
 
 
 def test_gemm_table_prints_the_measured_ratios():
-    row = {
-        "M": 256,
-        "K": 3072,
-        "N": 12288,
-        "tensor_core_ms": 0.068,
-        "tensor_core_cached_ms": 0.037,
-        "bf16_mm_ms": 0.034,
-        "bf16_linear_ms": 0.034,
-        "ratio": 2.0,
-        "ratio_cached": 1.088,
-        "reference_ms": None,
-        "flashinfer_ms": None,
-        "rel_err_vs_reference": 1.66e-3,
-        "operands_exact": True,
-    }
+    row = {"M": 256, "K": 3072, "N": 12288, "tensor_core_ms": 0.068, "tensor_core_cached_ms": 0.037,
+           "bf16_mm_ms": 0.034, "bf16_linear_ms": 0.034, "ratio": 2.0, "ratio_cached": 1.088, "reference_ms": None,
+           "flashinfer_ms": None, "rel_err_vs_reference": 1.66e-3, "operands_exact": True}
     lines = bench_gemm.gemm_table([row, dict(row, M=4096, operands_exact=False)])
-    assert lines[0] == (
-        "| M x K x N | tensor_core ms | tensor_core cached ms | bf16 mm ms | bf16 linear ms | ratio | "
-        "ratio cached | reference ms | FlashInfer ms | rel err vs reference | operands exact |"
-    )
-    assert lines[2] == (
-        "| 256 x 3072 x 12288 | 0.068 | 0.037 | 0.034 | 0.034 | 2.00x | 1.09x | n/a | n/a | 1.66e-03 | yes |"
-    )
+    assert lines[0] == ("| M x K x N | tensor_core ms | tensor_core cached ms | bf16 mm ms | bf16 linear ms | ratio | "
+                        "ratio cached | reference ms | FlashInfer ms | rel err vs reference | operands exact |")
+    assert lines[2] == ("| 256 x 3072 x 12288 | 0.068 | 0.037 | 0.034 | 0.034 | 2.00x | 1.09x | n/a | n/a | 1.66e-03 "
+                        "| yes |")
     assert lines[3].startswith("| 4096 x 3072 x 12288 |") and lines[3].endswith("| NO |")
 
 
@@ -610,43 +508,16 @@ def _fake_measurements(monkeypatch, exact_rows=(), graph_exact=True, speedup=1.5
 
     def run_case(rows, dim, timer, l2, ceiling, compiled, max_reps, budget_s):
         nbytes = harness.bytes_moved(rows, dim)
-        return {
-            "dim": dim,
-            "rows": rows,
-            "bytes": nbytes,
-            "n_sets": 2,
-            "byte_exact": rows not in exact_rows,
-            "fused_us": 10.0,
-            "fused_gbps": 100.0,
-            "fused_frac_copy": 0.5,
-            "unfused_us": 10.0 * speedup,
-            "unfused_gbps": 1.0,
-            "resnorm_us": 8.0,
-            "quantize_us": 6.0,
-            "eager_us": 100.0,
-            "eager_gbps": 1.0,
-            "compiled_us": nan,
-            "compiled_gbps": nan,
-            "copy_same_bytes_us": 9.0,
-            "copy_same_bytes_frac": 0.6,
-            "speedup_vs_unfused": speedup,
-            "speedup_vs_eager": 10.0,
-            "speedup_vs_compiled": nan,
-        }
+        return {"dim": dim, "rows": rows, "bytes": nbytes, "n_sets": 2, "byte_exact": rows not in exact_rows,
+                "fused_us": 10.0, "fused_gbps": 100.0, "fused_frac_copy": 0.5, "unfused_us": 10.0 * speedup,
+                "unfused_gbps": 1.0,
+                "resnorm_us": 8.0, "quantize_us": 6.0, "eager_us": 100.0, "eager_gbps": 1.0, "compiled_us": nan,
+                "compiled_gbps": nan, "copy_same_bytes_us": 9.0, "copy_same_bytes_frac": 0.6,
+                "speedup_vs_unfused": speedup, "speedup_vs_eager": 10.0, "speedup_vs_compiled": nan}
 
     def graph_case(rows, dim, l2):
-        return {
-            "dim": dim,
-            "rows": rows,
-            "calls": 20,
-            "byte_exact": graph_exact,
-            "fused": 2.0,
-            "unfused": 3.0,
-            "resnorm": 2.0,
-            "quantize": 1.5,
-            "copy": 1.8,
-            "copy_bytes": harness.bytes_moved(rows, dim),
-        }
+        return {"dim": dim, "rows": rows, "calls": 20, "byte_exact": graph_exact, "fused": 2.0, "unfused": 3.0,
+                "resnorm": 2.0, "quantize": 1.5, "copy": 1.8, "copy_bytes": harness.bytes_moved(rows, dim)}
 
     monkeypatch.setattr(harness, "refuse_without_gpu", lambda prog: None)
     monkeypatch.setattr(harness, "run_header", lambda: ["GPU: fake"])
@@ -655,11 +526,8 @@ def _fake_measurements(monkeypatch, exact_rows=(), graph_exact=True, speedup=1.5
     monkeypatch.setattr(timing, "l2_bytes", lambda: 50 << 20)
     monkeypatch.setattr(timing, "copy_ceiling_gbps", lambda: (4000.0, [4000.0]))
     monkeypatch.setattr(timing, "EventTimer", Timer)
-    monkeypatch.setattr(
-        timing,
-        "host_us_per_call",
-        lambda cases: {n: (1.0, 1.0, 1.0) for n in ("wrapper", "raw_op", "fused_path", "layer_norm")},
-    )
+    monkeypatch.setattr(timing, "host_us_per_call", lambda cases: {n: (1.0, 1.0, 1.0) for n in
+                                                                   ("wrapper", "raw_op", "fused_path", "layer_norm")})
     monkeypatch.setattr(bench_fused, "host_overhead_cases", lambda: {})
     monkeypatch.setattr(bench_fused, "run_case", run_case)
     monkeypatch.setattr(bench_fused, "graph_case", graph_case)
@@ -673,10 +541,7 @@ def test_fused_main_reports_and_passes_when_every_check_holds(monkeypatch, tmp_p
     first = dict(zip(bench_fused.CSV_FIELDS, csv_lines[1].split(",")))
     assert (first["dim"], first["rows"], first["fused_us"], first["unfused_us"]) == ("3072", "256", "10.0", "15.0")
     assert (first["graph_fused_us"], first["graph_speedup_vs_unfused"], first["graph_byte_exact"]) == (
-        "2.0",
-        "1.5",
-        "True",
-    )
+        "2.0", "1.5", "True")
     md = (tmp_path / "bench_fused.md").read_text()
     assert "| 3072 | 256 | 10.00 |" in md and "17 rows, D=3072, CUDA-graph replay" in md  # 17 rows always graphed
     out, err = capsys.readouterr()

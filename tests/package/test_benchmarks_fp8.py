@@ -57,9 +57,8 @@ def test_fp8_byte_models():
         bench_fp8.op_bytes("resnorm_quant", 1, d, False)
 
 
-@pytest.mark.parametrize(
-    "dims, ok", [("3072,5120", True), ("48,16384", True), ("40", False), ("3072,8", False), ("16400", False)]
-)
+@pytest.mark.parametrize("dims, ok", [("3072,5120", True), ("48,16384", True), ("40", False), ("3072,8", False),
+                                      ("16400", False)])
 def test_fp8_width_rule_is_judged_before_needing_a_gpu(dims, ok, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench_fp8.main(["--dims", dims]) == 2
@@ -68,14 +67,11 @@ def test_fp8_width_rule_is_judged_before_needing_a_gpu(dims, ok, capsys, monkeyp
     assert ("GPU only" in err) == ok
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--ops", "fp8_quantize,nope"], "argument --ops: expected comma-separated ops of resnorm_quant_fp8"),
-        (["--ops", ""], "argument --ops: expected comma-separated ops"),
-        (["--modulation", "row"], "argument --modulation: expected comma-separated modulations of batch, token"),
-    ],
-)
+@pytest.mark.parametrize("argv, message", [
+    (["--ops", "fp8_quantize,nope"], "argument --ops: expected comma-separated ops of resnorm_quant_fp8"),
+    (["--ops", ""], "argument --ops: expected comma-separated ops"),
+    (["--modulation", "row"], "argument --modulation: expected comma-separated modulations of batch, token"),
+])
 def test_fp8_choice_options(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         bench_fp8.main(argv)
@@ -83,9 +79,8 @@ def test_fp8_choice_options(argv, message, capsys):
 
 
 def test_fp8_options_parse():
-    args = bench_fp8.build_parser().parse_args(
-        ["--ops", "gelu_fp8,fp8_quantize,gelu_fp8", "--modulation", "token,batch"]
-    )
+    args = bench_fp8.build_parser().parse_args(["--ops", "gelu_fp8,fp8_quantize,gelu_fp8", "--modulation",
+                                                "token,batch"])
     assert args.ops == ["gelu_fp8", "fp8_quantize"] and args.modulation == ["token", "batch"]
     args = bench_fp8.build_parser().parse_args([])
     assert args.ops == list(bench_fp8.OPS) and args.modulation == ["batch"]
@@ -101,9 +96,8 @@ def test_fp8_refuses_a_build_without_the_ops(monkeypatch, tmp_path, capsys):
 
 def test_fp8_ops_missing_names_the_first_missing_op():
     reason = bench_fp8.fp8_ops_missing()
-    present = all(
-        hasattr(torch.ops.qwen_fp4, n) for n in ("resnorm_quant_fp8", "fp8_quantize", "norm_modulate_quant_fp8")
-    )
+    present = all(hasattr(torch.ops.qwen_fp4, n) for n in ("resnorm_quant_fp8", "fp8_quantize",
+                                                            "norm_modulate_quant_fp8"))
     assert (reason is None) == present
     if reason is not None:
         assert reason.startswith("this build of qwen_resnorm_fp4 has no torch.ops.qwen_fp4.")
@@ -170,24 +164,11 @@ def test_fp8_implementations_on_cpu(op, per_token):
 # ----------------------------------------------------------------------------------------------------
 
 
-def _fp8_row(
-    op="resnorm_quant_fp8", rows=4096, frac=0.93, x_unfused=1.55, x_torch=4.0, exact=True, modulation="batch", dim=3072
-):
-    r = {
-        "op": op,
-        "dim": dim,
-        "rows": rows,
-        "modulation": modulation,
-        "calls": 20,
-        "bytes": 1,
-        "fused_us": 10.0,
-        "fused_frac_own_copy": frac,
-        "fused_frac_copy": frac - 0.05,
-        "torch_us": 10.0 * x_torch,
-        "x_torch": x_torch,
-        "compiled_us": nan,
-        "x_compiled": nan,
-    }
+def _fp8_row(op="resnorm_quant_fp8", rows=4096, frac=0.93, x_unfused=1.55, x_torch=4.0, exact=True,
+             modulation="batch", dim=3072):
+    r = {"op": op, "dim": dim, "rows": rows, "modulation": modulation, "calls": 20, "bytes": 1,
+         "fused_us": 10.0, "fused_frac_own_copy": frac, "fused_frac_copy": frac - 0.05,
+         "torch_us": 10.0 * x_torch, "x_torch": x_torch, "compiled_us": nan, "x_compiled": nan}
     if "unfused" in bench_fp8.IMPLS[op]:
         r.update(unfused_us=10.0 * x_unfused, x_unfused=x_unfused)
         if exact is not None:
@@ -196,19 +177,14 @@ def _fp8_row(
 
 
 def test_fp8_byte_check_covers_every_op_with_an_unfused_chain_and_missing_checks():
-    rows = [
-        _fp8_row(),
-        _fp8_row("norm_modulate_quant_fp8", rows=17, exact=False),
-        _fp8_row("norm_modulate_quant_fp8", rows=256, exact=None),
-    ]
+    rows = [_fp8_row(), _fp8_row("norm_modulate_quant_fp8", rows=17, exact=False),
+            _fp8_row("norm_modulate_quant_fp8", rows=256, exact=None)]
     assert bench_fp8.byte_check_failures(rows) == [
         "norm_modulate_quant_fp8 D=3072 rows=17, batch modulation: byte_exact failed",
-        "norm_modulate_quant_fp8 D=3072 rows=256, batch modulation: byte_exact not checked",
-    ]
+        "norm_modulate_quant_fp8 D=3072 rows=256, batch modulation: byte_exact not checked"]
     assert bench_fp8.byte_check_failures([_fp8_row("gelu_fp8", dim=12288)]) == []
     assert bench_fp8.byte_check_failures([_fp8_row("gelu_fp8", dim=12288, exact=None)]) == [
-        "gelu_fp8 D=12288 rows=4096: byte_exact not checked"
-    ]
+        "gelu_fp8 D=12288 rows=4096: byte_exact not checked"]
     assert bench_fp8.byte_check_failures([_fp8_row("fp8_quantize", exact=None)]) == []  # no unfused chain
 
 
@@ -217,7 +193,8 @@ def test_fp8_tables():
     lines = bench_fp8.table_lines(rows, "resnorm_quant_fp8")
     assert len(lines) == 4 and lines[0].startswith("| D | rows | modulation | us | % of a same-bytes copy |")
     assert lines[0].endswith("| fused == unfused |") and lines[3].endswith("| NO |")
-    assert lines[2] == ("| 3072 | 17 | batch | 10.00 | 93.0 | 88.0 | 15.50 | 1.55 | 40.00 | 4.00 | n/a | n/a | yes |")
+    assert lines[2] == ("| 3072 | 17 | batch | 10.00 | 93.0 | 88.0 | 15.50 | 1.55 | 40.00 | 4.00 | n/a | n/a "
+                        "| yes |")
     q = bench_fp8.table_lines(rows, "fp8_quantize")
     assert len(q) == 3 and "modulation" not in q[0] and "fused == unfused" not in q[0] and "unfused us" not in q[0]
 
@@ -241,36 +218,21 @@ def _fake_fp8_measurements(monkeypatch, bad=()):
 
 def test_fp8_main_measures_every_case_and_writes_the_report(monkeypatch, tmp_path, capsys):
     calls = _fake_fp8_measurements(monkeypatch)
-    argv = [
-        "--rows",
-        "17,4096",
-        "--dims",
-        "3072,5120",
-        "--modulation",
-        "batch,token",
-        "--no-compile",
-        "--out",
-        str(tmp_path),
-    ]
+    argv = ["--rows", "17,4096", "--dims", "3072,5120", "--modulation", "batch,token", "--no-compile",
+            "--out", str(tmp_path)]
     assert bench_fp8.main(argv) == 0
     per_norm_op = [(r, d, m) for d in (3072, 5120) for r in (17, 4096) for m in ("batch", "token")]
     assert [c[1:4] for c in calls if c[0] == "resnorm_quant_fp8"] == per_norm_op
     assert [c[1:4] for c in calls if c[0] == "norm_modulate_quant_fp8"] == per_norm_op
-    assert [c[1:4] for c in calls if c[0] == "fp8_quantize"] == [
-        (r, d, "batch") for d in (3072, 5120) for r in (17, 4096)
-    ]
+    assert [c[1:4] for c in calls if c[0] == "fp8_quantize"] == [(r, d, "batch") for d in (3072, 5120)
+                                                                 for r in (17, 4096)]
     assert [c[1:4] for c in calls if c[0] == "gelu_fp8"] == [(17, 12288, "batch"), (4096, 12288, "batch")]
     assert all(c[4] and c[5] == 50 for c in calls)  # --no-compile: no compiled peer
     csv_lines = (tmp_path / "bench_fp8.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_fp8.CSV_FIELDS and len(csv_lines) == 1 + len(calls)
     first = dict(zip(bench_fp8.CSV_FIELDS, csv_lines[1].split(",")))
     assert (first["op"], first["rows"], first["modulation"], first["fused_us"], first["x_unfused"]) == (
-        "resnorm_quant_fp8",
-        "17",
-        "batch",
-        "10.0",
-        "1.55",
-    )
+        "resnorm_quant_fp8", "17", "batch", "10.0", "1.55")
     md = (tmp_path / "bench_fp8.md").read_text()
     for op in bench_fp8.OPS:
         assert f"## {bench_fp8.SUBJECT[op]}" in md
@@ -282,12 +244,8 @@ def test_fp8_main_measures_every_case_and_writes_the_report(monkeypatch, tmp_pat
 
 def test_fp8_main_quick_and_failures(monkeypatch, tmp_path, capsys):
     calls = _fake_fp8_measurements(monkeypatch, bad={("norm_modulate_quant_fp8", 4096)})
-    assert (
-        bench_fp8.main(
-            ["--quick", "--no-compile", "--ops", "resnorm_quant_fp8,norm_modulate_quant_fp8", "--out", str(tmp_path)]
-        )
-        == 1
-    )
+    assert bench_fp8.main(["--quick", "--no-compile", "--ops", "resnorm_quant_fp8,norm_modulate_quant_fp8",
+                           "--out", str(tmp_path)]) == 1
     assert {c[1] for c in calls} == set(bench_fp8.QUICK_ROWS) and {c[2] for c in calls} == {3072}
     assert all(c[5] == 20 for c in calls)
     err = capsys.readouterr().err
@@ -306,12 +264,8 @@ def test_fp8_main_prints_a_slow_figure_without_failing(monkeypatch, tmp_path, ca
         return r
 
     monkeypatch.setattr(bench_fp8, "measure_case", slow)
-    assert (
-        bench_fp8.main(
-            ["--rows", "4096", "--dims", "3072", "--ops", "resnorm_quant_fp8", "--no-compile", "--out", str(tmp_path)]
-        )
-        == 0
-    )
+    assert bench_fp8.main(["--rows", "4096", "--dims", "3072", "--ops", "resnorm_quant_fp8", "--no-compile",
+                           "--out", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     assert "(30.0% of a same-bytes copy), x unfused 0.80" in out and err == ""
     md = (tmp_path / "bench_fp8.md").read_text()
@@ -327,12 +281,8 @@ def _fake_layer(per_channel: bool, bias: bool = True):
     g = torch.Generator().manual_seed(1)
     w = (torch.randn(8, 32, generator=g) * 50).clamp(-448, 448).to(torch.float8_e4m3fn)
     ws = torch.rand(8 if per_channel else 1, generator=g) + 0.01
-    return types.SimpleNamespace(
-        weight=w,
-        weight_scale=ws,
-        input_scale=torch.tensor([0.25]),
-        bias=torch.randn(8, generator=g).bfloat16() if bias else None,
-    )
+    return types.SimpleNamespace(weight=w, weight_scale=ws, input_scale=torch.tensor([0.25]),
+                                 bias=torch.randn(8, generator=g).bfloat16() if bias else None)
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
@@ -372,37 +322,21 @@ def test_fp8_linear_cpu_path_is_within_the_bound_of_the_reference():
 
 
 def _linear_row(name="fc1", m=4096, k=3072, n=12288, forms=True, close=True):
-    return {
-        "layer": name,
-        "M": m,
-        "K": k,
-        "N": n,
-        "bf16_ms": 0.4,
-        "fp8_ms": 0.26,
-        "fp8_prequantized_ms": 0.24,
-        "quantize_ms": 0.02,
-        "ratio": 0.65,
-        "ratio_prequantized": 0.6,
-        "rel_err_vs_reference": 1.7e-3,
-        "rel_err_vs_bf16": 3.1e-2,
-        "forms_equal": forms,
-        "close_to_reference": close,
-    }
+    return {"layer": name, "M": m, "K": k, "N": n, "bf16_ms": 0.4, "fp8_ms": 0.26, "fp8_prequantized_ms": 0.24,
+            "quantize_ms": 0.02, "ratio": 0.65, "ratio_prequantized": 0.6, "rel_err_vs_reference": 1.7e-3,
+            "rel_err_vs_bf16": 3.1e-2, "forms_equal": forms, "close_to_reference": close}
 
 
 def test_linear_checks_and_table():
     assert bench_fp8_linear.byte_check_failures([_linear_row()]) == []
     assert bench_fp8_linear.byte_check_failures([_linear_row(forms=False, close=False)]) == [
-        "fc1 4096 x 3072 x 12288: forms_equal failed",
-        "fc1 4096 x 3072 x 12288: close_to_reference failed",
-    ]
+        "fc1 4096 x 3072 x 12288: forms_equal failed", "fc1 4096 x 3072 x 12288: close_to_reference failed"]
     row = _linear_row()
     del row["close_to_reference"]
     assert bench_fp8_linear.byte_check_failures([row]) == ["fc1 4096 x 3072 x 12288: close_to_reference not checked"]
     lines = bench_fp8_linear.table_lines([_linear_row()])
-    assert lines[2] == (
-        "| fc1 | 4096 x 3072 x 12288 | 0.400 | 0.260 | 0.65x | 0.240 | 0.60x | 0.020 | 1.70e-03 | 3.10e-02 | yes |"
-    )
+    assert lines[2] == ("| fc1 | 4096 x 3072 x 12288 | 0.400 | 0.260 | 0.65x | 0.240 | 0.60x | 0.020 | 1.70e-03 | "
+                        "3.10e-02 | yes |")
 
 
 def test_linear_shapes_are_qwen_images():
@@ -432,12 +366,8 @@ def test_linear_main(monkeypatch, tmp_path, capsys):
     assert len((tmp_path / "bench_fp8_linear.csv").read_text().splitlines()) == 1 + 9
     assert "| fc2 | 10209 x 12288 x 3072 |" in (tmp_path / "bench_fp8_linear.md").read_text()
     calls.clear()
-    assert (
-        bench_fp8_linear.main(
-            ["--tokens", "256", "--per-channel", "--no-fast-accum", "--reps", "7", "--out", str(tmp_path)]
-        )
-        == 0
-    )
+    assert bench_fp8_linear.main(["--tokens", "256", "--per-channel", "--no-fast-accum", "--reps", "7",
+                                  "--out", str(tmp_path)]) == 0
     assert [c[1] for c in calls] == [256] * 3 and all(c[4:] == (7, 5, True, False) for c in calls)
 
 
@@ -482,14 +412,11 @@ def test_model_rejects_unsplittable_tokens_before_needing_a_gpu(monkeypatch, cap
     assert "GPU only" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--formats", "fp4"], "argument --formats: expected comma-separated formats of nvfp4, fp8"),
-        (["--linears", "modelopt"], "argument --linears: expected comma-separated linears presets of all, fc1"),
-        (["--zero-cond-t", "yes"], "argument --zero-cond-t: invalid choice"),
-    ],
-)
+@pytest.mark.parametrize("argv, message", [
+    (["--formats", "fp4"], "argument --formats: expected comma-separated formats of nvfp4, fp8"),
+    (["--linears", "modelopt"], "argument --linears: expected comma-separated linears presets of all, fc1"),
+    (["--zero-cond-t", "yes"], "argument --zero-cond-t: invalid choice"),
+])
 def test_model_choice_options(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         bench_model.main(argv)
@@ -498,12 +425,8 @@ def test_model_choice_options(argv, message, capsys):
 
 def test_model_stats_fields():
     good = {"fused": 8, "unfused": 0, "fallback": 0, "decline_reasons": {}}
-    assert bench_model.stats_fields(good, 8) == {
-        "fused_segments": 8,
-        "fallbacks": 0,
-        "decline_reasons": "",
-        "no_fallback": True,
-    }
+    assert bench_model.stats_fields(good, 8) == {"fused_segments": 8, "fallbacks": 0, "decline_reasons": "",
+                                                 "no_fallback": True}
     fell = {"fused": 6, "unfused": 0, "fallback": 2, "decline_reasons": {"cpu_tensors": 1, "a": 1}}
     f = bench_model.stats_fields(fell, 8)
     assert f["no_fallback"] is False and f["decline_reasons"] == "a: 1; cpu_tensors: 1"
@@ -511,36 +434,21 @@ def test_model_stats_fields():
     assert bench_model.stats_fields({}, 8)["no_fallback"] is False
 
 
-def _model_row(
-    tokens=6889, zct=False, fmt="fp8", linears="all", ratio=0.75, err=0.004, exact=True, no_fallback=True, batch=1
-):
-    return {
-        "tokens": tokens,
-        "zero_cond_t": zct,
-        "batch": batch,
-        "format": fmt,
-        "linears": linears,
-        "bf16_ms": 20.0,
-        "fused_ms": 20.0 * ratio,
-        "unfused_ms": 21.0 * ratio,
-        "fused_over_bf16": ratio,
-        "rel_err_vs_bf16": err,
-        "fused_equals_unfused": exact,
-        "no_fallback": no_fallback,
-        "fused_segments": 8 if no_fallback else 6,
-        "fallbacks": 0 if no_fallback else 2,
-        "restored_equals_bf16": True,
-    }
+def _model_row(tokens=6889, zct=False, fmt="fp8", linears="all", ratio=0.75, err=0.004, exact=True,
+               no_fallback=True, batch=1):
+    return {"tokens": tokens, "zero_cond_t": zct, "batch": batch, "format": fmt, "linears": linears,
+            "bf16_ms": 20.0, "fused_ms": 20.0 * ratio, "unfused_ms": 21.0 * ratio, "fused_over_bf16": ratio,
+            "rel_err_vs_bf16": err, "fused_equals_unfused": exact, "no_fallback": no_fallback,
+            "fused_segments": 8 if no_fallback else 6, "fallbacks": 0 if no_fallback else 2,
+            "restored_equals_bf16": True}
 
 
 def test_model_fp8_over_nvfp4_and_table():
     rows = [_model_row(fmt="nvfp4", ratio=1.0), _model_row(fmt="fp8", ratio=0.75), _model_row(fmt="fp8", zct=True)]
     bench_model.add_fp8_over_nvfp4(rows)
     assert rows[1]["fp8_over_nvfp4"] == pytest.approx(0.75)
-    assert (
-        rows[0]["fp8_over_nvfp4"] != rows[0]["fp8_over_nvfp4"]
-        and rows[2]["fp8_over_nvfp4"] != rows[2]["fp8_over_nvfp4"]
-    )  # NaN: no peer
+    assert rows[0]["fp8_over_nvfp4"] != rows[0]["fp8_over_nvfp4"] and rows[2]["fp8_over_nvfp4"] != \
+        rows[2]["fp8_over_nvfp4"]  # NaN: no peer
     lines = bench_model.table_lines(rows)
     assert lines[3] == "| 6889 | no | 1 | fp8 | all | 20.00 | 15.00 | 15.75 | 0.75x | 0.75 | 0.0040 | yes | 8 (0) |"
     assert "| 6889 | yes | 1 | fp8 |" in lines[4] and "| n/a |" in lines[4]
@@ -551,8 +459,7 @@ def test_model_checks_cover_fallbacks_and_restore():
     del row["restored_equals_bf16"]
     assert bench_model.byte_check_failures([row]) == [
         "6889 tokens batch 1 format=fp8 linears=all: no_fallback failed",
-        "6889 tokens batch 1 format=fp8 linears=all: restored_equals_bf16 not checked",
-    ]
+        "6889 tokens batch 1 format=fp8 linears=all: restored_equals_bf16 not checked"]
 
 
 def _fake_model(monkeypatch, change=None):
@@ -569,7 +476,6 @@ def _fake_model(monkeypatch, change=None):
     qd = types.SimpleNamespace()
     monkeypatch.setitem(sys.modules, "qwen_resnorm_fp4.integrations.diffusers", qd)
     import qwen_resnorm_fp4.integrations as integrations
-
     monkeypatch.setattr(integrations, "diffusers", qd, raising=False)
     monkeypatch.setattr(timing, "l2_flush_buffer", lambda: None)
     monkeypatch.setattr(bench_model, "measure_model", measure_model)
@@ -584,11 +490,7 @@ def test_model_main_quick(monkeypatch, tmp_path, capsys):
     assert csv_lines[0].split(",") == bench_model.CSV_FIELDS and len(csv_lines) == 1 + 4
     first = dict(zip(bench_model.CSV_FIELDS, csv_lines[1].split(",")))
     assert (first["tokens"], first["format"], first["fused_ms"], first["fused_over_bf16"]) == (
-        "6889",
-        "fp8",
-        "15.0",
-        "0.75",
-    )
+        "6889", "fp8", "15.0", "0.75")
     md = (tmp_path / "bench_model.md").read_text()
     assert "| 10209 | yes | 1 | fp8 | all | 20.00 | 15.00 | 15.75 | 0.75x |" in md
     assert capsys.readouterr().err == ""
@@ -613,17 +515,9 @@ def _fake_peers(monkeypatch, change=None):
         for t in tokens:
             for v in variants:
                 ms = 20.0 if v == "bf16_eager" else 30.0  # ours slower than BF16: a figure, not a failure
-                r = {
-                    "variant": v,
-                    "tokens": t,
-                    "zero_cond_t": zct,
-                    "ms": ms,
-                    "compile_s": 0.0 if v == "bf16_eager" else 12.5,
-                    "graphs": 1,
-                    "rel_err_vs_bf16": 0.0 if v == "bf16_eager" else 0.0138,
-                    "over_bf16_eager": ms / 20.0,
-                    "over_torchao_row": nan,
-                }
+                r = {"variant": v, "tokens": t, "zero_cond_t": zct, "ms": ms, "compile_s": 0.0 if v == "bf16_eager"
+                     else 12.5, "graphs": 1, "rel_err_vs_bf16": 0.0 if v == "bf16_eager" else 0.0138,
+                     "over_bf16_eager": ms / 20.0, "over_torchao_row": nan}
                 if v == "ours_compiled":
                     r.update(compiled_paths="norm1: fused", compiled_all_fused=True, fused_equals_unfused=True)
                 r.update((change or {}).get((t, zct, v), {}))
@@ -639,22 +533,8 @@ def _fake_peers(monkeypatch, change=None):
 
 def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys):
     calls = _fake_peers(monkeypatch)
-    assert (
-        bench_model.main(
-            [
-                "--peers",
-                "--variants",
-                "bf16_eager,ours_compiled",
-                "--reps",
-                "7",
-                "--warmup",
-                "2",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
+    assert bench_model.main(["--peers", "--variants", "bf16_eager,ours_compiled", "--reps", "7", "--warmup", "2",
+                             "--out", str(tmp_path)]) == 0
     assert calls == [(z, [6889, 10209], ["bf16_eager", "ours_compiled"], 4, 128, 7, 2) for z in (False, True)]
     csv_lines = (tmp_path / "bench_model_peers.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_model.PEER_FIELDS and len(csv_lines) == 1 + 2 * 2 * 2
@@ -664,16 +544,11 @@ def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys)
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        ({"fused_equals_unfused": False}, "10209 tokens zct ours_compiled: fused != unfused under compile"),
-        (
-            {"compiled_all_fused": False, "compiled_paths": "norm1: fused/unfused"},
-            "10209 tokens zct ours_compiled: compiled paths norm1: fused/unfused",
-        ),
-    ],
-)
+@pytest.mark.parametrize("change, message", [
+    ({"fused_equals_unfused": False}, "10209 tokens zct ours_compiled: fused != unfused under compile"),
+    ({"compiled_all_fused": False, "compiled_paths": "norm1: fused/unfused"},
+     "10209 tokens zct ours_compiled: compiled paths norm1: fused/unfused"),
+])
 def test_model_peers_main_fails_a_check(change, message, monkeypatch, tmp_path, capsys):
     _fake_peers(monkeypatch, change={(10209, True, "ours_compiled"): change})
     assert bench_model.main(["--peers", "--variants", "bf16_eager,ours_compiled", "--out", str(tmp_path)]) == 1

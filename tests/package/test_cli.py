@@ -29,14 +29,8 @@ ROOT = REPO_ROOT
 def run_cli(*args: str, timeout: float = HANG_GUARD_S) -> subprocess.CompletedProcess:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run(
-        [sys.executable, "-m", "qwen_resnorm_fp4", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return subprocess.run([sys.executable, "-m", "qwen_resnorm_fp4", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def cli_here(monkeypatch, capfd, *args: str):
@@ -54,16 +48,8 @@ def test_info_text():
     p = run_cli("info")
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    for key in (
-        "qwen_resnorm_fp4",
-        "torch:",
-        "compiled library:",
-        "GPU targets:",
-        "FlashInfer:",
-        "path:",
-        "switches:",
-        "kernel path:      QWEN_FP4_KERNEL_PATH=",
-    ):
+    for key in ("qwen_resnorm_fp4", "torch:", "compiled library:", "GPU targets:", "FlashInfer:", "path:",
+                "switches:", "kernel path:      QWEN_FP4_KERNEL_PATH="):
         assert key in out, (key, out)
     assert torch.__version__ in out
     assert info.PATH_CPU in out
@@ -76,20 +62,8 @@ def test_info_json():
     p = run_cli("info", "--json")
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    for key in (
-        "version",
-        "torch",
-        "torch_cuda",
-        "library_loaded",
-        "library",
-        "cuda_archs",
-        "flashinfer",
-        "gpus",
-        "path",
-        "switches",
-        "blackwell_emulation",
-        "kernel_path_switch",
-    ):
+    for key in ("version", "torch", "torch_cuda", "library_loaded", "library", "cuda_archs", "flashinfer",
+                "gpus", "path", "switches", "blackwell_emulation", "kernel_path_switch"):
         assert key in doc
     assert doc["torch"] == torch.__version__
     assert doc["gpus"] == []
@@ -130,22 +104,8 @@ def test_demo_default_runs_as_the_readme_says(monkeypatch, capsys):
 
 
 def test_demo_cpu_json(monkeypatch, capfd):
-    status, out, err = cli_here(
-        monkeypatch,
-        capfd,
-        "demo",
-        "--device",
-        "cpu",
-        "--rows-image",
-        "32",
-        "--rows-text",
-        "5",
-        "--dim",
-        "128",
-        "--reps",
-        "1",
-        "--json",
-    )
+    status, out, err = cli_here(monkeypatch, capfd, "demo", "--device", "cpu", "--rows-image", "32", "--rows-text",
+                                "5", "--dim", "128", "--reps", "1", "--json")
     assert status == 0, out + err
     doc = json.loads(out)  # --json: the JSON document alone on stdout
     assert [s["stream"] for s in doc["streams"]] == ["image", "text"]
@@ -168,16 +128,10 @@ def test_demo_rejects_unsupported_width(dim, capsys):
     assert "--dim must be a positive multiple of 64, at most 16384, got " + dim in err
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["demo", "--reps", "0"],
-        ["demo", "--reps", "-1"],
-        ["demo", "--rows-text", "0"],
-        ["demo", "--rows-image", "-5"],
-        ["demo", "--reps", "two"],
-    ],
-)
+@pytest.mark.parametrize("argv", [
+    ["demo", "--reps", "0"], ["demo", "--reps", "-1"], ["demo", "--rows-text", "0"], ["demo", "--rows-image", "-5"],
+    ["demo", "--reps", "two"],
+])
 def test_counts_must_be_positive(argv, capsys):
     """A count of zero, a negative one or a non-number is refused by argparse (exit 2, the option named in
     the message), before anything is printed on stdout."""
@@ -231,27 +185,18 @@ def run_from(cwd: Path, pythonpath: Optional[str], *args: str, extra_env=None) -
     env.update(CUDA_VISIBLE_DEVICES="", **(extra_env or {}))
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
-    return subprocess.run(
-        [sys.executable, "-m", "qwen_resnorm_fp4", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    return subprocess.run([sys.executable, "-m", "qwen_resnorm_fp4", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=HANG_GUARD_S)
 
 
 def test_the_cli_imports_no_benchmark():
     """Running the command line (info) loads none of the benchmark modules."""
-    code = (
-        "import sys, qwen_resnorm_fp4.cli as c; c.main(['info', '--json']); "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('bench_fused', 'timing', 'results', 'harness', 'peers') or '.bench' in m))"
-    )
+    code = ("import sys, qwen_resnorm_fp4.cli as c; c.main(['info', '--json']); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('bench_fused', 'timing', 'results', 'harness', 'peers') or '.bench' in m))")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
-    p = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
-    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "[]", p.stdout + p.stderr
 
 
@@ -307,9 +252,8 @@ def package_copy(tmp_path):
     """This package copied alone into a directory with no checkout around it (as an installed wheel sits)."""
     import shutil
 
-    shutil.copytree(
-        ROOT / "qwen_resnorm_fp4", tmp_path / "site" / "qwen_resnorm_fp4", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    shutil.copytree(ROOT / "qwen_resnorm_fp4", tmp_path / "site" / "qwen_resnorm_fp4",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path / "site"
 
 
@@ -325,17 +269,11 @@ def test_bench_outside_a_checkout_says_how(package_copy, command):
 def test_bench_outside_a_checkout_with_the_variable(package_copy):
     """QWEN_FP4_BENCHMARKS points an installed package at a checkout's benchmarks/, which then imports that
     package (not the checkout's)."""
-    p = run_from(
-        package_copy.parent,
-        str(package_copy),
-        "bench-pdl",
-        "--help",
-        extra_env={cli.BENCHMARKS_DIR_VAR: str(ROOT / "benchmarks")},
-    )
+    p = run_from(package_copy.parent, str(package_copy), "bench-pdl", "--help",
+                 extra_env={cli.BENCHMARKS_DIR_VAR: str(ROOT / "benchmarks")})
     assert p.returncode == 0 and "--rows" in p.stdout, p.stdout + p.stderr
-    bad = run_from(
-        package_copy.parent, str(package_copy), "bench", "--help", extra_env={cli.BENCHMARKS_DIR_VAR: str(package_copy)}
-    )
+    bad = run_from(package_copy.parent, str(package_copy), "bench", "--help",
+                   extra_env={cli.BENCHMARKS_DIR_VAR: str(package_copy)})
     assert bad.returncode == 2 and f"has no {cli.BENCHMARKS['bench']}" in bad.stderr
 
 
@@ -351,19 +289,16 @@ def test_benchmark_imports_the_package_the_cli_ran(package_copy, tmp_path):
         assert p.stdout.strip() == want, (cwd, p.stdout)
 
 
-@pytest.mark.parametrize(
-    "cap,archs,expected",
-    [
-        ((10, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
-        ((10, 3), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
-        ((12, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
-        ((12, 1), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
-        ((9, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_PORTABLE),
-        ((11, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_PORTABLE_JIT),  # no sm_110 cubin: PTX
-        ((10, 3), ["90a", "100a", "compute_90"], info.PATH_PORTABLE_JIT),  # an 'a' cubin does not run on a sibling
-        ((12, 0), ["90a", "compute_90"], info.PATH_PORTABLE_JIT),
-    ],
-)
+@pytest.mark.parametrize("cap,archs,expected", [
+    ((10, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
+    ((10, 3), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
+    ((12, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
+    ((12, 1), ["90a", "100f", "120f", "compute_90"], info.PATH_BLACKWELL),
+    ((9, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_PORTABLE),
+    ((11, 0), ["90a", "100f", "120f", "compute_90"], info.PATH_PORTABLE_JIT),  # no sm_110 cubin: PTX
+    ((10, 3), ["90a", "100a", "compute_90"], info.PATH_PORTABLE_JIT),  # an 'a' cubin does not run on a sibling
+    ((12, 0), ["90a", "compute_90"], info.PATH_PORTABLE_JIT),
+])
 def test_kernel_path(cap, archs, expected):
     assert info.kernel_path(cap, archs, library_loaded=True, choice="auto", emulation=False) == expected
 
@@ -379,27 +314,21 @@ def test_kernel_path_without_build_info(monkeypatch):
 ARCHS = ["90a", "100f", "120f", "compute_90"]
 
 
-@pytest.mark.parametrize(
-    "cap,archs,choice,emulation,expected",
-    [
-        ((10, 0), ARCHS, "portable", False, info.PATH_PORTABLE),
-        ((10, 0), ARCHS, "blackwell", False, info.PATH_BLACKWELL),
-        ((12, 0), ["90a", "compute_90"], "portable", False, info.PATH_PORTABLE_JIT),
-        ((9, 0), ["90a"], "auto", True, info.PATH_BLACKWELL_EMULATED),
-        ((9, 0), ["90a"], "blackwell", True, info.PATH_BLACKWELL_EMULATED),
-        ((9, 0), ["90a"], "portable", True, info.PATH_PORTABLE),
-    ],
-)
+@pytest.mark.parametrize("cap,archs,choice,emulation,expected", [
+    ((10, 0), ARCHS, "portable", False, info.PATH_PORTABLE),
+    ((10, 0), ARCHS, "blackwell", False, info.PATH_BLACKWELL),
+    ((12, 0), ["90a", "compute_90"], "portable", False, info.PATH_PORTABLE_JIT),
+    ((9, 0), ["90a"], "auto", True, info.PATH_BLACKWELL_EMULATED),
+    ((9, 0), ["90a"], "blackwell", True, info.PATH_BLACKWELL_EMULATED),
+    ((9, 0), ["90a"], "portable", True, info.PATH_PORTABLE),
+])
 def test_kernel_path_switch(cap, archs, choice, emulation, expected):
     assert info.kernel_path(cap, archs, library_loaded=True, choice=choice, emulation=emulation) == expected
 
 
 def test_kernel_path_switch_blackwell_unusable_and_unknown(monkeypatch):
-    for cap, archs, emulation in (
-        ((9, 0), ARCHS, False),
-        ((12, 0), ["90a", "compute_90"], False),
-        ((10, 0), ["90a"], True),
-    ):
+    for cap, archs, emulation in (((9, 0), ARCHS, False), ((12, 0), ["90a", "compute_90"], False),
+                                  ((10, 0), ["90a"], True)):
         path = info.kernel_path(cap, archs, library_loaded=True, choice="blackwell", emulation=emulation)
         assert path.startswith("error: kernel path blackwell"), path
     monkeypatch.setenv("QWEN_FP4_KERNEL_PATH", "Blackwell")

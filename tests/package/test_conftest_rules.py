@@ -46,7 +46,7 @@ def test_a_gpu_session_without_the_compiled_library_is_refused(monkeypatch):
 
 
 def test_seed_fixture_seeds_torch_and_follows_the_variable(seed, monkeypatch):
-    assert 0 <= seed < 2**32
+    assert 0 <= seed < 2 ** 32
     drawn = torch.randn(4)
     torch.manual_seed(seed)
     assert torch.equal(torch.randn(4), drawn)  # torch was seeded with the seed the test sees

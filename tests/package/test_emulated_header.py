@@ -31,21 +31,15 @@ sys.modules[_spec.name] = gen
 _spec.loader.exec_module(gen)
 
 #: The functions that change and what changes in each (written out here, not taken from the tool).
-EXPECTED = Counter(
-    {
-        ("fp32_vec_to_e2m1(float (&array)[8])", "guard"): 1,
-        ("fp32_vec_to_e2m1(float (&array)[8])", "asm"): 1,
-        ("fp32_vec_to_e2m1(float2 (&array)[4])", "guard"): 1,
-        ("fp32_vec_to_e2m1(float2 (&array)[4])", "asm"): 1,
-        ("fp32_vec_to_e2m1(float2 (&array)[8])", "guard"): 1,
-        ("fp32_vec_to_e2m1(float2 (&array)[8])", "asm"): 1,
-        ("e2m1x2_byte_to_float2(uint32_t byteVal)", "guard"): 1,
-        ("e2m1x2_byte_to_float2(uint32_t byteVal)", "asm"): 1,
-        ("e2m1x2_byte_scaled_e4m3_to_float2(uint32_t byteVal,", "guard"): 1,
-        ("e2m1x2_byte_scaled_e4m3_to_float2(uint32_t byteVal,", "asm"): 1,
-        ("cvt_warp_fp16_to_fp4(", "guard"): 1,
-    }
-)
+EXPECTED = Counter({
+    ("fp32_vec_to_e2m1(float (&array)[8])", "guard"): 1, ("fp32_vec_to_e2m1(float (&array)[8])", "asm"): 1,
+    ("fp32_vec_to_e2m1(float2 (&array)[4])", "guard"): 1, ("fp32_vec_to_e2m1(float2 (&array)[4])", "asm"): 1,
+    ("fp32_vec_to_e2m1(float2 (&array)[8])", "guard"): 1, ("fp32_vec_to_e2m1(float2 (&array)[8])", "asm"): 1,
+    ("e2m1x2_byte_to_float2(uint32_t byteVal)", "guard"): 1, ("e2m1x2_byte_to_float2(uint32_t byteVal)", "asm"): 1,
+    ("e2m1x2_byte_scaled_e4m3_to_float2(uint32_t byteVal,", "guard"): 1,
+    ("e2m1x2_byte_scaled_e4m3_to_float2(uint32_t byteVal,", "asm"): 1,
+    ("cvt_warp_fp16_to_fp4(", "guard"): 1,
+})
 ORIGINAL_GUARD = "#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1000)"
 SM90_GUARD = re.compile(r"#if defined\(__CUDA_ARCH__\) && \(__CUDA_ARCH__ >= 900\)(\s*//.*)?")
 CALL = re.compile(r"\s+(?:val|result) = qwen_fp4_emulation::(\w+)\([\w, ]*\);")
@@ -56,15 +50,8 @@ def installed_header() -> Path:
     spec = importlib.util.find_spec("flashinfer")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("flashinfer-python is not installed (its headers are what the emulation copies)")
-    path = (
-        Path(list(spec.submodule_search_locations)[0])
-        / "data"
-        / "csrc"
-        / "nv_internal"
-        / "tensorrt_llm"
-        / "kernels"
-        / "quantization_utils.cuh"
-    )
+    path = (Path(list(spec.submodule_search_locations)[0]) / "data" / "csrc" / "nv_internal" / "tensorrt_llm" /
+            "kernels" / "quantization_utils.cuh")
     if not path.is_file():
         pytest.skip(f"flashinfer-python has no {path}")
     return path
@@ -91,9 +78,8 @@ def classify_hunk(removed: list[str], added: list[str]) -> list[tuple[str, str |
         assert removed and removed[0].strip() == "asm volatile(", f"a change that is not an asm block: {removed[:2]}"
         assert removed[-1].rstrip().endswith(");"), f"the asm block does not end the hunk: {removed[-1]!r}"
         block = "\n".join(removed)
-        assert "cvt.rn.satfinite.e2m1x2.f32" in block or "cvt.rn.f16x2.e2m1x2" in block, (
+        assert "cvt.rn.satfinite.e2m1x2.f32" in block or "cvt.rn.f16x2.e2m1x2" in block, \
             "an asm block without a Blackwell-only instruction was replaced"
-        )
         assert len(added) == 1, f"an asm block must become one call, got {added}"
         m = CALL.fullmatch(added[0])
         assert m, f"not an emulation call: {added[0]!r}"
@@ -155,9 +141,8 @@ def test_another_header_is_refused():
         gen.emulated_header(guard_gone, check_pin=False)
     marker = "  using ReturnType = std::conditional_t<CVT_ELTS_PER_THREAD == 16, uint64_t, uint32_t>;\n"
     assert original.count(marker) >= 1
-    extra_asm = original.replace(
-        marker, marker + '  asm volatile("cvt.rn.f16x2.e2m1x2 %0, %1;" : "=r"(x) : "h"(y));\n', 1
-    )
+    extra_asm = original.replace(marker,
+                                 marker + '  asm volatile("cvt.rn.f16x2.e2m1x2 %0, %1;" : "=r"(x) : "h"(y));\n', 1)
     with pytest.raises(gen.HeaderMismatch, match="asm"):
         gen.emulated_header(extra_asm, check_pin=False)
     renamed = original.replace("e2m1x2_byte_to_float2(uint32_t byteVal) {", "e2m1x2_to_float2(uint32_t byteVal) {")
@@ -172,8 +157,7 @@ def test_emulation_build_refuses_blackwell_targets():
         pytest.skip("no CUDA toolkit: setup.py would install pure Python before looking at the targets")
     env = dict(os.environ, QWEN_FP4_EMULATE_BLACKWELL="1", QWEN_FP4_CUDA_ARCHS="90a;100f")
     env.pop("QWEN_FP4_NO_CUDA", None)
-    proc = subprocess.run(
-        [sys.executable, "setup.py", "--name"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
-    )
+    proc = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
     assert proc.returncode != 0
     assert "QWEN_FP4_CUDA_ARCHS=90a" in proc.stderr + proc.stdout

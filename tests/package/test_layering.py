@@ -15,29 +15,16 @@ PACKAGE = REPO_ROOT / "qwen_resnorm_fp4"
 #: Layer of each module of the core (lower layers first). integrations/, the command line and the benchmarks
 #: sit above all of them.
 LAYERS = {
-    "constants": 0,
-    "env": 0,
-    "layout": 0,
-    "_argtypes": 0,
-    "_library": 0,
-    "rcp_approx": 0,
-    "recipe": 1,
-    "device": 1,
+    "constants": 0, "env": 0, "layout": 0, "_argtypes": 0, "_library": 0, "rcp_approx": 0,
+    "recipe": 1, "device": 1,
     "validation": 2,
     "reference": 3,
     "ops": 4,
-    "operands": 5,
-    "launch": 5,
-    "api": 6,
-    "_fused_common": 6,
-    "fused_path": 7,
-    "fused_path_fp8": 7,
-    "gemm": 7,
-    "_linear_common": 7,
-    "linear": 8,
-    "linear_fp8": 8,
-    "testing": 9,
-    "info": 9,
+    "operands": 5, "launch": 5,
+    "api": 6, "_fused_common": 6,
+    "fused_path": 7, "fused_path_fp8": 7, "gemm": 7, "_linear_common": 7,
+    "linear": 8, "linear_fp8": 8,
+    "testing": 9, "info": 9,
 }
 
 
@@ -62,9 +49,8 @@ def test_imports_point_down(module):
         if imported in ("_version", "_build_info"):  # files setup.py writes, no imports of their own
             continue
         assert imported in LAYERS, f"{module} imports {imported}, which has no layer"
-        assert LAYERS[imported] < LAYERS[module], (
-            f"{module} (layer {LAYERS[module]}) imports {imported} (layer {LAYERS[imported]})"
-        )
+        assert LAYERS[imported] < LAYERS[module], f"{module} (layer {LAYERS[module]}) imports {imported} " \
+                                                  f"(layer {LAYERS[imported]})"
 
 
 def test_every_core_module_has_a_layer():
@@ -98,9 +84,8 @@ def test_no_statement_after_a_return(module):
             if not isinstance(block, list):
                 continue
             for i, stmt in enumerate(block[:-1]):
-                assert not isinstance(stmt, (ast.Return, ast.Raise, ast.Continue, ast.Break)), (
+                assert not isinstance(stmt, (ast.Return, ast.Raise, ast.Continue, ast.Break)), \
                     f"{module}:{block[i + 1].lineno}: unreachable after line {stmt.lineno}"
-                )
 
 
 def test_the_release_package_registers_no_test_op():

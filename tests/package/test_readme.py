@@ -43,12 +43,9 @@ def test_ci_checks_the_environment_the_quickstart_leaves() -> None:
     quickstart = _section_blocks("Quickstart", "bash")[0].strip()
     assert "--no-deps" not in quickstart, "the quickstart installs every package with its dependencies"
     ci_lines = [line.strip() for line in CI.read_text().splitlines()]
-    after = ci_lines[ci_lines.index(quickstart) + 1 :]
-    for check in (
-        "pip install diffusers==0.42.1",
-        'python -c "from diffusers import QwenImageTransformer2DModel"',
-        "pip check",
-    ):
+    after = ci_lines[ci_lines.index(quickstart) + 1:]
+    for check in ("pip install diffusers==0.42.1", 'python -c "from diffusers import QwenImageTransformer2DModel"',
+                  "pip check"):
         assert check in after, f".ci/run does not run {check!r} after the quickstart"
 
 

@@ -14,8 +14,7 @@ from helpers.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
 FILES = ["README.md", "pyproject.toml", "setup.py", ".ci/run"] + [
-    str(p.relative_to(ROOT)) for p in sorted((ROOT / ".github" / "workflows").glob("*.yml"))
-]
+    str(p.relative_to(ROOT)) for p in sorted((ROOT / ".github" / "workflows").glob("*.yml"))]
 
 
 def pins(pattern: str) -> dict:
@@ -49,19 +48,8 @@ def test_no_instruction_installs_flashinfer_without_its_dependencies():
     """No install instruction (README, docs, scripts, CI, pyproject) installs flashinfer-python with --no-deps: such
     a flashinfer cannot import, and diffusers, SGLang and vLLM import any installed flashinfer. The build fetches
     FlashInfer's headers itself (setup.py)."""
-    names = FILES + [
-        str(p.relative_to(ROOT))
-        for pattern in ("docs/*.md", "scripts/*", "third_party/*.md")
-        for p in sorted(ROOT.glob(pattern))
-        if p.is_file()
-    ]
-    offending = [
-        name
-        for name in names
-        if (ROOT / name).is_file()
-        and re.search(
-            r"pip install[^\n]*(--no-deps[^\n]*flashinfer-python==|flashinfer-python==[^\n]*--no-deps)",
-            (ROOT / name).read_text(),
-        )
-    ]
+    names = FILES + [str(p.relative_to(ROOT)) for pattern in ("docs/*.md", "scripts/*", "third_party/*.md")
+                     for p in sorted(ROOT.glob(pattern)) if p.is_file()]
+    pattern = r"pip install[^\n]*(--no-deps[^\n]*flashinfer-python==|flashinfer-python==[^\n]*--no-deps)"
+    offending = [name for name in names if (ROOT / name).is_file() and re.search(pattern, (ROOT / name).read_text())]
     assert not offending, f"installs flashinfer-python with --no-deps: {offending}"

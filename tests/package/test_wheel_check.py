@@ -68,12 +68,8 @@ compile_size = 64bit
 
 def test_fatbin_blocks_reads_cuobjdump_listing():
     got = [(tu, target) for tu, target, _ in cw.fatbin_blocks(LISTING)]
-    assert got == [
-        ("launch_blackwell.cu", "sm_90a"),
-        ("launch_blackwell.cu", "sm_100f"),
-        ("launch_blackwell.cu", "compute_90"),
-        ("(unnamed)", "sm_90"),
-    ]
+    assert got == [("launch_blackwell.cu", "sm_90a"), ("launch_blackwell.cu", "sm_100f"),
+                   ("launch_blackwell.cu", "compute_90"), ("(unnamed)", "sm_90")]
     assert cw.fatbin_blocks("") == []
 
 
@@ -105,18 +101,15 @@ def test_select_libraries_accepts_the_testing_library_and_requires_C():
     assert cw.select_libraries(["qwen_resnorm_fp4/__init__.py"])[1] == [f"no {main} (pure-Python build?)"]
 
 
-@pytest.mark.parametrize(
-    "name,runtime",
-    [
-        ("std::locale::~locale()", True),
-        ("operator new(unsigned long)", True),
-        ("typeinfo for std::exception", True),
-        ("vtable for __cxxabiv1::__class_type_info", True),
-        ("__cxa_begin_catch", True),
-        ("c10::detail::torchCheckFail(char const*, char const*, unsigned int, char const*)", False),
-        ("aoti_torch_get_numel", False),
-    ],
-)
+@pytest.mark.parametrize("name,runtime", [
+    ("std::locale::~locale()", True),
+    ("operator new(unsigned long)", True),
+    ("typeinfo for std::exception", True),
+    ("vtable for __cxxabiv1::__class_type_info", True),
+    ("__cxa_begin_catch", True),
+    ("c10::detail::torchCheckFail(char const*, char const*, unsigned int, char const*)", False),
+    ("aoti_torch_get_numel", False),
+])
 def test_cxx_runtime(name, runtime):
     assert bool(cw.CXX_RUNTIME.match(name)) is runtime
 
@@ -128,13 +121,11 @@ def blocks(*entries: tuple[str, str]) -> list[tuple[str, str, str]]:
 def test_gpu_code_wants_every_target_in_every_translation_unit(capsys):
     targets = ["sm_90a", "sm_100f", "compute_90"]
     full = blocks(("a.cu", "sm_90a"), ("a.cu", "sm_100f"), ("a.cu", "compute_90"))
-    cases = [
-        ({cw.MAIN_LIB: full}, "PASS"),
-        ({cw.MAIN_LIB: full, cw.TESTING_LIB: []}, "PASS"),  # a CPU-only testing library
-        ({cw.MAIN_LIB: full + blocks(("b.cu", "sm_90a"))}, "FAIL"),
-        ({cw.MAIN_LIB: full, cw.TESTING_LIB: blocks(("t.cu", "sm_90a"))}, "FAIL"),
-        ({cw.MAIN_LIB: []}, "FAIL"),
-    ]
+    cases = [({cw.MAIN_LIB: full}, "PASS"),
+             ({cw.MAIN_LIB: full, cw.TESTING_LIB: []}, "PASS"),  # a CPU-only testing library
+             ({cw.MAIN_LIB: full + blocks(("b.cu", "sm_90a"))}, "FAIL"),
+             ({cw.MAIN_LIB: full, cw.TESTING_LIB: blocks(("t.cu", "sm_90a"))}, "FAIL"),
+             ({cw.MAIN_LIB: []}, "FAIL")]
     for listings, want in cases:
         rep = cw.Report()
         cw.check_gpu_code(rep, listings, targets)
@@ -167,14 +158,12 @@ def test_emulation_build_is_refused_as_a_release(tmp_path, capsys):
     clean_so.write_bytes(b"\x7fELF" + bytes(100))
     marked_so.write_bytes(b"\x7fELF" + bytes(50) + cw.EMULATION_MARKER + b": software E2M1\0" + bytes(50))
     tagged = WHEEL_NAME.replace("0.1.0-cp310", "0.1.0-0blackwellemulation-cp310")
-    cases = [
-        (WHEEL_NAME, {"BLACKWELL_EMULATION": False}, [clean_so], "PASS"),
-        (WHEEL_NAME, None, [clean_so, clean_so], "PASS"),
-        (WHEEL_NAME, {"BLACKWELL_EMULATION": True}, [clean_so], "FAIL"),
-        (WHEEL_NAME, {"BLACKWELL_EMULATION": False}, [marked_so], "FAIL"),
-        (WHEEL_NAME, {"BLACKWELL_EMULATION": False}, [clean_so, marked_so], "FAIL"),  # the testing library
-        (tagged, {"BLACKWELL_EMULATION": False}, [clean_so], "FAIL"),
-    ]
+    cases = [(WHEEL_NAME, {"BLACKWELL_EMULATION": False}, [clean_so], "PASS"),
+             (WHEEL_NAME, None, [clean_so, clean_so], "PASS"),
+             (WHEEL_NAME, {"BLACKWELL_EMULATION": True}, [clean_so], "FAIL"),
+             (WHEEL_NAME, {"BLACKWELL_EMULATION": False}, [marked_so], "FAIL"),
+             (WHEEL_NAME, {"BLACKWELL_EMULATION": False}, [clean_so, marked_so], "FAIL"),  # the testing library
+             (tagged, {"BLACKWELL_EMULATION": False}, [clean_so], "FAIL")]
     for wheel_name, build, libs, want in cases:
         rep = cw.Report()
         cw.check_release(rep, wheel_name, build, libs)
@@ -190,9 +179,8 @@ def test_version_tuple():
 
 # --- on libraries built here ------------------------------------------------------------------------------
 
-needs_gcc_readelf = pytest.mark.skipif(
-    not (shutil.which("gcc") and shutil.which("readelf")), reason="no gcc or readelf (binutils)"
-)
+needs_gcc_readelf = pytest.mark.skipif(not (shutil.which("gcc") and shutil.which("readelf")),
+                                       reason="no gcc or readelf (binutils)")
 
 
 def c_library(tmp_path: Path, name: str, symbols: list[str], link: tuple[str, ...] = ()) -> Path:
@@ -212,11 +200,8 @@ def a_c10_function() -> str:
     if libc10 is None:
         pytest.skip("torch (libc10.so) not installed")
     out = subprocess.run(["readelf", "-W", "--dyn-syms", str(libc10)], capture_output=True, text=True).stdout
-    return next(
-        f[7].split("@")[0]
-        for line in out.splitlines()
-        if len(f := line.split()) == 8 and f[3] == "FUNC" and f[6] != "UND" and f[7].startswith("_ZN3c10")
-    )
+    return next(f[7].split("@")[0] for line in out.splitlines() if len(f := line.split()) == 8
+                and f[3] == "FUNC" and f[6] != "UND" and f[7].startswith("_ZN3c10"))
 
 
 @needs_gcc_readelf
@@ -224,24 +209,13 @@ def test_stable_abi_on_built_libraries(tmp_path, capsys):
     """Only shim symbols: PASS; a c10:: function, no shim symbol at all, or libpython in DT_NEEDED: FAIL."""
     (tmp_path / "libpython3.so").write_bytes(c_library(tmp_path, "empty", []).read_bytes())
     good = c_library(tmp_path, "good", ["aoti_torch_get_numel"])
-    cases = [
-        ([good], "PASS", None),
-        (
-            [good, c_library(tmp_path, "bad", ["aoti_torch_get_numel", a_c10_function()])],
-            "FAIL",
-            r"bad\.so: 1 symbols that torch's libraries define are not C shim symbols: c10::",
-        ),
-        ([c_library(tmp_path, "noshim", ["strlen"])], "FAIL", r"noshim\.so imports no aoti_torch_\*"),
-        (
-            [
-                c_library(
-                    tmp_path, "py", ["aoti_torch_get_numel"], ("-Wl,--no-as-needed", "-L", str(tmp_path), "-lpython3")
-                )
-            ],
-            "FAIL",
-            r"py\.so needs libpython3\.so",
-        ),
-    ]
+    cases = [([good], "PASS", None),
+             ([good, c_library(tmp_path, "bad", ["aoti_torch_get_numel", a_c10_function()])], "FAIL",
+              r"bad\.so: 1 symbols that torch's libraries define are not C shim symbols: c10::"),
+             ([c_library(tmp_path, "noshim", ["strlen"])], "FAIL", r"noshim\.so imports no aoti_torch_\*"),
+             ([c_library(tmp_path, "py", ["aoti_torch_get_numel"], ("-Wl,--no-as-needed", "-L", str(tmp_path),
+                                                                    "-lpython3"))], "FAIL",
+              r"py\.so needs libpython3\.so")]
     for libs, want, why in cases:
         rep = cw.Report()
         cw.check_stable_abi(rep, libs)
@@ -279,9 +253,8 @@ def _nvcc() -> str | None:
     return cw.find_tool("nvcc")
 
 
-needs_nvcc_cuobjdump = pytest.mark.skipif(
-    not (_nvcc() and cw.find_tool("cuobjdump") and shutil.which("g++")), reason="no nvcc, cuobjdump or g++"
-)
+needs_nvcc_cuobjdump = pytest.mark.skipif(not (_nvcc() and cw.find_tool("cuobjdump") and shutil.which("g++")),
+                                          reason="no nvcc, cuobjdump or g++")
 
 
 def cuda_library(tmp_path: Path, body: str, gencode: list[str]) -> Path:
@@ -295,12 +268,8 @@ def cuda_library(tmp_path: Path, body: str, gencode: list[str]) -> Path:
 @needs_nvcc_cuobjdump
 def test_fatbin_listing_against_nvcc(tmp_path):
     """A kernel built for known targets: the listing names exactly those, in its translation unit."""
-    gencode = [
-        "-gencode=arch=compute_90a,code=sm_90a",
-        "-gencode=arch=compute_100f,code=sm_100f",
-        "-gencode=arch=compute_120f,code=sm_120f",
-        "-gencode=arch=compute_90,code=compute_90",
-    ]
+    gencode = ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_100f,code=sm_100f",
+               "-gencode=arch=compute_120f,code=sm_120f", "-gencode=arch=compute_90,code=compute_90"]
     so = cuda_library(tmp_path, "__global__ void k(float* x) { x[threadIdx.x] *= 2.f; }\n", gencode)
     got = sorted((tu, target) for tu, target, _ in cw.cuobjdump(so))
     assert got == [("k.cu", "compute_90"), ("k.cu", "sm_100f"), ("k.cu", "sm_120f"), ("k.cu", "sm_90a")]
@@ -311,14 +280,10 @@ def test_fatbin_listing_against_nvcc(tmp_path):
 def test_fp4_sass_against_nvcc(tmp_path, capsys):
     """The hardware E2M1 conversion in an sm_100f cubin is found; a cubin without it fails the check."""
     gencode = ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_100f,code=sm_100f"]
-    convert = (
-        "__global__ void k(const float* x, __nv_fp4_storage_t* o) {\n"
-        "  o[threadIdx.x] = __nv_cvt_float_to_fp4(x[threadIdx.x], __NV_E2M1, cudaRoundNearest); }\n"
-    )
-    for body, want in (
-        (convert, r"PASS fp4-sass: .*sm_100f: k\.cu [1-9]"),
-        ("__global__ void k(float* x) { x[threadIdx.x] *= 2.f; }\n", r"FAIL fp4-sass: no F2FP"),
-    ):
+    convert = ("__global__ void k(const float* x, __nv_fp4_storage_t* o) {\n"
+               "  o[threadIdx.x] = __nv_cvt_float_to_fp4(x[threadIdx.x], __NV_E2M1, cudaRoundNearest); }\n")
+    for body, want in ((convert, r"PASS fp4-sass: .*sm_100f: k\.cu [1-9]"),
+                       ("__global__ void k(float* x) { x[threadIdx.x] *= 2.f; }\n", r"FAIL fp4-sass: no F2FP")):
         so = cuda_library(tmp_path, body, gencode)
         rep = cw.Report()
         cw.check_fp4_sass(rep, so, cw.cuobjdump(so), require=True)
@@ -329,10 +294,8 @@ INPLACE = ROOT / "qwen_resnorm_fp4" / "_C.abi3.so"
 
 
 @needs_gcc_readelf
-@pytest.mark.skipif(
-    not INPLACE.is_file() or cw.find_tool("cuobjdump") is None,
-    reason="no compiled qwen_resnorm_fp4/_C.abi3.so in the checkout, or no cuobjdump",
-)
+@pytest.mark.skipif(not INPLACE.is_file() or cw.find_tool("cuobjdump") is None,
+                    reason="no compiled qwen_resnorm_fp4/_C.abi3.so in the checkout, or no cuobjdump")
 def test_whole_wheel_around_the_checkout_library(tmp_path, capsys):
     """A wheel holding the checkout's compiled library (checked for the targets it was built for) and a CPU-only
     testing library passes every check; asking for a target it lacks fails gpu-code."""

@@ -29,7 +29,6 @@ import torch
 import qwen_resnorm_fp4 as q
 
 from helpers.reliability import CUDA_OK  # noqa: E402
-
 TWO_GPUS = CUDA_OK and torch.cuda.device_count() >= 2
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -54,17 +53,10 @@ def good(dev: str, indexed: bool = False) -> Dict[str, object]:
 
     nb = 2 * B if indexed else B
     return dict(
-        residual=rnd(B, S, D, std=2.0),
-        x=rnd(B, S, D),
-        bias=rnd(D, std=0.1),
-        gate=rnd(nb, D, mean=0.5, std=0.3),
-        scale=rnd(nb, D, std=0.3),
-        shift=rnd(nb, D, std=0.3),
-        global_scale=torch.tensor([50.0], device=dev),
-        eps=1e-6,
-        fast_math=True,
-        weight=rnd(D, std=0.1, mean=1.0),
-        norm_bias=rnd(D, std=0.1),
+        residual=rnd(B, S, D, std=2.0), x=rnd(B, S, D), bias=rnd(D, std=0.1),
+        gate=rnd(nb, D, mean=0.5, std=0.3), scale=rnd(nb, D, std=0.3), shift=rnd(nb, D, std=0.3),
+        global_scale=torch.tensor([50.0], device=dev), eps=1e-6, fast_math=True,
+        weight=rnd(D, std=0.1, mean=1.0), norm_bias=rnd(D, std=0.1),
         modulate_index=(torch.arange(B * S).reshape(B, S) % 3 == 0).to(torch.int32).to(dev) if indexed else None,
         y=rnd(B, S, D, std=3.0),
     )
@@ -89,12 +81,9 @@ def call(op: str, level: str, kw: Dict[str, object]):
 
 
 def op_tensors(op: str, kw: Dict[str, object]) -> Dict[str, torch.Tensor]:
-    names = (
-        ("y", "global_scale")
-        if op == NQ
-        else ("residual", "x", "bias", "gate", "scale", "shift", "weight", "norm_bias", "modulate_index")
-        + (("global_scale",) if op == RQ else ())
-    )
+    names = ("y", "global_scale") if op == NQ else (
+        "residual", "x", "bias", "gate", "scale", "shift", "weight", "norm_bias", "modulate_index") + (
+        ("global_scale",) if op == RQ else ())
     return {n: kw[n] for n in names if isinstance(kw[n], torch.Tensor)}
 
 
@@ -111,9 +100,8 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def same_bytes(a, b) -> bool:
-    return len(a) == len(b) and all(
-        x.shape == y.shape and x.dtype == y.dtype and torch.equal(bits(x), bits(y)) for x, y in zip(a, b)
-    )
+    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and torch.equal(bits(x), bits(y))
+                                    for x, y in zip(a, b))
 
 
 def sync_all():
@@ -139,7 +127,7 @@ def misaligned(t: torch.Tensor, elems: int = 1) -> torch.Tensor:
 def strided(t: torch.Tensor, offset: int = 0) -> torch.Tensor:
     """A non-contiguous view of a copy of ``t``: a slice [offset : offset + D] of rows twice as wide."""
     big = torch.zeros(*t.shape[:-1], 2 * t.shape[-1] + offset, dtype=t.dtype, device=t.device)
-    v = big[..., offset : offset + t.shape[-1]]
+    v = big[..., offset:offset + t.shape[-1]]
     v.copy_(t)
     assert not v.is_contiguous()
     return v
@@ -156,7 +144,7 @@ def one_row_slice_misaligned(t: torch.Tensor) -> torch.Tensor:
     """The brief's ``big[..., 1:D+1]`` with one row: contiguous (one row) but 2 bytes off alignment."""
     row = t.reshape(-1, t.shape[-1])[:1]
     big = torch.zeros(1, row.shape[-1] + 2, dtype=t.dtype, device=t.device)
-    v = big[..., 1 : row.shape[-1] + 1]
+    v = big[..., 1:row.shape[-1] + 1]
     v.copy_(row)
     assert v.is_contiguous() and v.data_ptr() % 16 != 0
     return v
@@ -195,413 +183,130 @@ CASES = [
     # --- dtypes
     Case("x_fp16", RESNORM_OPS, lambda k, d: dict(x=k["x"].half()), TypeError, r"\bx must be bfloat16"),
     Case("x_fp32", RESNORM_OPS, lambda k, d: dict(x=k["x"].float()), TypeError, r"\bx must be bfloat16"),
-    Case(
-        "residual_fp32",
-        RESNORM_OPS,
-        lambda k, d: dict(residual=k["residual"].float()),
-        TypeError,
-        r"\bresidual must be bfloat16",
-    ),
-    Case(
-        "gate_int32",
-        RESNORM_OPS,
-        lambda k, d: dict(gate=k["gate"].int()),
-        TypeError,
-        r"\bgate must be bfloat16 or float32",
-    ),
-    Case(
-        "scale_fp16",
-        RESNORM_OPS,
-        lambda k, d: dict(scale=k["scale"].half()),
-        TypeError,
-        r"\bscale must be bfloat16 or float32",
-    ),
-    Case(
-        "shift_fp64",
-        RESNORM_OPS,
-        lambda k, d: dict(shift=k["shift"].double()),
-        TypeError,
-        r"\bshift must be bfloat16 or float32",
-    ),
-    Case(
-        "bias_fp64",
-        RESNORM_OPS,
-        lambda k, d: dict(bias=k["bias"].double()),
-        TypeError,
-        r"\bbias must be bfloat16 or float32",
-    ),
-    Case(
-        "weight_int64",
-        RESNORM_OPS,
-        lambda k, d: dict(weight=k["weight"].long()),
-        TypeError,
-        r"\bweight must be bfloat16 or float32",
-    ),
-    Case(
-        "norm_bias_fp16",
-        RESNORM_OPS,
-        lambda k, d: dict(norm_bias=k["norm_bias"].half()),
-        TypeError,
-        r"\bnorm_bias must be bfloat16 or float32",
-    ),
-    Case(
-        "global_scale_bf16",
-        GS_OPS,
-        lambda k, d: dict(global_scale=k["global_scale"].bfloat16()),
-        TypeError,
-        r"\bglobal_scale must be float32",
-    ),
-    Case(
-        "global_scale_fp64",
-        GS_OPS,
-        lambda k, d: dict(global_scale=k["global_scale"].double()),
-        TypeError,
-        r"\bglobal_scale must be float32",
-    ),
-    Case(
-        "modulate_index_float",
-        RESNORM_OPS,
-        lambda k, d: dict(modulate_index=k["modulate_index"].float()),
-        TypeError,
-        r"\bmodulate_index must be int32",
-        indexed=True,
-    ),
-    Case(
-        "modulate_index_uint8",
-        RESNORM_OPS,
-        lambda k, d: dict(modulate_index=k["modulate_index"].to(torch.uint8)),
-        TypeError,
-        r"\bmodulate_index must be int32",
-        indexed=True,
-    ),
+    Case("residual_fp32", RESNORM_OPS, lambda k, d: dict(residual=k["residual"].float()), TypeError,
+         r"\bresidual must be bfloat16"),
+    Case("gate_int32", RESNORM_OPS, lambda k, d: dict(gate=k["gate"].int()), TypeError,
+         r"\bgate must be bfloat16 or float32"),
+    Case("scale_fp16", RESNORM_OPS, lambda k, d: dict(scale=k["scale"].half()), TypeError,
+         r"\bscale must be bfloat16 or float32"),
+    Case("shift_fp64", RESNORM_OPS, lambda k, d: dict(shift=k["shift"].double()), TypeError,
+         r"\bshift must be bfloat16 or float32"),
+    Case("bias_fp64", RESNORM_OPS, lambda k, d: dict(bias=k["bias"].double()), TypeError,
+         r"\bbias must be bfloat16 or float32"),
+    Case("weight_int64", RESNORM_OPS, lambda k, d: dict(weight=k["weight"].long()), TypeError,
+         r"\bweight must be bfloat16 or float32"),
+    Case("norm_bias_fp16", RESNORM_OPS, lambda k, d: dict(norm_bias=k["norm_bias"].half()), TypeError,
+         r"\bnorm_bias must be bfloat16 or float32"),
+    Case("global_scale_bf16", GS_OPS, lambda k, d: dict(global_scale=k["global_scale"].bfloat16()), TypeError,
+         r"\bglobal_scale must be float32"),
+    Case("global_scale_fp64", GS_OPS, lambda k, d: dict(global_scale=k["global_scale"].double()), TypeError,
+         r"\bglobal_scale must be float32"),
+    Case("modulate_index_float", RESNORM_OPS, lambda k, d: dict(modulate_index=k["modulate_index"].float()),
+         TypeError, r"\bmodulate_index must be int32", indexed=True),
+    Case("modulate_index_uint8", RESNORM_OPS, lambda k, d: dict(modulate_index=k["modulate_index"].to(torch.uint8)),
+         TypeError, r"\bmodulate_index must be int32", indexed=True),
     Case("y_fp32", (NQ,), lambda k, d: dict(y=k["y"].float()), TypeError, r"\by must be bfloat16"),
     Case("y_fp8", (NQ,), lambda k, d: dict(y=k["y"].to(torch.float8_e4m3fn)), TypeError, r"\by must be bfloat16"),
     # --- devices (one tensor on the other kind of device; two GPUs)
-    Case(
-        "residual_other_device",
-        RESNORM_OPS,
-        lambda k, d: dict(residual=k["residual"].to(other_device(d))),
-        ValueError,
-        r"\b(residual|x) (is on|must be a CUDA tensor)",
-        needs="other_device",
-    ),
-    Case(
-        "x_other_device",
-        RESNORM_OPS,
-        lambda k, d: dict(x=k["x"].to(other_device(d))),
-        ValueError,
-        r"\b(residual|x) (is on|must be a CUDA tensor)",
-        needs="other_device",
-    ),
-    Case(
-        "gate_other_device",
-        RESNORM_OPS,
-        lambda k, d: dict(gate=k["gate"].to(other_device(d))),
-        ValueError,
-        r"\b(gate|x) (is on|must be a CUDA tensor)",
-        needs="other_device",
-    ),
-    Case(
-        "bias_other_device",
-        RESNORM_OPS,
-        lambda k, d: dict(bias=k["bias"].to(other_device(d))),
-        ValueError,
-        r"\b(bias|x) (is on|must be a CUDA tensor)",
-        needs="other_device",
-    ),
-    Case(
-        "global_scale_other_device",
-        GS_OPS,
-        lambda k, d: dict(global_scale=k["global_scale"].to(other_device(d))),
-        ValueError,
-        r"\b(global_scale|x|y) (is on|must be a CUDA tensor)",
-        needs="other_device",
-    ),
-    Case(
-        "modulate_index_other_device",
-        RESNORM_OPS,
-        lambda k, d: dict(modulate_index=k["modulate_index"].to(other_device(d))),
-        ValueError,
-        r"\b(modulate_index|x) (is on|must be a CUDA tensor)",
-        indexed=True,
-        needs="other_device",
-    ),
-    Case(
-        "gate_on_cuda1",
-        RESNORM_OPS,
-        lambda k, d: dict(gate=k["gate"].to("cuda:1")),
-        ValueError,
-        r"\bgate is on cuda:1 but x is on cuda:0",
-        needs="two_gpus",
-    ),
-    Case(
-        "x_on_cuda1",
-        RESNORM_OPS,
-        lambda k, d: dict(x=k["x"].to("cuda:1")),
-        ValueError,
-        r"\bresidual is on cuda:0 but x is on cuda:1",
-        needs="two_gpus",
-    ),
-    Case(
-        "global_scale_on_cuda1",
-        GS_OPS,
-        lambda k, d: dict(global_scale=k["global_scale"].to("cuda:1")),
-        ValueError,
-        r"\bglobal_scale is on cuda:1 but (x|y) is on cuda:0",
-        needs="two_gpus",
-    ),
-    Case(
-        "y_on_cuda1",
-        (NQ,),
-        lambda k, d: dict(y=k["y"].to("cuda:1")),
-        ValueError,
-        r"\bglobal_scale is on cuda:0 but (x|y) is on cuda:1",
-        needs="two_gpus",
-    ),
+    Case("residual_other_device", RESNORM_OPS, lambda k, d: dict(residual=k["residual"].to(other_device(d))),
+         ValueError, r"\b(residual|x) (is on|must be a CUDA tensor)", needs="other_device"),
+    Case("x_other_device", RESNORM_OPS, lambda k, d: dict(x=k["x"].to(other_device(d))),
+         ValueError, r"\b(residual|x) (is on|must be a CUDA tensor)", needs="other_device"),
+    Case("gate_other_device", RESNORM_OPS, lambda k, d: dict(gate=k["gate"].to(other_device(d))),
+         ValueError, r"\b(gate|x) (is on|must be a CUDA tensor)", needs="other_device"),
+    Case("bias_other_device", RESNORM_OPS, lambda k, d: dict(bias=k["bias"].to(other_device(d))),
+         ValueError, r"\b(bias|x) (is on|must be a CUDA tensor)", needs="other_device"),
+    Case("global_scale_other_device", GS_OPS, lambda k, d: dict(global_scale=k["global_scale"].to(other_device(d))),
+         ValueError, r"\b(global_scale|x|y) (is on|must be a CUDA tensor)", needs="other_device"),
+    Case("modulate_index_other_device", RESNORM_OPS,
+         lambda k, d: dict(modulate_index=k["modulate_index"].to(other_device(d))),
+         ValueError, r"\b(modulate_index|x) (is on|must be a CUDA tensor)", indexed=True, needs="other_device"),
+    Case("gate_on_cuda1", RESNORM_OPS, lambda k, d: dict(gate=k["gate"].to("cuda:1")),
+         ValueError, r"\bgate is on cuda:1 but x is on cuda:0", needs="two_gpus"),
+    Case("x_on_cuda1", RESNORM_OPS, lambda k, d: dict(x=k["x"].to("cuda:1")),
+         ValueError, r"\bresidual is on cuda:0 but x is on cuda:1", needs="two_gpus"),
+    Case("global_scale_on_cuda1", GS_OPS, lambda k, d: dict(global_scale=k["global_scale"].to("cuda:1")),
+         ValueError, r"\bglobal_scale is on cuda:1 but (x|y) is on cuda:0", needs="two_gpus"),
+    Case("y_on_cuda1", (NQ,), lambda k, d: dict(y=k["y"].to("cuda:1")),
+         ValueError, r"\bglobal_scale is on cuda:0 but (x|y) is on cuda:1", needs="two_gpus"),
     # --- shapes
-    Case(
-        "residual_other_shape",
-        RESNORM_OPS,
-        lambda k, d: dict(residual=k["residual"][:, :3].contiguous()),
-        ValueError,
-        r"\bresidual shape \(2, 3, 128\) must equal x shape",
-    ),
-    Case(
-        "residual_same_numel_other_shape",
-        RESNORM_OPS,
-        lambda k, d: dict(residual=k["residual"].reshape(B * S, D)),
-        ValueError,
-        r"\bresidual shape \(8, 128\) must equal x shape",
-    ),
-    Case(
-        "bias_wrong_length",
-        RESNORM_OPS,
-        lambda k, d: dict(bias=torch.cat([k["bias"], k["bias"][:64]])),
-        ValueError,
-        r"\bbias must have shape \(128,?\)",
-    ),
-    Case(
-        "bias_2d",
-        RESNORM_OPS,
-        lambda k, d: dict(bias=k["bias"].reshape(1, D)),
-        ValueError,
-        r"\bbias must have shape \(128,?\)",
-    ),
-    Case(
-        "gate_wrong_D",
-        RESNORM_OPS,
-        lambda k, d: dict(gate=k["gate"][:, :64].contiguous()),
-        ValueError,
-        r"\bgate must be \[D\], \[B, D\] or \[B, S, D\] with D=128",
-    ),
-    Case(
-        "scale_wrong_D",
-        RESNORM_OPS,
-        lambda k, d: dict(scale=torch.cat([k["scale"], k["scale"][:, :64]], 1)),
-        ValueError,
-        r"\bscale must be \[D\], \[B, D\] or \[B, S, D\] with D=128",
-    ),
-    Case(
-        "shift_4d",
-        RESNORM_OPS,
-        lambda k, d: dict(shift=k["shift"][None, None]),
-        ValueError,
-        r"\bshift must be \[D\], \[B, D\] or \[B, S, D\] with D=128",
-    ),
-    Case(
-        "gate_vs_scale_shapes",
-        RESNORM_OPS,
-        lambda k, d: dict(scale=k["scale"][0].contiguous()),
-        ValueError,
-        r"gate, scale and shift must have one shape",
-    ),
-    Case(
-        "gate_vs_shift_batches",
-        RESNORM_OPS,
-        lambda k, d: dict(shift=torch.cat([k["shift"], k["shift"]])),
-        ValueError,
-        r"gate, scale and shift must have one shape",
-    ),
-    Case(
-        "weight_wrong_shape",
-        RESNORM_OPS,
-        lambda k, d: dict(weight=k["weight"].reshape(2, D // 2)),
-        ValueError,
-        r"\bweight must have shape \(128,?\)",
-    ),
-    Case(
-        "norm_bias_wrong_shape",
-        RESNORM_OPS,
-        lambda k, d: dict(norm_bias=k["norm_bias"][:64].contiguous()),
-        ValueError,
-        r"\bnorm_bias must have shape \(128,?\)",
-    ),
-    Case(
-        "modulate_index_1d",
-        RESNORM_OPS,
-        lambda k, d: dict(modulate_index=k["modulate_index"].reshape(-1)),
-        ValueError,
-        r"\bmodulate_index must be \[B, S\]",
-        indexed=True,
-    ),
-    Case(
-        "modulate_index_3d",
-        RESNORM_OPS,
-        lambda k, d: dict(modulate_index=k["modulate_index"].unsqueeze(-1)),
-        ValueError,
-        r"\bmodulate_index must be \[B, S\]",
-        indexed=True,
-    ),
-    Case(
-        "modulate_index_count",
-        RESNORM_OPS,
-        lambda k, d: dict(modulate_index=torch.cat([k["modulate_index"], k["modulate_index"][:, :1]], 1)),
-        ValueError,
-        r"\bmodulate_index has .*entries but x has 8 rows",
-        indexed=True,
-    ),
-    Case(
-        "modulate_index_with_B_rows",
-        RESNORM_OPS,
-        lambda k, d: dict(
-            gate=k["gate"][:B].contiguous(), scale=k["scale"][:B].contiguous(), shift=k["shift"][:B].contiguous()
-        ),
-        ValueError,
-        r"with modulate_index of shape \(2, 4\), gate/scale/shift must be \[2B, D\]",
-        indexed=True,
-    ),
-    Case(
-        "gate_batches_do_not_divide_rows",
-        RESNORM_OPS,
-        lambda k, d: dict(
-            gate=k["gate"][:1].repeat(3, 1), scale=k["scale"][:1].repeat(3, 1), shift=k["shift"][:1].repeat(3, 1)
-        ),
-        ValueError,
-        r"x has 8 rows, which do(es)? not split into gate\.shape\[0\] = 3 batches",
-    ),
-    Case(
-        "empty_gate_1d",
-        RESNORM_OPS,
-        lambda k, d: dict(gate=k["gate"][0, :0]),
-        ValueError,
-        r"\bgate must be \[D\], \[B, D\] or \[B, S, D\] with D=128, got shape \(0,?\)",
-    ),
-    Case(
-        "empty_gate_scale_shift_2d",
-        RESNORM_OPS,
-        lambda k, d: dict(gate=k["gate"][:0], scale=k["scale"][:0], shift=k["shift"][:0]),
-        ValueError,
-        r"into gate\.shape\[0\] = 0 batches",
-    ),
-    Case(
-        "D_not_multiple_of_64",
-        (RQ,),
-        lambda k, d: dict(
-            x=k["x"][..., :96].contiguous(),
-            residual=k["residual"][..., :96].contiguous(),
-            bias=None,
-            weight=None,
-            norm_bias=None,
-            gate=k["gate"][:, :96].contiguous(),
-            scale=k["scale"][:, :96].contiguous(),
-            shift=k["shift"][:, :96].contiguous(),
-        ),
-        ValueError,
-        r"\bx\.shape\[-1\] \(D\) must be a positive multiple of 64, got 96",
-    ),
+    Case("residual_other_shape", RESNORM_OPS, lambda k, d: dict(residual=k["residual"][:, :3].contiguous()),
+         ValueError, r"\bresidual shape \(2, 3, 128\) must equal x shape"),
+    Case("residual_same_numel_other_shape", RESNORM_OPS, lambda k, d: dict(residual=k["residual"].reshape(B * S, D)),
+         ValueError, r"\bresidual shape \(8, 128\) must equal x shape"),
+    Case("bias_wrong_length", RESNORM_OPS, lambda k, d: dict(bias=torch.cat([k["bias"], k["bias"][:64]])),
+         ValueError, r"\bbias must have shape \(128,?\)"),
+    Case("bias_2d", RESNORM_OPS, lambda k, d: dict(bias=k["bias"].reshape(1, D)),
+         ValueError, r"\bbias must have shape \(128,?\)"),
+    Case("gate_wrong_D", RESNORM_OPS, lambda k, d: dict(gate=k["gate"][:, :64].contiguous()),
+         ValueError, r"\bgate must be \[D\], \[B, D\] or \[B, S, D\] with D=128"),
+    Case("scale_wrong_D", RESNORM_OPS, lambda k, d: dict(scale=torch.cat([k["scale"], k["scale"][:, :64]], 1)),
+         ValueError, r"\bscale must be \[D\], \[B, D\] or \[B, S, D\] with D=128"),
+    Case("shift_4d", RESNORM_OPS, lambda k, d: dict(shift=k["shift"][None, None]),
+         ValueError, r"\bshift must be \[D\], \[B, D\] or \[B, S, D\] with D=128"),
+    Case("gate_vs_scale_shapes", RESNORM_OPS, lambda k, d: dict(scale=k["scale"][0].contiguous()),
+         ValueError, r"gate, scale and shift must have one shape"),
+    Case("gate_vs_shift_batches", RESNORM_OPS, lambda k, d: dict(shift=torch.cat([k["shift"], k["shift"]])),
+         ValueError, r"gate, scale and shift must have one shape"),
+    Case("weight_wrong_shape", RESNORM_OPS, lambda k, d: dict(weight=k["weight"].reshape(2, D // 2)),
+         ValueError, r"\bweight must have shape \(128,?\)"),
+    Case("norm_bias_wrong_shape", RESNORM_OPS, lambda k, d: dict(norm_bias=k["norm_bias"][:64].contiguous()),
+         ValueError, r"\bnorm_bias must have shape \(128,?\)"),
+    Case("modulate_index_1d", RESNORM_OPS, lambda k, d: dict(modulate_index=k["modulate_index"].reshape(-1)),
+         ValueError, r"\bmodulate_index must be \[B, S\]", indexed=True),
+    Case("modulate_index_3d", RESNORM_OPS, lambda k, d: dict(modulate_index=k["modulate_index"].unsqueeze(-1)),
+         ValueError, r"\bmodulate_index must be \[B, S\]", indexed=True),
+    Case("modulate_index_count", RESNORM_OPS,
+         lambda k, d: dict(modulate_index=torch.cat([k["modulate_index"], k["modulate_index"][:, :1]], 1)),
+         ValueError, r"\bmodulate_index has .*entries but x has 8 rows", indexed=True),
+    Case("modulate_index_with_B_rows", RESNORM_OPS,
+         lambda k, d: dict(gate=k["gate"][:B].contiguous(), scale=k["scale"][:B].contiguous(),
+                           shift=k["shift"][:B].contiguous()),
+         ValueError, r"with modulate_index of shape \(2, 4\), gate/scale/shift must be \[2B, D\]", indexed=True),
+    Case("gate_batches_do_not_divide_rows", RESNORM_OPS,
+         lambda k, d: dict(gate=k["gate"][:1].repeat(3, 1), scale=k["scale"][:1].repeat(3, 1),
+                           shift=k["shift"][:1].repeat(3, 1)),
+         ValueError, r"x has 8 rows, which do(es)? not split into gate\.shape\[0\] = 3 batches"),
+    Case("empty_gate_1d", RESNORM_OPS, lambda k, d: dict(gate=k["gate"][0, :0]),
+         ValueError, r"\bgate must be \[D\], \[B, D\] or \[B, S, D\] with D=128, got shape \(0,?\)"),
+    Case("empty_gate_scale_shift_2d", RESNORM_OPS,
+         lambda k, d: dict(gate=k["gate"][:0], scale=k["scale"][:0], shift=k["shift"][:0]),
+         ValueError, r"into gate\.shape\[0\] = 0 batches"),
+    Case("D_not_multiple_of_64", (RQ,),
+         lambda k, d: dict(x=k["x"][..., :96].contiguous(), residual=k["residual"][..., :96].contiguous(),
+                           bias=None, weight=None, norm_bias=None, gate=k["gate"][:, :96].contiguous(),
+                           scale=k["scale"][:, :96].contiguous(), shift=k["shift"][:, :96].contiguous()),
+         ValueError, r"\bx\.shape\[-1\] \(D\) must be a positive multiple of 64, got 96"),
     # resnorm takes any multiple of 16 (as the FP8 ops do)
-    Case(
-        "D_not_multiple_of_16",
-        RESNORM_OPS,
-        lambda k, d: dict(
-            x=k["x"][..., :40].contiguous(),
-            residual=k["residual"][..., :40].contiguous(),
-            bias=None,
-            weight=None,
-            norm_bias=None,
-            gate=k["gate"][:, :40].contiguous(),
-            scale=k["scale"][:, :40].contiguous(),
-            shift=k["shift"][:, :40].contiguous(),
-        ),
-        ValueError,
-        r"\bx\.shape\[-1\] \(D\) must be a positive multiple of (64|16), got 40",
-    ),
-    Case(
-        "D_zero",
-        RESNORM_OPS,
-        lambda k, d: dict(
-            x=k["x"][..., :0],
-            residual=k["residual"][..., :0],
-            bias=None,
-            weight=None,
-            norm_bias=None,
-            gate=k["gate"][:, :0],
-            scale=k["scale"][:, :0],
-            shift=k["shift"][:, :0],
-        ),
-        ValueError,
-        r"\bx\.shape\[-1\] \(D\) must be a positive multiple of (64|16), got 0",
-    ),
-    Case(
-        "D_above_16384",
-        RESNORM_OPS,
-        lambda k, d: dict(
-            x=torch.zeros(2, 16448, dtype=torch.bfloat16, device=d),
-            residual=torch.zeros(2, 16448, dtype=torch.bfloat16, device=d),
-            bias=None,
-            weight=None,
-            norm_bias=None,
-            gate=torch.zeros(16448, dtype=torch.bfloat16, device=d),
-            scale=torch.zeros(16448, dtype=torch.bfloat16, device=d),
-            shift=torch.zeros(16448, dtype=torch.bfloat16, device=d),
-        ),
-        ValueError,
-        r"\bx\.shape\[-1\] \(D\) must be at most 16384, got 16448",
-    ),
-    Case(
-        "x_0d",
-        RESNORM_OPS,
-        lambda k, d: dict(x=k["x"][0, 0, 0], residual=k["residual"][0, 0, 0]),
-        ValueError,
-        r"\bx must have at least one dimension",
-    ),
-    Case(
-        "y_D_not_multiple_of_64",
-        (NQ,),
-        lambda k, d: dict(y=k["y"][..., :80].contiguous()),
-        ValueError,
-        r"\by\.shape\[-1\] \(D\) must be a positive multiple of 64, got 80",
-    ),
-    Case(
-        "y_D_above_16384",
-        (NQ,),
-        lambda k, d: dict(y=torch.zeros(3, 16448, dtype=torch.bfloat16, device=d)),
-        ValueError,
-        r"\by\.shape\[-1\] \(D\) must be at most 16384",
-    ),
+    Case("D_not_multiple_of_16", RESNORM_OPS,
+         lambda k, d: dict(x=k["x"][..., :40].contiguous(), residual=k["residual"][..., :40].contiguous(),
+                           bias=None, weight=None, norm_bias=None, gate=k["gate"][:, :40].contiguous(),
+                           scale=k["scale"][:, :40].contiguous(), shift=k["shift"][:, :40].contiguous()),
+         ValueError, r"\bx\.shape\[-1\] \(D\) must be a positive multiple of (64|16), got 40"),
+    Case("D_zero", RESNORM_OPS,
+         lambda k, d: dict(x=k["x"][..., :0], residual=k["residual"][..., :0], bias=None, weight=None,
+                           norm_bias=None, gate=k["gate"][:, :0], scale=k["scale"][:, :0], shift=k["shift"][:, :0]),
+         ValueError, r"\bx\.shape\[-1\] \(D\) must be a positive multiple of (64|16), got 0"),
+    Case("D_above_16384", RESNORM_OPS,
+         lambda k, d: dict(x=torch.zeros(2, 16448, dtype=torch.bfloat16, device=d),
+                           residual=torch.zeros(2, 16448, dtype=torch.bfloat16, device=d), bias=None, weight=None,
+                           norm_bias=None, gate=torch.zeros(16448, dtype=torch.bfloat16, device=d),
+                           scale=torch.zeros(16448, dtype=torch.bfloat16, device=d),
+                           shift=torch.zeros(16448, dtype=torch.bfloat16, device=d)),
+         ValueError, r"\bx\.shape\[-1\] \(D\) must be at most 16384, got 16448"),
+    Case("x_0d", RESNORM_OPS, lambda k, d: dict(x=k["x"][0, 0, 0], residual=k["residual"][0, 0, 0]),
+         ValueError, r"\bx must have at least one dimension"),
+    Case("y_D_not_multiple_of_64", (NQ,), lambda k, d: dict(y=k["y"][..., :80].contiguous()),
+         ValueError, r"\by\.shape\[-1\] \(D\) must be a positive multiple of 64, got 80"),
+    Case("y_D_above_16384", (NQ,), lambda k, d: dict(y=torch.zeros(3, 16448, dtype=torch.bfloat16, device=d)),
+         ValueError, r"\by\.shape\[-1\] \(D\) must be at most 16384"),
     Case("y_0d", (NQ,), lambda k, d: dict(y=k["y"][0, 0, 0]), ValueError, r"\by must have at least one dimension"),
-    Case(
-        "global_scale_2_elements",
-        GS_OPS,
-        lambda k, d: dict(global_scale=torch.tensor([1.0, 2.0], device=d)),
-        ValueError,
-        r"\bglobal_scale must have exactly one element",
-    ),
-    Case(
-        "global_scale_empty",
-        GS_OPS,
-        lambda k, d: dict(global_scale=torch.empty(0, device=d)),
-        ValueError,
-        r"\bglobal_scale must have exactly one element",
-    ),
-    Case(
-        "global_scale_python_float",
-        GS_OPS,
-        lambda k, d: dict(global_scale=50.0),
-        TypeError,
-        r"\bglobal_scale must be a torch\.Tensor|argument 'global_scale'",
-        schema=True,
-    ),
+    Case("global_scale_2_elements", GS_OPS, lambda k, d: dict(global_scale=torch.tensor([1.0, 2.0], device=d)),
+         ValueError, r"\bglobal_scale must have exactly one element"),
+    Case("global_scale_empty", GS_OPS, lambda k, d: dict(global_scale=torch.empty(0, device=d)),
+         ValueError, r"\bglobal_scale must have exactly one element"),
+    Case("global_scale_python_float", GS_OPS, lambda k, d: dict(global_scale=50.0),
+         TypeError, r"\bglobal_scale must be a torch\.Tensor|argument 'global_scale'", schema=True),
     # --- scalar values
     Case("eps_negative", RESNORM_OPS, _t(eps=-1e-6), ValueError, r"\beps must be finite and >= 0"),
     Case("eps_nan", RESNORM_OPS, _t(eps=float("nan")), ValueError, r"\beps must be finite and >= 0"),
@@ -609,98 +314,35 @@ CASES = [
     Case("eps_minus_inf", RESNORM_OPS, _t(eps=float("-inf")), ValueError, r"\beps must be finite and >= 0"),
     Case("eps_string", RESNORM_OPS, _t(eps="1e-6"), TypeError, r"\beps must be a float|argument 'eps'", schema=True),
     # --- layouts the wrapper copies, the raw CPU op reads as they are, and the raw CUDA op refuses
-    Case(
-        "x_non_contiguous",
-        RESNORM_OPS,
-        lambda k, d: dict(x=strided(k["x"])),
-        kind="layout",
-        raw_cuda_pat=r"\bx must be contiguous",
-    ),
-    Case(
-        "residual_transposed",
-        RESNORM_OPS,
-        lambda k, d: dict(residual=k["residual"].transpose(0, 1).contiguous().transpose(0, 1)),
-        kind="layout",
-        raw_cuda_pat=r"\bresidual must be contiguous",
-    ),
-    Case(
-        "gate_fp32_last_stride_2",
-        RESNORM_OPS,
-        lambda k, d: dict(gate=every_other(k["gate"].float())),
-        kind="layout",
-        raw_cuda_pat=r"\bgate must have stride 1 in its last dimension",
-    ),
-    Case(
-        "modulate_index_non_contiguous",
-        RESNORM_OPS,
-        lambda k, d: dict(modulate_index=strided(k["modulate_index"])),
-        kind="layout",
-        indexed=True,
-        raw_cuda_pat=r"\bmodulate_index must be contiguous",
-    ),
-    Case(
-        "x_misaligned",
-        RESNORM_OPS,
-        lambda k, d: dict(x=misaligned(k["x"])),
-        kind="layout",
-        raw_cuda_pat=r"\bx must be 16-byte aligned",
-    ),
-    Case(
-        "residual_misaligned",
-        RESNORM_OPS,
-        lambda k, d: dict(residual=misaligned(k["residual"], 3)),
-        kind="layout",
-        raw_cuda_pat=r"\bresidual must be 16-byte aligned",
-    ),
-    Case(
-        "x_slice_non_contiguous_misaligned",
-        RESNORM_OPS,
-        lambda k, d: dict(x=strided(k["x"], offset=1)),
-        kind="layout",
-        raw_cuda_pat=r"\bx must be (contiguous|16-byte aligned)",
-    ),
-    Case(
-        "scale_fp32_misaligned",
-        RESNORM_OPS,
-        lambda k, d: dict(scale=misaligned(k["scale"].float())),
-        kind="layout",
-        raw_cuda_pat=r"\bscale must be 16-byte aligned",
-    ),
-    Case(
-        "bias_misaligned",
-        RESNORM_OPS,
-        lambda k, d: dict(bias=misaligned(k["bias"])),
-        kind="layout",
-        raw_cuda_pat=r"\bbias must be 16-byte aligned",
-    ),
-    Case(
-        "weight_non_contiguous",
-        RESNORM_OPS,
-        lambda k, d: dict(weight=every_other(k["weight"])),
-        kind="layout",
-        raw_cuda_pat=r"\bweight must be contiguous",
-    ),
-    Case(
-        "y_non_contiguous",
-        (NQ,),
-        lambda k, d: dict(y=strided(k["y"])),
-        kind="layout",
-        raw_cuda_pat=r"\by must be contiguous",
-    ),
-    Case(
-        "y_one_row_slice_misaligned",
-        (NQ,),
-        lambda k, d: dict(y=one_row_slice_misaligned(k["y"])),
-        kind="layout",
-        raw_cuda_pat=r"\by must be 16-byte aligned",
-    ),
+    Case("x_non_contiguous", RESNORM_OPS, lambda k, d: dict(x=strided(k["x"])), kind="layout",
+         raw_cuda_pat=r"\bx must be contiguous"),
+    Case("residual_transposed", RESNORM_OPS,
+         lambda k, d: dict(residual=k["residual"].transpose(0, 1).contiguous().transpose(0, 1)), kind="layout",
+         raw_cuda_pat=r"\bresidual must be contiguous"),
+    Case("gate_fp32_last_stride_2", RESNORM_OPS, lambda k, d: dict(gate=every_other(k["gate"].float())), kind="layout",
+         raw_cuda_pat=r"\bgate must have stride 1 in its last dimension"),
+    Case("modulate_index_non_contiguous", RESNORM_OPS,
+         lambda k, d: dict(modulate_index=strided(k["modulate_index"])), kind="layout", indexed=True,
+         raw_cuda_pat=r"\bmodulate_index must be contiguous"),
+    Case("x_misaligned", RESNORM_OPS, lambda k, d: dict(x=misaligned(k["x"])), kind="layout",
+         raw_cuda_pat=r"\bx must be 16-byte aligned"),
+    Case("residual_misaligned", RESNORM_OPS, lambda k, d: dict(residual=misaligned(k["residual"], 3)),
+         kind="layout", raw_cuda_pat=r"\bresidual must be 16-byte aligned"),
+    Case("x_slice_non_contiguous_misaligned", RESNORM_OPS, lambda k, d: dict(x=strided(k["x"], offset=1)),
+         kind="layout", raw_cuda_pat=r"\bx must be (contiguous|16-byte aligned)"),
+    Case("scale_fp32_misaligned", RESNORM_OPS, lambda k, d: dict(scale=misaligned(k["scale"].float())),
+         kind="layout", raw_cuda_pat=r"\bscale must be 16-byte aligned"),
+    Case("bias_misaligned", RESNORM_OPS, lambda k, d: dict(bias=misaligned(k["bias"])), kind="layout",
+         raw_cuda_pat=r"\bbias must be 16-byte aligned"),
+    Case("weight_non_contiguous", RESNORM_OPS, lambda k, d: dict(weight=every_other(k["weight"])), kind="layout",
+         raw_cuda_pat=r"\bweight must be contiguous"),
+    Case("y_non_contiguous", (NQ,), lambda k, d: dict(y=strided(k["y"])), kind="layout",
+         raw_cuda_pat=r"\by must be contiguous"),
+    Case("y_one_row_slice_misaligned", (NQ,), lambda k, d: dict(y=one_row_slice_misaligned(k["y"])), kind="layout",
+         raw_cuda_pat=r"\by must be 16-byte aligned"),
     # global_scale is read with a scalar load: a 4-byte-aligned view is fine everywhere (raw CUDA included)
-    Case(
-        "global_scale_view_at_offset",
-        GS_OPS,
-        lambda k, d: dict(global_scale=torch.cat([k["global_scale"], k["global_scale"]])[1:]),
-        kind="layout",
-    ),
+    Case("global_scale_view_at_offset", GS_OPS,
+         lambda k, d: dict(global_scale=torch.cat([k["global_scale"], k["global_scale"]])[1:]), kind="layout"),
 ]
 assert len(CASES) >= 25
 assert len({c.name for c in CASES}) == len(CASES)
@@ -837,12 +479,13 @@ def test_aligned_skips_fake_tensors():
         with FakeTensorMode() as m:
             outs = f(*[m.from_tensor(a) for a in args])
         assert [tuple(o.shape) for o in outs] == [(B * S, D // 2), (128, D // 16), (B, S, D)]
-    data_ptr_warnings = [
-        str(w.message) for w in caught if "data_ptr" in str(w.message) or "data pointer" in str(w.message)
-    ]
+    data_ptr_warnings = [str(w.message) for w in caught if "data_ptr" in str(w.message) or "data pointer" in
+                         str(w.message)]
     assert not data_ptr_warnings, data_ptr_warnings
     # and eagerly the misaligned x is still copied (same bytes as an aligned x)
     assert same_bytes(f(*args), f(*[a.clone() for a in args]))
+
+
 
 
 @pytest.mark.parametrize("dev", DEVICES)

@@ -20,17 +20,8 @@ import torch
 
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import reference
-from helpers.reliability import (
-    CUDA_OK,
-    as_bits,
-    block_inputs,
-    extra_kwargs,
-    first_difference,
-    logical_scales,
-    padding_scale_bytes,
-    resnorm_args,
-    same_bits,
-)
+from helpers.reliability import (CUDA_OK, as_bits, block_inputs, extra_kwargs, first_difference, logical_scales,
+                                 padding_scale_bytes, resnorm_args, same_bits)
 
 pytestmark = pytest.mark.gpu
 
@@ -42,15 +33,8 @@ def all_outputs(kw, G, fast, eps=1e-6):
     packed, scales, r_out = q.resnorm_quant(*resnorm_args(kw), G, eps, fast, **extra_kwargs(kw))
     y, r_out2 = q.resnorm(*resnorm_args(kw), eps, **extra_kwargs(kw))
     packed_u, scales_u = q.nvfp4_quantize(y, G, fast)
-    return dict(
-        packed=packed,
-        scales=scales,
-        residual_out=r_out,
-        y=y,
-        residual_out_2=r_out2,
-        packed_u=packed_u,
-        scales_u=scales_u,
-    )
+    return dict(packed=packed, scales=scales, residual_out=r_out, y=y, residual_out_2=r_out2, packed_u=packed_u,
+                scales_u=scales_u)
 
 
 def assert_same_outputs(a, b, what):
@@ -69,13 +53,8 @@ BIG_ROWS, BIG_COLS, BIG_BATCHES = 700_000, 3072, 4
 def _windows():
     per = BIG_ROWS // BIG_BATCHES
     e30, e31 = (1 << 30) // BIG_COLS, (1 << 31) // BIG_COLS  # rows holding elements 2^30 and 2^31
-    return [
-        (0, 300),
-        (e30 - 150, e30 + 150),
-        (per - 150, per + 150),
-        (e31 - 150, e31 + 150),
-        (BIG_ROWS - 300, BIG_ROWS),
-    ]
+    return [(0, 300), (e30 - 150, e30 + 150), (per - 150, per + 150), (e31 - 150, e31 + 150),
+            (BIG_ROWS - 300, BIG_ROWS)]
 
 
 def _check_window(a, b, kw, G, fast, packed, scales, r_out, y):
@@ -100,23 +79,19 @@ def _check_window(a, b, kw, G, fast, packed, scales, r_out, y):
 
 @pytest.mark.slow
 def test_more_than_2_31_elements():
-    assert BIG_ROWS * BIG_COLS > 2**31
+    assert BIG_ROWS * BIG_COLS > 2 ** 31
     free, _ = torch.cuda.mem_get_info()
-    if free < 48 * 2**30:
-        pytest.skip(f"needs ~48 GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+    if free < 48 * 2 ** 30:
+        pytest.skip(f"needs ~48 GiB of free GPU memory, {free / 2 ** 30:.1f} GiB free")
     g = torch.Generator(device="cuda").manual_seed(2024)
     shape = (BIG_BATCHES, BIG_ROWS // BIG_BATCHES, BIG_COLS)
-    kw = dict(
-        x=torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16),
-        residual=torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16).mul_(4),
-        bias=(torch.randn(BIG_COLS, generator=g, device="cuda") * 0.1).bfloat16(),
-        gate=(torch.randn(BIG_BATCHES, BIG_COLS, generator=g, device="cuda") * 0.5 + 0.5).bfloat16(),
-        scale=(torch.randn(BIG_BATCHES, BIG_COLS, generator=g, device="cuda") * 0.3).bfloat16(),
-        shift=(torch.randn(BIG_BATCHES, BIG_COLS, generator=g, device="cuda") * 0.3).bfloat16(),
-        weight=None,
-        norm_bias=None,
-        modulate_index=None,
-    )
+    kw = dict(x=torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16),
+              residual=torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16).mul_(4),
+              bias=(torch.randn(BIG_COLS, generator=g, device="cuda") * 0.1).bfloat16(),
+              gate=(torch.randn(BIG_BATCHES, BIG_COLS, generator=g, device="cuda") * 0.5 + 0.5).bfloat16(),
+              scale=(torch.randn(BIG_BATCHES, BIG_COLS, generator=g, device="cuda") * 0.3).bfloat16(),
+              shift=(torch.randn(BIG_BATCHES, BIG_COLS, generator=g, device="cuda") * 0.3).bfloat16(),
+              weight=None, norm_bias=None, modulate_index=None)
     G = torch.tensor([100.0], device="cuda")
 
     packed, scales, r_out = q.resnorm_quant(*resnorm_args(kw), G, 1e-6, True)
@@ -188,10 +163,8 @@ def test_ops_run_on_the_current_stream(fast):
 @pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 def test_four_streams_concurrently(fast):
     n = 4
-    inputs = [
-        block_inputs(2 * 4096, 3072, batches=2, form=form, affine=bool(i % 2), seed=30 + i, device="cuda")
-        for i, form in enumerate(("batch", "indexed", "shared", "batch"))
-    ]
+    inputs = [block_inputs(2 * 4096, 3072, batches=2, form=form, affine=bool(i % 2), seed=30 + i, device="cuda")
+              for i, form in enumerate(("batch", "indexed", "shared", "batch"))]
     G = torch.tensor([120.0], device="cuda")
     serial = [all_outputs(kw, G, fast) for kw in inputs]
     torch.cuda.synchronize()
@@ -233,11 +206,8 @@ def _kernel_devices(fn):
         fn()
         torch.cuda.synchronize(0)
         torch.cuda.synchronize(1)
-    return {
-        (e.name, getattr(e, "device_index", None))
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA
-    }
+    return {(e.name, getattr(e, "device_index", None)) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
 @two_gpus

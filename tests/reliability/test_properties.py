@@ -36,48 +36,22 @@ import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import reference
 from qwen_resnorm_fp4.layout import round_up
 from helpers.tiers import exhaustive_run
-from helpers.reliability import (
-    CUDA_OK,
-    Y_ULPS_BOUND,
-    as_bits,
-    first_difference,
-    logical_scales,
-    padding_scale_bytes,
-    same_bits,
-    y_ulps,
-)
+from helpers.reliability import (CUDA_OK, Y_ULPS_BOUND, as_bits, first_difference, logical_scales, padding_scale_bytes,
+                                 same_bits, y_ulps)
 
 # More examples for a deeper run: QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES / QWEN_FP4_HYPOTHESIS_GPU_EXAMPLES; the exhaustive
 # sweep (--exhaustive, tests/conftest.py) takes five times the default's.
 _DEPTH = 5 if exhaustive_run() else 1
-CPU_SETTINGS = settings(
-    max_examples=int(os.environ.get("QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES", 100 * _DEPTH)),
-    deadline=None,
-    database=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-GPU_SETTINGS = settings(
-    max_examples=int(os.environ.get("QWEN_FP4_HYPOTHESIS_GPU_EXAMPLES", 40 * _DEPTH)),
-    deadline=None,
-    database=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+CPU_SETTINGS = settings(max_examples=int(os.environ.get("QWEN_FP4_HYPOTHESIS_CPU_EXAMPLES", 100 * _DEPTH)),
+                        deadline=None, database=None, print_blob=True,
+                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+GPU_SETTINGS = settings(max_examples=int(os.environ.get("QWEN_FP4_HYPOTHESIS_GPU_EXAMPLES", 40 * _DEPTH)),
+                        deadline=None, database=None, print_blob=True,
+                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 FLT_MAX = torch.finfo(torch.float32).max
-SPECIALS = {
-    "nan": math.nan,
-    "inf": math.inf,
-    "-inf": -math.inf,
-    "zero": 0.0,
-    "-zero": -0.0,
-    "denormal": 1e-40,
-    "-denormal": -3e-39,
-    "huge": 3.0e38,
-    "-huge": -2.5e38,
-    "tiny": 2.0**-133,
-}
+SPECIALS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "zero": 0.0, "-zero": -0.0,
+            "denormal": 1e-40, "-denormal": -3e-39, "huge": 3.0e38, "-huge": -2.5e38, "tiny": 2.0 ** -133}
 FINITE_SPECIALS = ("zero", "-zero", "denormal", "-denormal", "tiny")
 
 
@@ -95,24 +69,19 @@ def shapes(draw, max_rows=300, max_cols=1024):
 
 
 @st.composite
-def row_values(
-    draw, rows, cols, exp_range=(-133, 127), specials=tuple(SPECIALS), max_specials=8, zero_rows=True, std=1.0
-):
+def row_values(draw, rows, cols, exp_range=(-133, 127), specials=tuple(SPECIALS), max_specials=8,
+               zero_rows=True, std=1.0):
     """bf16 [rows, cols]: N(0, std) times 2^e with e drawn per row, specials injected at drawn positions,
     some rows all zero. The data drawn is small (a seed, the exponents, a few positions)."""
-    seed = draw(st.integers(0, 2**31 - 1))
+    seed = draw(st.integers(0, 2 ** 31 - 1))
     exps = draw(st.lists(st.integers(*exp_range), min_size=rows, max_size=rows))
     g = torch.Generator().manual_seed(seed)
     v = torch.randn(rows, cols, generator=g, dtype=torch.float64) * std
     v = v * torch.exp2(torch.tensor(exps, dtype=torch.float64)).unsqueeze(1)
     t = v.to(torch.bfloat16)  # beyond the bf16 range: +-inf, as any overflowing input
     if specials:
-        for r, c, kind in draw(
-            st.lists(
-                st.tuples(st.integers(0, rows - 1), st.integers(0, cols - 1), st.sampled_from(specials)),
-                max_size=max_specials,
-            )
-        ):
+        for r, c, kind in draw(st.lists(st.tuples(st.integers(0, rows - 1), st.integers(0, cols - 1),
+                                                  st.sampled_from(specials)), max_size=max_specials)):
             t[r, c] = SPECIALS[kind]
     if zero_rows:
         for r in draw(st.lists(st.integers(0, rows - 1), max_size=2)):
@@ -122,17 +91,11 @@ def row_values(
 
 def global_scales(min_exp=-149, max_exp=127, invalid=False):
     """fp32 global scales: m * 2^e over the whole range, and the extremes; with invalid=True also 0, < 0, NaN."""
-    finite = st.builds(
-        lambda m, e: float(torch.tensor(m * 2.0**e, dtype=torch.float32)),
-        st.floats(1.0, 2.0, exclude_max=True),
-        st.integers(min_exp, max_exp),
-    )
-    lo, hi = 2.0**min_exp, 2.0 ** (max_exp + 1)
-    extremes = [
-        v
-        for v in (1e-30, 1e30, 2.0**-149, 1e-39, 2.0**127, FLT_MAX, math.inf)
-        if lo <= v < hi or (v == math.inf and max_exp >= 127)
-    ]
+    finite = st.builds(lambda m, e: float(torch.tensor(m * 2.0 ** e, dtype=torch.float32)),
+                       st.floats(1.0, 2.0, exclude_max=True), st.integers(min_exp, max_exp))
+    lo, hi = 2.0 ** min_exp, 2.0 ** (max_exp + 1)
+    extremes = [v for v in (1e-30, 1e30, 2.0 ** -149, 1e-39, 2.0 ** 127, FLT_MAX, math.inf)
+                if lo <= v < hi or (v == math.inf and max_exp >= 127)]
     choices = [finite] + ([st.sampled_from(extremes)] if extremes else [])
     if invalid:
         choices.append(st.sampled_from([0.0, -0.0, -1.0, -1e30, math.nan]))
@@ -142,19 +105,15 @@ def global_scales(min_exp=-149, max_exp=127, invalid=False):
 def modulation(draw, batches, cols, device="cpu"):
     form = draw(st.sampled_from(("shared", "batch", "indexed")))
     pdt = draw(st.sampled_from((torch.bfloat16, torch.float32)))
-    seed = draw(st.integers(0, 2**31 - 1))
+    seed = draw(st.integers(0, 2 ** 31 - 1))
     g = torch.Generator().manual_seed(seed)
     nrow = {"shared": (), "batch": (batches,), "indexed": (2 * batches,)}[form]
 
     def rnd(*shape, s=1.0, mean=0.0):
         return (torch.randn(*shape, generator=g) * s + mean).to(pdt).to(device)
 
-    kw = dict(
-        gate=rnd(*nrow, cols, s=0.5, mean=0.5),
-        scale=rnd(*nrow, cols, s=0.3),
-        shift=rnd(*nrow, cols, s=0.3),
-        bias=rnd(cols, s=0.1) if draw(st.booleans()) else None,
-    )
+    kw = dict(gate=rnd(*nrow, cols, s=0.5, mean=0.5), scale=rnd(*nrow, cols, s=0.3), shift=rnd(*nrow, cols, s=0.3),
+              bias=rnd(cols, s=0.1) if draw(st.booleans()) else None)
     affine = draw(st.booleans())
     kw["weight"] = rnd(cols, s=0.1, mean=1.0) if affine else None
     kw["norm_bias"] = rnd(cols, s=0.1) if affine else None
@@ -166,7 +125,7 @@ def modulation(draw, batches, cols, device="cpu"):
 def with_index(kw, batches, per_batch, draw, device="cpu"):
     if kw.pop("form") == "indexed":
         dt = draw(st.sampled_from((torch.int32, torch.int64, torch.bool)))
-        seed = draw(st.integers(0, 2**31 - 1))
+        seed = draw(st.integers(0, 2 ** 31 - 1))
         idx = torch.randint(0, 3, (batches, per_batch), generator=torch.Generator().manual_seed(seed))
         kw["modulate_index"] = (idx != 0 if dt == torch.bool else idx.to(dt)).to(device)
     return kw
@@ -213,20 +172,8 @@ def test_cpu_fused_equals_unfused_any_layout(data, fast):
     assert torch.equal(packed, packed_u) and torch.equal(scales, scales_u)
     assert torch.equal(as_bits(r_out), as_bits(r_out2))
     # the same bytes as for contiguous inputs, through the wrappers
-    want = q.resnorm_quant(
-        residual,
-        x,
-        kw["bias"],
-        kw["gate"],
-        kw["scale"],
-        kw["shift"],
-        G,
-        eps,
-        fast,
-        weight=kw["weight"],
-        norm_bias=kw["norm_bias"],
-        modulate_index=kw["modulate_index"],
-    )
+    want = q.resnorm_quant(residual, x, kw["bias"], kw["gate"], kw["scale"], kw["shift"], G, eps, fast,
+                           weight=kw["weight"], norm_bias=kw["norm_bias"], modulate_index=kw["modulate_index"])
     assert torch.equal(packed, want[0]) and torch.equal(scales, want[1])
     assert torch.equal(as_bits(r_out), as_bits(want[2]))
     assert packed.shape == (rows, cols // 2) and scales.shape == (round_up(rows, 128), cols // 16)
@@ -256,13 +203,11 @@ def test_cpu_dequantize_error_bounded_by_block_scale(data, fast):
     yd = y.double()
     s = reference.e4m3_to_float(logical_scales(scales, rows, cols)).double() / float(G)  # [rows, D/16]
     amax = yd.abs().reshape(rows, -1, 16).amax(-1)
-    bound = (s + (amax - 6 * s).clamp(min=0)) * (1 + 2**-18) + amax * 2**-20
+    bound = (s + (amax - 6 * s).clamp(min=0)) * (1 + 2 ** -18) + amax * 2 ** -20
     err = (deq - yd).abs().reshape(rows, -1, 16).amax(-1)
     bad = err > bound
-    assert not bad.any(), (
-        f"G={gs}: block {bad.nonzero()[0].tolist()} error {err[bad][0].item()!r} > bound "
-        f"{bound[bad][0].item()!r} (s={s[bad][0].item()!r}, amax={amax[bad][0].item()!r})"
-    )
+    assert not bad.any(), (f"G={gs}: block {bad.nonzero()[0].tolist()} error {err[bad][0].item()!r} > bound "
+                           f"{bound[bad][0].item()!r} (s={s[bad][0].item()!r}, amax={amax[bad][0].item()!r})")
 
 
 @CPU_SETTINGS
@@ -283,7 +228,7 @@ def test_cpu_codes(data, fast):
     amax = torch.where(torch.isnan(blocks), torch.zeros_like(blocks), blocks.abs()).amax(-1)
     normal = (sf >= 0x08) & (sf <= 0x7E) & torch.isfinite(amax) & (amax > 0)
     at_max = (blocks.abs() == amax.unsqueeze(-1)) & normal.unsqueeze(-1)
-    mags = codes.reshape(rows, -1, 16) & 0x7
+    mags = (codes.reshape(rows, -1, 16) & 0x7)
     assert (mags[at_max] == 0x7).all(), "the block maximum must code as +-6 when the scale is normal"
 
 
@@ -301,9 +246,8 @@ def test_cpu_rows_are_independent(data, fast):
     G = torch.tensor([data.draw(global_scales(invalid=True))])
     common = dict(weight=kw["weight"], norm_bias=kw["norm_bias"])
     p0, s0, r0 = q.resnorm_quant(residual, x, kw["bias"], kw["gate"], kw["scale"], kw["shift"], G, 1e-6, fast, **common)
-    p1, s1, r1 = q.resnorm_quant(
-        residual[perm], x[perm], kw["bias"], kw["gate"], kw["scale"], kw["shift"], G, 1e-6, fast, **common
-    )
+    p1, s1, r1 = q.resnorm_quant(residual[perm], x[perm], kw["bias"], kw["gate"], kw["scale"], kw["shift"], G, 1e-6,
+                                 fast, **common)
     assert torch.equal(p1, p0[perm])
     assert torch.equal(as_bits(r1), as_bits(r0[perm]))
     assert torch.equal(logical_scales(s1, rows, cols), logical_scales(s0, rows, cols)[perm])
@@ -315,11 +259,11 @@ def test_cpu_power_of_two_rescaling_leaves_bytes_unchanged(data, fast, k):
     _, rows, cols = data.draw(shapes())
     y = data.draw(row_values(rows, cols, exp_range=(-60, 60), specials=("nan", "inf", "-inf", "zero", "-zero")))
     gs = data.draw(global_scales(min_exp=-30, max_exp=30))
-    y2 = (y.float() * 2.0**k).to(torch.bfloat16)
+    y2 = (y.float() * 2.0 ** k).to(torch.bfloat16)
     finite = torch.isfinite(y.float())
-    assert torch.equal(y2.float()[finite], y.float()[finite] * 2.0**k), "the rescaled y must be exact"
+    assert torch.equal(y2.float()[finite], y.float()[finite] * 2.0 ** k), "the rescaled y must be exact"
     p1, s1 = reference.nvfp4_quantize(y, torch.tensor([gs]), fast)
-    p2, s2 = reference.nvfp4_quantize(y2, torch.tensor([gs * 2.0**-k]), fast)
+    p2, s2 = reference.nvfp4_quantize(y2, torch.tensor([gs * 2.0 ** -k]), fast)
     assert torch.equal(p1, p2), first_difference(p1, p2)
     assert torch.equal(s1, s2), first_difference(s1, s2)
 
@@ -338,7 +282,7 @@ def _well_conditioned_rows(r_ref: torch.Tensor) -> torch.Tensor:
     r0 = torch.where(torch.isfinite(r), r, torch.zeros_like(r))
     abs_sum = r0.abs().sum(-1)
     ss = ((r0 - r0.mean(-1, keepdim=True)) ** 2).sum(-1)
-    return finite & (abs_sum < 2.0**120) & ((ss < 2.0**120) | (ss > 2.0**132))
+    return finite & (abs_sum < 2.0 ** 120) & ((ss < 2.0 ** 120) | (ss > 2.0 ** 132))
 
 
 @pytest.mark.gpu

@@ -25,25 +25,11 @@ import torch
 
 import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import reference
-from helpers.reliability import (
-    CUDA_OK,
-    block_inputs,
-    extra_kwargs,
-    first_difference,
-    logical_scales,
-    padding_scale_bytes,
-    reference_rcp,
-    resnorm_args,
-    same_bits,
-)
+from helpers.reliability import (CUDA_OK, block_inputs, extra_kwargs, first_difference, logical_scales,
+                                 padding_scale_bytes, reference_rcp, resnorm_args, same_bits)
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA GPU and the compiled library")],
-    ),
-]
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not CUDA_OK, reason="needs a CUDA GPU and the compiled library")])]
 FAST = pytest.mark.parametrize("fast", (True, False), ids=("fast", "exact"))
 
 ROWS, COLS, BATCHES = 300, 256, 2  # 3 row tiles of the scale layout, the last one partial
@@ -72,7 +58,7 @@ def check_against_reference(kw, G, fast, packed, scales, r_out, y):
 
 def rows_except(t, m):
     t = t.reshape(-1, t.shape[-1])
-    return torch.cat([t[:m], t[m + 1 :]])
+    return torch.cat([t[:m], t[m + 1:]])
 
 
 POISONS = {
@@ -131,12 +117,7 @@ def test_nonfinite_input_affects_only_its_row(poison, form, fast, dev):
 
 PARAM_NAN = {
     # parameter: does a NaN in column j poison whole rows of y (via r) or only column j of y?
-    "gate": "rows",
-    "bias": "rows",
-    "scale": "column",
-    "shift": "column",
-    "weight": "column",
-    "norm_bias": "column",
+    "gate": "rows", "bias": "rows", "scale": "column", "shift": "column", "weight": "column", "norm_bias": "column",
 }
 
 
@@ -247,9 +228,8 @@ def expected_bytes(y, name, fast, gpu):
     nan_code = torch.full_like(zero_code, 0x7)  # a NaN product codes as +6
 
     def per_block(nonzero, zero):
-        return torch.where(
-            nonzero_block, torch.tensor(nonzero, dtype=torch.uint8), torch.tensor(zero, dtype=torch.uint8)
-        )
+        return torch.where(nonzero_block, torch.tensor(nonzero, dtype=torch.uint8),
+                           torch.tensor(zero, dtype=torch.uint8))
 
     saturated = (per_block(0x7E, 0), torch.where(is_zero, zero_code, six))  # 448 and +-6; zeros stay 0
     underflow = (per_block(0, 0), zero_code if fast else torch.where(is_zero, zero_code, six))
@@ -277,16 +257,8 @@ def expected_bytes(y, name, fast, gpu):
 
 
 GLOBAL_SCALES = {
-    "1e30": 1e30,
-    "2^127": 2.0**127,
-    "inf": math.inf,
-    "1e-30": 1e-30,
-    "1e-39_denormal": 1e-39,
-    "min_denormal": 2.0**-149,
-    "zero": 0.0,
-    "minus_zero": -0.0,
-    "minus_one": -1.0,
-    "nan": math.nan,
+    "1e30": 1e30, "2^127": 2.0 ** 127, "inf": math.inf, "1e-30": 1e-30, "1e-39_denormal": 1e-39,
+    "min_denormal": 2.0 ** -149, "zero": 0.0, "minus_zero": -0.0, "minus_one": -1.0, "nan": math.nan,
     "FLT_MAX": 3.4028234663852886e38,
 }
 
@@ -378,7 +350,7 @@ def test_nan_scale_byte_is_0x7f(case, dev, request):
         G, fast = torch.tensor([math.inf], device=dev), True
     else:
         y[0, 3] = math.inf  # an inf amax times G / 6 = 0
-        G, fast = torch.tensor([2.0**-149], device=dev), False
+        G, fast = torch.tensor([2.0 ** -149], device=dev), False
     _, scales = q.nvfp4_quantize(y, G, fast)
     _, s_ref = reference.nvfp4_quantize(y, G, fast, rcp=reference_rcp(dev) if fast else None)
     assert logical_scales(scales, 1, 64)[0, 0 if case.startswith("G=inf") else 0].item() == 0x7F
