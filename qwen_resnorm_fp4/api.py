@@ -38,15 +38,19 @@ def _call(name: str, args: tuple, memory: Optional[bool] = None):
     """The op ``name`` on its arguments (schema order, defaults resolved). Its rules are enforced once, by the
     op itself: by its Python implementation when every tensor is on the CPU, else by the CUDA op's own checks
     (csrc/op_checks.h, before any launch) on the prepared operands, or by its fake while torch.compile traces.
-    When the op refuses the call, the table's rules name the argument: the error raised is the rules'
-    TypeError / ValueError (an out-variant's memory rules when ``memory``; None: where its outputs have data),
-    chained to the op's own; an error the rules do not explain (e.g. out of memory) is raised as it is."""
+    An out-variant's rules are applied here first, on the caller's tensors (``memory``: its memory rules; None:
+    where its outputs have data): an input the operands replace with an aligned copy could overlap an output
+    unseen by the op. When the op refuses the call, the table's rules name the argument: the error raised is
+    the rules' TypeError / ValueError, chained to the op's own; an error the rules do not explain (e.g. out of
+    memory) is raised as it is."""
     entry, arguments = _BOUND[name]
     if arguments.all_on_cpu(args):
         return arguments.op(*args)
+    if entry.is_out_variant:
+        require(entry.problem(args, memory))
     try:
         return arguments.op(*arguments.prepared(args))
-    except (RuntimeError, TypeError, ValueError, AttributeError) as error:
+    except Exception as error:
         problem = entry.problem(args, memory)
         if problem is None:
             raise
@@ -436,6 +440,17 @@ def quantize(y: Tensor, quant_scale: Tensor, *, format: str = "nvfp4", fast_math
                       {"fast_math": (fast_math, None), "nvfp4_4over6": (nvfp4_4over6, UNSET)})
 
 
+def gelu_tanh_quantize(y: Tensor, quant_scale: Tensor, *, format: str = "fp8") -> Tensor:
+    """GELU(tanh) of bf16 ``y`` quantized in the output ``format``: :func:`gelu_tanh_fp8_quantize` ("fp8", the
+    only format it has: ``quant_scale`` the input scale) -> E4M3 of y's shape."""
+    return _by_format("gelu_tanh", format, dict(y=y, quant_scale=quant_scale), {})
+
+
+#: The unified entry of each fusion of the op table (ops.FUSIONS).
+ENTRY_POINTS = {"residual_norm": residual_norm, "norm": norm_modulate_quantize, "quantize": quantize,
+                "gelu_tanh": gelu_tanh_quantize}
+
+
 #: The typed wrappers the package exports (``qwen_resnorm_fp4.<name>``).
 __all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "resnorm_quant_out", "resnorm_out",
            "nvfp4_quantize_out", "empty_quantize_outputs", "empty_resnorm_quant_outputs", "empty_resnorm_outputs",
@@ -443,4 +458,4 @@ __all__ = ["resnorm_quant", "resnorm", "nvfp4_quantize", "dequantize_nvfp4", "re
            "fp8_quantize", "fp8_quantize_out", "gelu_tanh_fp8_quantize", "gelu_tanh_fp8_quantize_out",
            "norm_modulate_quant", "norm_modulate_quant_fp8", "norm_modulate_quant_fp8_out",
            # the unified entries (the output format an argument)
-           "residual_norm", "norm_modulate_quantize", "quantize"]
+           "residual_norm", "norm_modulate_quantize", "quantize", "gelu_tanh_quantize"]

@@ -104,12 +104,12 @@ class OpArguments:
         for i in self.elements:
             if out[i] is not None:
                 out[i] = out[i].contiguous()
-        for i in self.floats:  # an int goes as a float; anything else (a bool, a string) is refused
-            kind = type(out[i])
-            if kind is not float:
-                if kind is not int:
-                    raise TypeError(f"{self.op._schema.arguments[i].name} must be a float, got {kind.__name__}")
-                out[i] = float(out[i])
+        for i in self.floats:  # a real number goes as a float (eps_problem's rule); a bool or a string is refused
+            value = out[i]
+            if type(value) is not float:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise TypeError(f"{self.op._schema.arguments[i].name} must be a float, got {type(value).__name__}")
+                out[i] = float(value)
         return out
 
     def all_on_cpu(self, args: Sequence) -> bool:

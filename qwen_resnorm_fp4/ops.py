@@ -11,8 +11,8 @@ own arguments), the shapes of its outputs and its reference (reference.py). From
   ``input_scale`` where the op has one), then the reference. An out-variant's implementation is its
   functional op's reference, copied into the given outputs once every input has been read (so
   residual_out may be residual);
-- gives api.py each op's entry: the typed wrappers apply the same rules to CUDA tensors before the op
-  (api.py's ``_call``).
+- gives api.py each op's entry: a wrapper whose call the CUDA op refuses raises the entry's rule for it,
+  naming the argument (api.py's ``_call``).
 
 The compiled library (_library.py, loaded below once the schemas exist) registers the CUDA kernels
 (csrc/registration.cpp), whose own checks hold for raw calls. Adding an op: an entry here, its reference,

@@ -23,6 +23,7 @@ Rules:
 
 from __future__ import annotations
 
+import importlib
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Set, Tuple
@@ -93,9 +94,12 @@ class CompiledPaths:
 
 
 @torch.compiler.assume_constant_result
-def note_compiled(spec: ModelSpec, segment: str, path: str) -> bool:
+def note_compiled(family: str, segment: str, path: str) -> bool:
     """Called by a segment while dynamo traces a converted forward (its result is a constant of the graph,
-    so a compiled call never runs it): notes the segment's path in every live conversion of the family
-    (``spec.live``). Returns True."""
-    spec.live.note(segment, path)
+    so a compiled call never runs it): notes the segment's path in every live conversion of the family whose
+    spec the model file ``family`` (a module name) defines (its ``SPEC.live``). Returns True. The arguments are
+    strings: dynamo converts every torch version's constants of that kind."""
+    spec = getattr(importlib.import_module(family), "SPEC", None)
+    if spec is not None:  # a spec defined outside a model file keeps no registry to note in
+        spec.live.note(segment, path)
     return True

@@ -65,7 +65,7 @@ def _served(state: BlockState, segment: str, stats: StreamStats, outcome: Any) -
     declined = isinstance(outcome, Decline)
     path = "unfused" if outcome is None else outcome.reason.value if declined else "fused"
     if torch.compiler.is_compiling():
-        note_compiled(state.spec, segment, path)
+        note_compiled(state.spec.block_forward.__module__, segment, path)
     elif outcome is None:
         stats.unfused += 1
     elif not declined:

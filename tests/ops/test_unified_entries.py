@@ -47,8 +47,18 @@ def test_quantize_equals_the_formats_own_wrapper(inp, fmt, own, scale):
 
 
 def test_every_fusion_of_the_table_has_an_entry_point():
-    assert {fusion for fusion, _ in ops.FUSIONS} == {"residual_norm", "norm", "quantize", "gelu_tanh"}
+    """Each fusion of the table has its unified entry, exported by the package."""
+    import qwen_resnorm_fp4.api as api
+
+    assert set(api.ENTRY_POINTS) == {fusion for fusion, _ in ops.FUSIONS}
+    assert all(getattr(q, fn.__name__) is fn for fn in api.ENTRY_POINTS.values())
     assert all(ops.OPS[name].format == fmt for (_, fmt), name in ops.FUSIONS.items())
+
+
+def test_gelu_tanh_quantize_equals_the_fp8_wrapper_and_has_no_other_format(inp):
+    assert _same_bytes(q.gelu_tanh_quantize(inp["x"], INPUT_SCALE), q.gelu_tanh_fp8_quantize(inp["x"], INPUT_SCALE))
+    with pytest.raises(ValueError, match=r"^format must be one of \['fp8'\]"):
+        q.gelu_tanh_quantize(inp["x"], GS, format="nvfp4")
 
 
 @pytest.mark.parametrize("kw,error,pattern", [

@@ -24,6 +24,7 @@ import re
 from typing import Callable, Dict, Optional, Tuple
 
 import pytest
+import numpy as np
 import torch
 
 import qwen_resnorm_fp4 as q
@@ -490,7 +491,7 @@ def test_aligned_skips_fake_tensors():
 
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("op", ALL_OPS)
-def test_wrappers_check_first_then_call_the_op_once(monkeypatch, op, dev):
+def test_wrappers_call_the_op_once_and_name_the_argument(monkeypatch, op, dev):
     """The op is called once per call and enforces the rules itself (its C++ checks on CUDA, its Python
     implementation on CPU); a refused call comes back as the rules' typed error naming the argument, and on
     CUDA, where the rules find nothing to name, as the op's own error unchanged. A good call (a strided gate
@@ -544,3 +545,44 @@ def test_modulate_index_is_never_copied_for_alignment():
     args[index_at] = strided
     prepared = arguments.prepared(args)
     assert prepared[index_at].is_contiguous() and torch.equal(prepared[index_at], strided)
+
+
+# The route a call with a CUDA tensor takes (operands prepared, the op called, a refusal named by the rules),
+# exercised on CPU: an int eps is not a float, so the wrapper does not hand the call to the CPU implementation as
+# it is but prepares the operands first, as it does for CUDA tensors.
+ROUTED_EPS = 1
+
+
+def test_a_real_number_eps_goes_as_a_float():
+    kw = good("cpu")
+    args = [kw[k] for k in ("residual", "x", "bias", "gate", "scale", "shift")]
+    want = q.resnorm(*args, 1e-6)
+    for eps in (np.float64(1e-6), 1e-6):
+        assert same_bytes(q.resnorm(*args, eps), want)
+    assert same_bytes(q.resnorm(*args, ROUTED_EPS), q.resnorm(*args, 1.0))
+    with pytest.raises(TypeError, match=r"^eps must be a float"):
+        q.resnorm(*args, True)
+
+
+def test_a_zero_dim_gate_is_named_on_the_prepared_route():
+    kw = good("cpu")
+    with pytest.raises(ValueError, match=r"^gate must be \[D\], \[B, D\] or \[B, S, D\]"):
+        q.resnorm(kw["residual"], kw["x"], None, kw["gate"][0, 1], kw["scale"], kw["shift"], ROUTED_EPS)  # misaligned
+
+
+def test_an_output_overlapping_a_copied_input_is_refused_before_anything_is_written():
+    """x is a strided view (rows twice as wide), so the prepared route copies it; y, contiguous, lies in x's
+    span. The wrapper applies the out-variant's memory rules to the caller's tensors, before the copy: refused,
+    nothing written."""
+    kw = good("cpu")
+    x = kw["x"]
+    n = x.numel()
+    buf = torch.zeros(2 * n, dtype=x.dtype)
+    x_view = buf.view(*x.shape[:-1], 2 * x.shape[-1])[..., : x.shape[-1]]
+    x_view.copy_(x)
+    y = buf[n:].view(x.shape)
+    before = buf.clone()
+    with pytest.raises(ValueError, match=r"overlaps the input x"):
+        q.resnorm_out(kw["residual"], x_view, None, kw["gate"], kw["scale"], kw["shift"], ROUTED_EPS, y=y,
+                      residual_out=torch.empty_like(x))
+    assert torch.equal(buf, before)
