@@ -253,6 +253,11 @@ class NVFP4Linear(torch.nn.Module):
         return cls.from_modelopt(*(state_dict[f"{prefix}{key}"] for key in needed),
                                  bias=state_dict.get(f"{prefix}bias"), **kwargs)
 
+    def input_amax(self) -> float:
+        """The input amax the layer's input global scale stands for: ``e4m3_max * 6 / input_global_scale``, the
+        inverse of :meth:`from_linear`'s rule (reads the buffer: a synchronisation on CUDA)."""
+        return global_scale_numerator(self.nvfp4_4over6_code) / float(self.input_global_scale.float().item())
+
     def quantize_input(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """NVFP4 of bf16 ``x`` [..., K] with this layer's input global scale: (packed [M, K/2], scales)."""
         return nvfp4_quantize(x, self.input_global_scale, self.fast_math, nvfp4_4over6=self.nvfp4_4over6)

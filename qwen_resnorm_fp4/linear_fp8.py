@@ -261,6 +261,11 @@ class FP8Linear(torch.nn.Module):
     # Forward
     # --------------------------------------------------------------------------------------------------
 
+    def input_amax(self) -> float:
+        """The input amax the layer's input_scale stands for: ``input_scale * 448``, the inverse of
+        :meth:`from_linear`'s rule (reads the buffer: a synchronisation on CUDA)."""
+        return float(self.input_scale.float().item()) * E4M3_MAX
+
     def quantize_input(self, x: Tensor) -> Tensor:
         """E4M3 of bf16 ``x`` [..., K] with this layer's input scale (:func:`~qwen_resnorm_fp4.fp8_quantize`)."""
         return api.fp8_quantize(x, self.input_scale)

@@ -32,7 +32,6 @@ from .recipe import NVFP4_4OVER6_ERR_FAST_MATH, NVFP4_4OVER6_ERR_MODE_SHIFT, NVF
 
 Tensor = torch.Tensor
 
-BLOCK = NVFP4_BLOCK
 #: What the bf16 dequantization writes for a NaN block scale (torch's own fp32 -> bf16 NaN).
 CANONICAL_NAN_BF16 = 0x7FC0
 
@@ -184,9 +183,9 @@ def _block_errors(blocks: Tensor, codes: Tensor, scale_value: Tensor, g: Tensor,
     d = p - blocks * g if fp16_form else p * g_decode - blocks
     err = d * d if mse else d.abs()
     halves = [torch.zeros_like(err[..., 0]), torch.zeros_like(err[..., 0])]
-    for j in range(BLOCK // 2):  # one fp32 addition at a time, as the kernel's: not torch.sum
+    for j in range(NVFP4_BLOCK // 2):  # one fp32 addition at a time, as the kernel's: not torch.sum
         halves[0] = halves[0] + err[..., j]
-        halves[1] = halves[1] + err[..., BLOCK // 2 + j]
+        halves[1] = halves[1] + err[..., NVFP4_BLOCK // 2 + j]
     return halves[0] + halves[1]
 
 
@@ -232,7 +231,7 @@ def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: bool, nvfp4_4over
     d = y.shape[-1]
     rows = y.numel() // d if d else 0
     dev = y.device
-    blocks = y.reshape(rows, d // BLOCK, BLOCK).float()
+    blocks = y.reshape(rows, d // NVFP4_BLOCK, NVFP4_BLOCK).float()
     g = global_scale.reshape(()).float()
     nan = torch.isnan(blocks)
     # amax ignores NaN (fmax semantics) and is NaN only for an all-NaN block, as in the production kernel.
@@ -244,9 +243,9 @@ def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: bool, nvfp4_4over
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
 
     padded_rows = round_up(rows, 128)
-    scales = torch.zeros(padded_rows * (d // BLOCK), dtype=torch.uint8, device=dev)
+    scales = torch.zeros(padded_rows * (d // NVFP4_BLOCK), dtype=torch.uint8, device=dev)
     scales[sf_offsets(rows, d, dev).reshape(-1)] = sf.reshape(-1)
-    return packed, scales.reshape(padded_rows, d // BLOCK)
+    return packed, scales.reshape(padded_rows, d // NVFP4_BLOCK)
 
 
 def resnorm_quant(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
@@ -266,7 +265,7 @@ def dequantize_nvfp4(packed: Tensor, scales: Tensor, global_scale: Tensor, rows:
     packed = packed.reshape(-1, d // 2)[:rows]
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(rows, d)
     sf = e4m3_to_float(scales.reshape(-1).view(torch.uint8)[sf_offsets(rows, d, packed.device)])  # [rows, D/16]
-    vals = e2m1_value(codes).reshape(rows, d // BLOCK, BLOCK) * sf.unsqueeze(-1)
+    vals = e2m1_value(codes).reshape(rows, d // NVFP4_BLOCK, NVFP4_BLOCK) * sf.unsqueeze(-1)
     return (vals / global_scale.reshape(()).float()).reshape(rows, d)
 
 

@@ -116,7 +116,6 @@ def rederive_block(block: torch.nn.Module, _incompatible_keys: Any, *, model: to
     for full in record.input_amax:
         if full.startswith(state.name + "."):
             layer = model.get_submodule(full)
-            options = options_of_layer(layer)
-            if options is not None:
-                record.input_amax[full] = options.input_amax(layer)
+            if options_of_layer(layer) is not None:
+                record.input_amax[full] = layer.input_amax()
     record.segments_per_forward += len(state.stats) - segments_before

@@ -2,8 +2,7 @@
 
 Job: :class:`NVFP4Options` and :class:`FP8Options` (one frozen dataclass per format: its own settings, and
 the format's facts: its layer type, which ``nn.Linear`` shapes it replaces, its input-scale buffer, how a
-layer is made and what input amax a layer's scale stands for), :class:`ConversionOptions` (the
-format-independent settings and the format's options), and :func:`format_options`, which turns a format
+layer is made), :class:`ConversionOptions` (the format-independent settings and the format's options), and :func:`format_options`, which turns a format
 name and the format-specific keywords of a call into the format's options.
 
 Rules:
@@ -26,11 +25,9 @@ from typing import Any, ClassVar, Optional, Tuple, Type, Union
 import torch
 
 from .. import FP8Linear, NVFP4Linear
-from ..constants import E4M3_MAX
 from ..env import resolve_fast_math
 from ..gemm import BACKENDS
 from ..linear_fp8 import FP8_ALIGNMENT, is_fp8_linear_shape
-from ..recipe import global_scale_numerator
 from ..validation import WIDTH_RULE, is_supported_width
 
 
@@ -118,11 +115,6 @@ class NVFP4Options:
         """The NVFP4Linear of ``linear`` with input global scale 448 * 6 / ``input_amax``."""
         return NVFP4Linear.from_linear(linear, input_amax, fast_math=self.fast_math, gemm_backend=self.gemm_backend)
 
-    @staticmethod
-    def input_amax(layer: NVFP4Linear) -> float:
-        """The input amax that the layer's input global scale stands for (a synchronisation)."""
-        return global_scale_numerator(layer.nvfp4_4over6_code) / float(layer.input_global_scale.float().item())
-
 
 @dataclass(frozen=True)
 class FP8Options:
@@ -152,11 +144,6 @@ class FP8Options:
     def quantize(self, linear: torch.nn.Linear, input_amax: float) -> FP8Linear:
         """The FP8Linear of ``linear`` with input_scale ``input_amax`` / 448."""
         return FP8Linear.from_linear(linear, input_amax, use_fast_accum=self.use_fast_accum)
-
-    @staticmethod
-    def input_amax(layer: FP8Linear) -> float:
-        """The input amax that the layer's input_scale stands for (a synchronisation)."""
-        return float(layer.input_scale.float().item()) * E4M3_MAX
 
 
 #: A format's options.
