@@ -364,39 +364,35 @@ def norm_modulate_quant_fp8_out(x: Tensor, scale: Tensor, shift: Tensor, input_s
     return y
 
 
-
 # ---------------------------------------------------------------------------------------------------
 # The unified entries: one function per fusion, the output format an argument (the op table's FUSIONS)
 # ---------------------------------------------------------------------------------------------------
 
-#: Arguments that only some formats take: refused, naming the argument, where the chosen format's op has none.
-_FORMAT_SETTINGS = ("fast_math", "nvfp4_4over6")
 
-
-def _by_format(fusion: str, format: str, values: dict, settings: dict):
+def _by_format(fusion: str, format: str, values: dict, fast_math: Optional[bool] = None,
+               nvfp4_4over6: object = UNSET):
     """The (fusion, format) op of the table on ``values`` (every argument by name: the quantization scale under
-    both of its names, global_scale and input_scale), with the format-only ``settings`` checked and resolved."""
+    both of its names, global_scale and input_scale). ``fast_math`` and ``nvfp4_4over6`` are the NVFP4
+    quantizer's settings: refused, naming the argument, where the chosen op has none."""
     name = ops.FUSIONS.get((fusion, format))
     if name is None:
         formats = sorted(f for fu, f in ops.FUSIONS if fu == fusion)
         raise ValueError(f"format must be one of {formats} here, got {format!r}")
-    entry = ops.OPS[name]
-    names = entry.argument_names
-    for setting, (value, unset) in settings.items():
-        if value is not unset and setting not in names and f"{setting}_code" not in names:
+    names = ops.OPS[name].argument_names
+    nvfp4 = "nvfp4_4over6_code" in names
+    for setting, given in (("fast_math", fast_math is not None), ("nvfp4_4over6", nvfp4_4over6 is not UNSET)):
+        if given and not nvfp4:
             raise ValueError(f"{setting} is a setting of the NVFP4 quantizer; format={format!r} has none (omit it)")
     quant_scale = values.pop("quant_scale")
     if "global_scale" not in names and "input_scale" not in names:
         if quant_scale is not None:
             raise ValueError(f"quant_scale must be None with format={format!r} (no quantization)")
     elif quant_scale is None:
-        kind = "global" if format == "nvfp4" else "input"
+        kind = "global" if nvfp4 else "input"
         raise ValueError(f"quant_scale is required with format={format!r} (the {kind} scale)")
     values.update(global_scale=quant_scale, input_scale=quant_scale)
-    if "fast_math" in names:
-        values["fast_math"] = resolve_fast_math(settings["fast_math"][0])
-    if "nvfp4_4over6_code" in names:
-        values["nvfp4_4over6_code"] = resolve_nvfp4_4over6(settings["nvfp4_4over6"][0])
+    if nvfp4:
+        values.update(fast_math=resolve_fast_math(fast_math), nvfp4_4over6_code=resolve_nvfp4_4over6(nvfp4_4over6))
     return _call(name, tuple(values[n] for n in names))
 
 
@@ -415,8 +411,7 @@ def residual_norm(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Ten
     """
     values = dict(residual=residual, x=x, bias=bias, gate=gate, scale=scale, shift=shift, quant_scale=quant_scale,
                   eps=eps, weight=weight, norm_bias=norm_bias, modulate_index=modulate_index)
-    return _by_format("residual_norm", format, values, {"fast_math": (fast_math, None),
-                                                        "nvfp4_4over6": (nvfp4_4over6, UNSET)})
+    return _by_format("residual_norm", format, values, fast_math, nvfp4_4over6)
 
 
 def norm_modulate_quantize(x: Tensor, scale: Tensor, shift: Tensor, quant_scale: Tensor, eps: float = 1e-6, *,
@@ -428,7 +423,7 @@ def norm_modulate_quantize(x: Tensor, scale: Tensor, shift: Tensor, quant_scale:
     E4M3), arguments as there (``quant_scale`` the global or the input scale)."""
     values = dict(x=x, scale=scale, shift=shift, quant_scale=quant_scale, eps=eps, weight=weight,
                   norm_bias=norm_bias, modulate_index=modulate_index)
-    return _by_format("norm", format, values, {"fast_math": (fast_math, None), "nvfp4_4over6": (nvfp4_4over6, UNSET)})
+    return _by_format("norm", format, values, fast_math, nvfp4_4over6)
 
 
 def quantize(y: Tensor, quant_scale: Tensor, *, format: str = "nvfp4", fast_math: Optional[bool] = None,
@@ -436,14 +431,13 @@ def quantize(y: Tensor, quant_scale: Tensor, *, format: str = "nvfp4", fast_math
     """bf16 ``y`` quantized in the output ``format``: :func:`nvfp4_quantize` ("nvfp4" -> (packed, scales),
     ``quant_scale`` the global scale) or :func:`fp8_quantize` ("fp8" -> E4M3 of y's shape, ``quant_scale`` the
     input scale)."""
-    return _by_format("quantize", format, dict(y=y, quant_scale=quant_scale),
-                      {"fast_math": (fast_math, None), "nvfp4_4over6": (nvfp4_4over6, UNSET)})
+    return _by_format("quantize", format, dict(y=y, quant_scale=quant_scale), fast_math, nvfp4_4over6)
 
 
 def gelu_tanh_quantize(y: Tensor, quant_scale: Tensor, *, format: str = "fp8") -> Tensor:
     """GELU(tanh) of bf16 ``y`` quantized in the output ``format``: :func:`gelu_tanh_fp8_quantize` ("fp8", the
     only format it has: ``quant_scale`` the input scale) -> E4M3 of y's shape."""
-    return _by_format("gelu_tanh", format, dict(y=y, quant_scale=quant_scale), {})
+    return _by_format("gelu_tanh", format, dict(y=y, quant_scale=quant_scale))
 
 
 #: The unified entry of each fusion of the op table (ops.FUSIONS).

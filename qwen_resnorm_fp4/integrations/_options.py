@@ -2,8 +2,9 @@
 
 Job: :class:`NVFP4Options` and :class:`FP8Options` (one frozen dataclass per format: its own settings, and
 the format's facts: its layer type, which ``nn.Linear`` shapes it replaces, its input-scale buffer, how a
-layer is made), :class:`ConversionOptions` (the format-independent settings and the format's options), and :func:`format_options`, which turns a format
-name and the format-specific keywords of a call into the format's options.
+layer is made), :class:`ConversionOptions` (the format-independent settings and the format's options), and
+:func:`format_options`, which turns a format name and the format-specific keywords of a call into the format's
+options.
 
 Rules:
 
