@@ -9,7 +9,9 @@ In every ``QwenImageTransformerBlock``, both streams (image: ``img_norm2`` / ``i
     hidden_states = hidden_states + gate2 * mlp(modulated2)     # FeedForward: FC1, GELU(tanh), FC2
 
 The converted forward below is diffusers' ``QwenImageTransformerBlock.forward`` (diffusers>=0.42.1,<0.43) with
-those lines replaced by :func:`~qwen_resnorm_fp4.integrations._segments.ffn_segment` and the update.
+those lines replaced by :func:`~qwen_resnorm_fp4.integrations._segments.ffn_segment` and the update, and
+``self.attn(...)`` by :func:`~qwen_resnorm_fp4.integrations._attention.joint_attention` (the same module in eager
+calls; compiled, its operations with the rotary embedding on real pairs).
 ``modulate_index`` (zero_cond_t: condition-image tokens take rows B + b of the [2B, D] parameters) is served.
 """
 
@@ -20,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ._attention import joint_attention
 from ._segments import attention_input, clip_fp16, ffn_segment
 from ._spec import ModelSpec, StreamSpec
 
@@ -99,17 +102,10 @@ def _converted_block_forward(
         txt_normed = self.txt_norm1(encoder_hidden_states)
         txt_modulated, _txt_gate1 = self._modulate(txt_normed, txt_mod1)
 
-    joint_attention_kwargs = joint_attention_kwargs or {}
-    attn_output = self.attn(
-        hidden_states=img_modulated,  # Image stream (will be processed as "sample")
-        encoder_hidden_states=txt_modulated,  # Text stream (will be processed as "context")
-        encoder_hidden_states_mask=encoder_hidden_states_mask,
-        image_rotary_emb=image_rotary_emb,
-        **joint_attention_kwargs,
-    )
-
-    # QwenAttnProcessor2_0 returns (img_output, txt_output) when encoder_hidden_states is provided
-    img_attn_output, txt_attn_output = attn_output
+    # --- changed: self.attn(...), compiled with the rotation on real pairs (inductor has no complex code) ---
+    img_attn_output, txt_attn_output = joint_attention(self.attn, img_modulated, txt_modulated,
+                                                       encoder_hidden_states_mask, image_rotary_emb,
+                                                       joint_attention_kwargs or {})
 
     # --- changed: attention gate + residual, norm2 + modulation, MLP, gate + residual ---
     # (the gate1 of diffusers' _modulate is what it multiplies here; the segment takes the gate chunk of

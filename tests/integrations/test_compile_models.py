@@ -313,7 +313,8 @@ def real_width_qwen_image(fmt: str, zero_cond_t: bool):
 @pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
 def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
     """The CUDA kernels as traced (``aot_eager``: the graph's own ops, no code generation): one graph for repeated
-    forwards, every segment fused in it, the eager bytes, and fused == unfused bit for bit."""
+    forwards, every segment fused in it, the bytes of the traced code run eagerly, close to eager, and fused ==
+    unfused bit for bit."""
     model, inputs = real_width_qwen_image(fmt, zero_cond_t)
     inp = inputs[0]
     eager = run(model, inp)
@@ -321,7 +322,12 @@ def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
     fused = compiled_runs(model, inp, compiled, runs=3)
     assert all(torch.equal(t, fused[0]) for t in fused)
     if fmt == "fp8":  # NVFP4's traced tensor-core GEMM sums with an fp32 output: last bits may differ from eager
-        assert torch.equal(fused[0], eager)
+        # the traced code run eagerly: its attention rotates on real pairs (integrations/_attention.py), which
+        # may differ from the CUDA complex kernel in a last fp32 bit
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch.compiler, "is_compiling", lambda: True)
+            traced_eager = run(model, inp)
+        assert torch.equal(fused[0], traced_eager)
     assert ((fused[0].float() - eager.float()).norm() / eager.float().norm()).item() < 1e-2
     assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
     qd.set_mode(model, "unfused")
