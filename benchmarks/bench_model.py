@@ -69,18 +69,29 @@ def image_shapes(tokens: int, zero_cond_t: bool) -> List[Tuple[int, int, int]]:
     return [(1, h, w - w // 2), (1, h, w // 2)]
 
 
-def model_inputs(batch: int, shapes: List[Tuple[int, int, int]], text_len: int, seed: int) -> Dict[str, Any]:
-    """``model.forward`` keyword arguments of one case (random latents and text, a shorter second prompt)."""
+#: ``--text-mask``: "pipeline" passes the text mask as diffusers' QwenImagePipeline does (None when every text
+#: token is valid, so attention needs no mask); "always" passes it even then (the attention then takes a
+#: masked SDPA kernel).
+TEXT_MASKS = ("pipeline", "always")
+
+
+def model_inputs(batch: int, shapes: List[Tuple[int, int, int]], text_len: int, seed: int,
+                 text_mask: str = "pipeline", device: str = "cuda") -> Dict[str, Any]:
+    """``model.forward`` keyword arguments of one case (random latents and text, a shorter second prompt);
+    ``text_mask``: one of :data:`TEXT_MASKS`."""
+    if text_mask not in TEXT_MASKS:
+        raise ValueError(f"text_mask must be one of {', '.join(TEXT_MASKS)}, got {text_mask!r}")
     g = torch.Generator().manual_seed(seed)
     tokens = sum(f * h * w for f, h, w in shapes)
     mask = torch.ones(batch, text_len, dtype=torch.bool)
     if batch > 1:
         mask[1, text_len // 2:] = False  # a shorter negative prompt
+    keep_mask = text_mask == "always" or not bool(mask.all())
     return dict(
-        hidden_states=torch.randn(batch, tokens, 64, generator=g).bfloat16().cuda(),
-        encoder_hidden_states=torch.randn(batch, text_len, 3584, generator=g).bfloat16().cuda(),
-        encoder_hidden_states_mask=mask.cuda(),
-        timestep=torch.rand(batch, generator=g).cuda(),
+        hidden_states=torch.randn(batch, tokens, 64, generator=g).bfloat16().to(device),
+        encoder_hidden_states=torch.randn(batch, text_len, 3584, generator=g).bfloat16().to(device),
+        encoder_hidden_states_mask=mask.to(device) if keep_mask else None,
+        timestep=torch.rand(batch, generator=g).to(device),
         img_shapes=[shapes] * batch,
         return_dict=False,
     )
@@ -150,6 +161,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--batches", type=harness.positive_int_list, default=[1], help="comma-separated batch sizes "
                    "(default 1)")
     p.add_argument("--text-len", type=harness.positive_int, default=128, help="text tokens (default 128)")
+    p.add_argument("--text-mask", choices=TEXT_MASKS, default="pipeline",
+                   help="pipeline (default): no text mask where every text token is valid, as diffusers' "
+                        "QwenImagePipeline passes it; always: the all-valid mask too (a masked attention kernel)")
     p.add_argument("--reps", type=harness.positive_int, default=10, help="timed forwards per case (default 10)")
     p.add_argument("--warmup", type=harness.positive_int, default=3, help="untimed forwards first (default 3)")
     p.add_argument("--quick", action="store_true",
@@ -159,6 +173,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         "writes bench_model_peers.{csv,md}; needs torchao)")
     p.add_argument("--variants", type=harness.choice_list(PEER_NAMES, "variants"), default=None,
                    help="with --peers: comma-separated subset of " + ",".join(PEER_NAMES) + " (default all)")
+    p.add_argument("--profile", action="store_true",
+                   help="with --peers: also each variant's GPU time per kernel kind in one profiled forward "
+                        "(attention, GEMM, ours, inductor's, other)")
     harness.add_out_argument(p)
     return p
 
@@ -188,7 +205,7 @@ def build_model(layers: int, zero_cond_t: bool):
 
 def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequence[int], formats: Sequence[str],
                   linears_list: Sequence[str], layers: int, text_len: int, reps: int, warmup: int,
-                  flush: torch.Tensor, log=print) -> List[Dict[str, Any]]:
+                  flush: torch.Tensor, log=print, text_mask: str = "pipeline") -> List[Dict[str, Any]]:
     """Every case of one model (``zero_cond_t`` off or on): the BF16 forward; per format and linears, the
     converted model fused and unfused, its error and checks; the restored model's forward again. One row
     per (tokens, batch, format, linears)."""
@@ -202,7 +219,7 @@ def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequen
     rows: List[Dict[str, Any]] = []
     with torch.inference_mode():
         cases = [(t, b, image_shapes(t, zero_cond_t)) for t in tokens_list for b in batches]
-        inputs = {(t, b): model_inputs(b, shapes, text_len, seed=t + b) for t, b, shapes in cases}
+        inputs = {(t, b): model_inputs(b, shapes, text_len, seed=t + b, text_mask=text_mask) for t, b, shapes in cases}
         bf16_ms = {c: forward_ms(inp) for c, inp in inputs.items()}
         bf16_out = {c: model(**inp)[0] for c, inp in inputs.items()}
         for fmt in formats:
@@ -264,8 +281,41 @@ PEER_VARIANTS = (
     ("ours_nvfp4_compiled", 'ours nvfp4 "all" fused, torch.compile(model, fullgraph=True)'),
 )
 PEER_NAMES = tuple(n for n, _ in PEER_VARIANTS)
+#: ``--profile``: the kinds of GPU kernels, each with the marks of its kernels' names, matched in this order
+#: (attention first: a CUTLASS attention kernel's name says "cutlass" too); a kernel matching none is "other".
+KERNEL_KINDS = (
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "splitk")),
+    ("ours", ("qwen_fp4::",)),
+    ("inductor", ("triton",)),
+)
+KIND_NAMES = tuple(k for k, _ in KERNEL_KINDS) + ("other",)
 PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "over_torchao_row", "compile_s",
-               "graphs", "rel_err_vs_bf16", "fused_equals_unfused", "compiled_paths"]
+               "graphs", "rel_err_vs_bf16", "fused_equals_unfused", "compiled_paths",
+               *(f"{k}_ms" for k in KIND_NAMES), "kernels"]
+
+
+def kernel_kind(name: str) -> str:
+    """The :data:`KERNEL_KINDS` kind of a GPU kernel, by its name."""
+    low = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(m in low for m in marks)), "other")
+
+
+def kernel_breakdown(fn: Callable[[], Any]) -> Dict[str, Any]:
+    """One call of ``fn`` under torch.profiler: the GPU time of its kernels by kind (``<kind>_ms``; copies and
+    fills are "other") and how many kernels it launched (``kernels``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    row: Dict[str, Any] = {f"{k}_ms": 0.0 for k in KIND_NAMES}
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    for e in kernels:
+        row[f"{kernel_kind(e.name)}_ms"] += e.device_time / 1e3
+    row["kernels"] = len(kernels)
+    return row
 
 
 def _torchao_model(model: torch.nn.Module, names: Sequence[str], granularity: str) -> torch.nn.Module:
@@ -321,21 +371,23 @@ def _traced_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any]) ->
 
 
 def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Sequence[str], layers: int,
-                  text_len: int, reps: int, warmup: int, flush: torch.Tensor, log=print) -> List[Dict[str, Any]]:
+                  text_len: int, reps: int, warmup: int, flush: torch.Tensor, log=print, text_mask: str = "pipeline",
+                  profile: bool = False) -> List[Dict[str, Any]]:
     """Every variant of one model (``zero_cond_t`` off or on) at every token count, one variant at a time
     (dynamo reset between variants, so no variant inherits another's graphs or recompile budget). Per
     variant and token count: the forward time (:func:`timing.flushed_per_call_us`, median of ``reps``), the
     compile time (the first call's wall time less one timed forward), the graphs dynamo compiled for it
     (one per shape, or a second, dynamic one), the relative error against the BF16 eager output; for ours
     compiled, the segments' compiled paths, and for ours compiled whole, fused == unfused under compile
-    (:func:`_traced_fused_equals_unfused`)."""
+    (:func:`_traced_fused_equals_unfused`); with ``profile``, :func:`kernel_breakdown` of one forward."""
     import time
 
     import torch._dynamo as dynamo
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
     model = build_model(layers, zero_cond_t)
-    inputs = {t: model_inputs(1, image_shapes(t, zero_cond_t), text_len, seed=t) for t in tokens_list}
+    inputs = {t: model_inputs(1, image_shapes(t, zero_cond_t), text_len, seed=t, text_mask=text_mask)
+              for t in tokens_list}
     with torch.no_grad():
         reference = {t: model(**inp)[0] for t, inp in inputs.items()}
     names = None
@@ -369,10 +421,14 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                     paths = qd.fused_path_stats(subject)["compiled"]
                     row["compiled_paths"] = "; ".join(f"{k}: {'/'.join(v)}" for k, v in paths.items())
                     row["compiled_all_fused"] = bool(paths) and all(v == ["fused"] for v in paths.values())
+                if profile:
+                    row.update(kernel_breakdown(lambda run=run, inp=inp: run(**inp)))
             rows.append(row)
             log(f"{'zct ' if zero_cond_t else ''}{t} tokens {variant}: {ms:.2f} ms, compile {row['compile_s']:.1f} s, "
                 f"graphs {row['graphs']}, rel err {row['rel_err_vs_bf16']:.4f}"
-                + (f", compiled paths {row['compiled_paths']}" if row.get("compiled_paths") else ""))
+                + (f", compiled paths {row['compiled_paths']}" if row.get("compiled_paths") else "")
+                + (", kernels " + ", ".join(f"{k} {row[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ms ({row['kernels']})"
+                   if profile else ""))
         if variant == "ours_compiled":  # after the timed and noted graphs: its aot_eager traces note "unfused"
             for r in rows[-len(inputs):]:
                 r["fused_equals_unfused"] = _traced_fused_equals_unfused(subject, inputs[r["tokens"]])
@@ -392,12 +448,14 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
 def peers_table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
     """The ``--peers`` markdown table, one line per variant, token count and zero_cond_t."""
     columns = ("image tokens", "zero_cond_t", "variant", "ms", "x BF16 eager", "x torchao row compiled",
-               "compile s", "graphs", "rel err vs BF16", "fused == unfused (compiled)")
+               "compile s", "graphs", "rel err vs BF16", "fused == unfused (compiled)",
+               "GPU ms: " + " / ".join(KIND_NAMES) + " (kernels)")
     return results.markdown_table(columns, (
         (r["tokens"], "yes" if r["zero_cond_t"] else "no", r["variant"], f"{r['ms']:.2f}",
          results.fmt(r.get("over_bf16_eager"), ".3f"), results.fmt(r.get("over_torchao_row"), ".3f"),
          f"{r['compile_s']:.1f}", r["graphs"], f"{r['rel_err_vs_bf16']:.4f}",
-         results.yes_no(r["fused_equals_unfused"]) if "fused_equals_unfused" in r else "")
+         results.yes_no(r["fused_equals_unfused"]) if "fused_equals_unfused" in r else "",
+         " / ".join(f"{r[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ({r['kernels']})" if "kernels" in r else "")
         for r in rows))
 
 
@@ -418,7 +476,8 @@ def peers_main(args: argparse.Namespace) -> int:
     reps, warmup = args.reps, args.warmup
     header = harness.run_header() + [
         f"QwenImageTransformer2DModel, {args.layers} blocks, 24 heads x 128 (width 3072), random weights, batch 1, "
-        f"{args.text_len} text tokens; forward time, CUDA events, median of {reps} after {warmup} (cold L2); "
+        f"{args.text_len} text tokens, text mask: {args.text_mask}; forward time, CUDA events, median of {reps} "
+        f"after {warmup} (cold L2); "
         "compile s: the first call's wall time less one forward; graphs: dynamo's graphs for the variant so far; "
         "rel err: Frobenius, against the BF16 eager output", *(f"{n}: {d}" for n, d in PEER_VARIANTS if n in variants)]
     print("\n".join(header))
@@ -426,7 +485,8 @@ def peers_main(args: argparse.Namespace) -> int:
     rows: List[Dict[str, Any]] = []
     for zct in zero_cond:
         rows += measure_peers(zct, tokens_list, variants, args.layers, args.text_len, reps, warmup, flush,
-                              log=lambda line: print(line, flush=True))
+                              log=lambda line: print(line, flush=True), text_mask=args.text_mask,
+                              profile=args.profile)
         torch.cuda.empty_cache()
     lines = peers_table_lines(rows)
     print("\n".join(lines))
@@ -457,7 +517,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     header = harness.run_header() + [
         f"QwenImageTransformer2DModel, {args.layers} blocks, 24 heads x 128 (width 3072), random weights, "
-        f"{args.text_len} text tokens; forward time, CUDA events, median of {reps} after {warmup} (cold L2); "
+        f"{args.text_len} text tokens, text mask: {args.text_mask}; forward time, CUDA events, median of {reps} "
+        f"after {warmup} (cold L2); "
         "each conversion calibrated on every case's inputs of its model; rel err: Frobenius, against the BF16 "
         "model's output"]
     print("\n".join(header))
@@ -466,7 +527,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows: List[Dict[str, Any]] = []
     for zct in zero_cond:
         rows += measure_model(zct, tokens_list, args.batches, formats, linears_list, args.layers, args.text_len,
-                              reps, warmup, flush, log=lambda line: print(line, flush=True))
+                              reps, warmup, flush, log=lambda line: print(line, flush=True),
+                              text_mask=args.text_mask)
         torch.cuda.empty_cache()  # the model of this zero_cond_t is gone: free its memory for the next
     add_fp8_over_nvfp4(rows)
     lines = table_lines(rows)

@@ -465,8 +465,10 @@ def test_model_checks_cover_fallbacks_and_restore():
 def _fake_model(monkeypatch, change=None):
     calls = []
 
-    def measure_model(zct, tokens, batches, formats, linears, layers, text_len, reps, warmup, flush, log=print):
-        calls.append((zct, list(tokens), list(batches), list(formats), list(linears), layers, text_len, reps, warmup))
+    def measure_model(zct, tokens, batches, formats, linears, layers, text_len, reps, warmup, flush, log=print,
+                      text_mask="unset"):
+        calls.append((zct, list(tokens), list(batches), list(formats), list(linears), layers, text_len, reps, warmup,
+                      text_mask))
         rows = [_model_row(t, zct, f, li, batch=b) for f in formats for li in linears for t in tokens for b in batches]
         for r in rows:
             r.update((change or {}).get((r["tokens"], zct, r["format"]), {}))
@@ -485,7 +487,7 @@ def _fake_model(monkeypatch, change=None):
 def test_model_main_quick(monkeypatch, tmp_path, capsys):
     calls = _fake_model(monkeypatch)
     assert bench_model.main(["--quick", "--out", str(tmp_path)]) == 0
-    assert calls == [(z, [6889, 10209], [1], ["fp8"], ["all"], 4, 128, 3, 2) for z in (False, True)]
+    assert calls == [(z, [6889, 10209], [1], ["fp8"], ["all"], 4, 128, 3, 2, "pipeline") for z in (False, True)]
     csv_lines = (tmp_path / "bench_model.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_model.CSV_FIELDS and len(csv_lines) == 1 + 4
     first = dict(zip(bench_model.CSV_FIELDS, csv_lines[1].split(",")))
@@ -499,7 +501,7 @@ def test_model_main_quick(monkeypatch, tmp_path, capsys):
 def test_model_main_default_cases_and_failures(monkeypatch, tmp_path, capsys):
     calls = _fake_model(monkeypatch, change={(10209, True, "fp8"): {"fused_over_bf16": 1.3, "rel_err_vs_bf16": 0.2}})
     assert bench_model.main(["--out", str(tmp_path)]) == 0  # a slow or inaccurate figure is printed, not failed
-    assert calls[0][3:5] == (["nvfp4", "fp8"], ["all", "fc1"]) and calls[0][7:] == (10, 3)
+    assert calls[0][3:5] == (["nvfp4", "fp8"], ["all", "fc1"]) and calls[0][7:] == (10, 3, "pipeline")
     assert "| 1.30x |" in (tmp_path / "bench_model.md").read_text() and capsys.readouterr().err == ""
     _fake_model(monkeypatch, change={(6889, False, "nvfp4"): {"fused_equals_unfused": False}})
     assert bench_model.main(["--zero-cond-t", "off", "--out", str(tmp_path)]) == 1
@@ -509,8 +511,9 @@ def test_model_main_default_cases_and_failures(monkeypatch, tmp_path, capsys):
 def _fake_peers(monkeypatch, change=None):
     calls = []
 
-    def measure_peers(zct, tokens, variants, layers, text_len, reps, warmup, flush, log=print):
-        calls.append((zct, list(tokens), list(variants), layers, text_len, reps, warmup))
+    def measure_peers(zct, tokens, variants, layers, text_len, reps, warmup, flush, log=print, text_mask="unset",
+                      profile=None):
+        calls.append((zct, list(tokens), list(variants), layers, text_len, reps, warmup, text_mask, profile))
         rows = []
         for t in tokens:
             for v in variants:
@@ -520,6 +523,8 @@ def _fake_peers(monkeypatch, change=None):
                      "over_bf16_eager": ms / 20.0, "over_torchao_row": nan}
                 if v == "ours_compiled":
                     r.update(compiled_paths="norm1: fused", compiled_all_fused=True, fused_equals_unfused=True)
+                if profile:
+                    r.update({f"{k}_ms": 1.0 + i for i, k in enumerate(bench_model.KIND_NAMES)}, kernels=321)
                 r.update((change or {}).get((t, zct, v), {}))
                 rows.append(r)
         return rows
@@ -535,7 +540,8 @@ def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys)
     calls = _fake_peers(monkeypatch)
     assert bench_model.main(["--peers", "--variants", "bf16_eager,ours_compiled", "--reps", "7", "--warmup", "2",
                              "--out", str(tmp_path)]) == 0
-    assert calls == [(z, [6889, 10209], ["bf16_eager", "ours_compiled"], 4, 128, 7, 2) for z in (False, True)]
+    assert calls == [(z, [6889, 10209], ["bf16_eager", "ours_compiled"], 4, 128, 7, 2, "pipeline", False)
+                     for z in (False, True)]
     csv_lines = (tmp_path / "bench_model_peers.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_model.PEER_FIELDS and len(csv_lines) == 1 + 2 * 2 * 2
     md = (tmp_path / "bench_model_peers.md").read_text()
@@ -555,3 +561,41 @@ def test_model_peers_main_fails_a_check(change, message, monkeypatch, tmp_path, 
     err = capsys.readouterr().err
     assert "check failed: the converted model under torch.compile" in err and message in err
     assert (tmp_path / "bench_model_peers.csv").is_file()
+
+
+def test_model_peers_profile_and_text_mask_reach_the_measurement(monkeypatch, tmp_path):
+    calls = _fake_peers(monkeypatch)
+    assert bench_model.main(["--peers", "--variants", "ours_compiled", "--zero-cond-t", "off", "--profile",
+                             "--text-mask", "always", "--out", str(tmp_path)]) == 0
+    assert calls == [(False, [6889, 10209], ["ours_compiled"], 4, 128, 10, 3, "always", True)]
+    md = (tmp_path / "bench_model_peers.md").read_text()
+    assert "attention / gemm / ours / inductor / other (kernels)" in md
+    assert "| 1.00 / 2.00 / 3.00 / 4.00 / 5.00 (321) |" in md
+    assert "text mask: always" in md
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >(Flash_fwd_params)", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel<...>::Params)", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x128_4x1x1_kernel0_0", "attention"),
+    ("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off", "gemm"),
+    ("nvjet_qqtst_128x256_64x4_2x1_v_bz_coopA_TNT", "gemm"),
+    ("void cutlass::device_kernel<f8f8bf16_rowwise::Kernel>(Params)", "gemm"),
+    ("void qwen_fp4::(anonymous namespace)::fp8_quantize_kernel(qwen_fp4::Fp8QuantizeArgs)", "ours"),
+    ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_stack_sub_3", "inductor"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::mul_kernel_cuda>(int, ...)", "other"),
+    ("Memcpy DtoD (Device -> Device)", "other"),
+])
+def test_model_kernel_kinds(name, kind):
+    assert bench_model.kernel_kind(name) == kind
+
+
+def test_model_inputs_text_mask_follows_the_pipeline():
+    shapes = bench_model.image_shapes(16, False)
+    assert bench_model.model_inputs(1, shapes, 5, seed=0, device="cpu")["encoder_hidden_states_mask"] is None
+    kept = bench_model.model_inputs(1, shapes, 5, seed=0, text_mask="always", device="cpu")
+    assert kept["encoder_hidden_states_mask"].all() and kept["encoder_hidden_states_mask"].shape == (1, 5)
+    padded = bench_model.model_inputs(2, shapes, 6, seed=0, device="cpu")["encoder_hidden_states_mask"]
+    assert padded.tolist() == [[True] * 6, [True] * 3 + [False] * 3]  # a padded prompt keeps its mask
+    with pytest.raises(ValueError, match="text_mask must be one of pipeline, always"):
+        bench_model.model_inputs(1, shapes, 5, seed=0, text_mask="never", device="cpu")
