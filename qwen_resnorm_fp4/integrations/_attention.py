@@ -13,8 +13,9 @@ products written on (real, imaginary) fp32 pairs (:func:`rotate_pairs`) are fuse
 Rules:
 
 - Only while dynamo traces, only with diffusers' own ``QwenDoubleStreamAttnProcessor2_0`` (its attention backend
-  and context-parallel settings are honoured) and no extra attention kwargs. Anything else, and every eager call,
-  runs ``block.attn(...)`` unchanged: eager, the complex kernel makes fewer passes than the real form would.
+  and context-parallel settings are honoured), no hook on the attention module (diffusers' attention caches
+  replace its forward) and no extra attention kwargs. Anything else, and every eager call, runs
+  ``block.attn(...)`` unchanged: eager, the complex kernel makes fewer passes than the real form would.
 - Numerics: ``(a + ib)(c + id) = (ac - bd) + i(ad + bc)`` in fp32, rounded once to the input's dtype, as the
   complex kernel computes it. Equal to it bit for bit where neither contracts a product into an FMA (PyTorch's CPU
   kernels); otherwise the fp32 results differ by at most one last bit, which the rounding to bf16 rarely shows.
@@ -90,12 +91,19 @@ def _traced_joint_attention(attn: torch.nn.Module, img: Tensor, txt: Tensor, txt
     return img_out, attn.to_add_out(joint[:, :seq_txt, :].contiguous())
 
 
+def _unhooked(attn: torch.nn.Module) -> bool:
+    """Whether calling ``attn`` runs its class's forward and nothing else: no forward or pre-forward hook, no
+    instance-level ``forward`` (diffusers' hooks, e.g. its attention caches, replace it)."""
+    return not (attn._forward_hooks or attn._forward_pre_hooks or "forward" in attn.__dict__)
+
+
 def joint_attention(attn: torch.nn.Module, img: Tensor, txt: Tensor, txt_mask: Optional[Tensor],
                     rotary: Optional[Tuple[Tensor, Tensor]], kwargs: Dict[str, Any]) -> Tuple[Tensor, Tensor]:
     """A Qwen-Image block's ``self.attn(hidden_states=img, encoder_hidden_states=txt, ...)``: (image output,
-    text output). While dynamo traces diffusers' own processor without extra kwargs, the same operations with
-    the rotation on real pairs (:func:`rotate_pairs`); otherwise the module itself."""
-    if torch.compiler.is_compiling() and not kwargs and type(attn.processor) is _diffusers_processor_class():
+    text output). While dynamo traces an unhooked module with diffusers' own processor and no extra kwargs,
+    the same operations with the rotation on real pairs (:func:`rotate_pairs`); otherwise the module itself."""
+    if (torch.compiler.is_compiling() and not kwargs and type(attn.processor) is _diffusers_processor_class()
+            and _unhooked(attn)):
         return _traced_joint_attention(attn, img, txt, txt_mask, rotary)
     return attn(hidden_states=img, encoder_hidden_states=txt, encoder_hidden_states_mask=txt_mask,
                 image_rotary_emb=rotary, **kwargs)

@@ -121,7 +121,22 @@ def test_another_processor_or_extra_kwargs_run_the_module(monkeypatch, seed):
                             lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
         _attention.joint_attention(attn, img, txt, mask, rotary, {"attention_mask": None})
         _attention.joint_attention(attn, img, txt, mask, rotary, {})
-    assert calls == [1], "extra kwargs run the module; none: the traced path"
+        assert calls == [1], "extra kwargs run the module; none: the traced path"
+        # a hooked module runs its hooks: a forward hook, a pre-hook, an instance forward (diffusers' hooks)
+        seen = []
+        for add, remove in (
+            (lambda: attn.register_forward_hook(lambda m, a, out: seen.append("hook")), lambda h: h.remove()),
+            (lambda: attn.register_forward_pre_hook(lambda m, a: seen.append("pre")), lambda h: h.remove()),
+        ):
+            handle = add()
+            _attention.joint_attention(attn, img, txt, mask, rotary, {})
+            remove(handle)
+        class_forward = attn.forward
+        attn.forward = lambda *a, **k: seen.append("instance") or class_forward(*a, **k)
+        _attention.joint_attention(attn, img, txt, mask, rotary, {})
+        del attn.forward
+        _attention.joint_attention(attn, img, txt, mask, rotary, {})
+    assert seen == ["hook", "pre", "instance"] and calls == [1, 1, 1, 1]
 
 
 def graph_targets(model, inp):
