@@ -14,7 +14,7 @@ are (validation.py's out-variant rules).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, NoReturn, Optional, Tuple
 
 import torch
 
@@ -38,23 +38,33 @@ def _call(name: str, args: tuple, memory: Optional[bool] = None):
     """The op ``name`` on its arguments (schema order, defaults resolved). Its rules are enforced once, by the
     op itself: by its Python implementation when every tensor is on the CPU, else by the CUDA op's own checks
     (csrc/op_checks.h, before any launch) on the prepared operands, or by its fake while torch.compile traces.
-    An out-variant's rules are applied here first, on the caller's tensors (``memory``: its memory rules; None:
-    where its outputs have data): an input the operands replace with an aligned copy could overlap an output
-    unseen by the op. When the op refuses the call, the table's rules name the argument: the error raised is
-    the rules' TypeError / ValueError, chained to the op's own; an error the rules do not explain (e.g. out of
-    memory) is raised as it is."""
+    Where the operands replace an input of an out-variant with a copy (an aligned or contiguous one), its rules
+    are applied here first, on the caller's tensors (``memory``: its memory rules; None: where its outputs have
+    data): the replaced input could overlap an output unseen by the op. When the op refuses the call, the
+    table's rules name the argument: the error raised is the rules' TypeError / ValueError, chained to the op's
+    own; an error the rules do not explain (e.g. out of memory) is raised as it is."""
     entry, arguments = _BOUND[name]
     if arguments.all_on_cpu(args):
         return arguments.op(*args)
-    if entry.is_out_variant:
+    try:
+        prepared = arguments.prepared(args)
+    except Exception as error:
+        _raise_explained(entry, args, memory, error)
+    if entry.is_out_variant and any(p is not a for p, a in zip(prepared, args) if isinstance(a, Tensor)):
         require(entry.problem(args, memory))
     try:
-        return arguments.op(*arguments.prepared(args))
+        return arguments.op(*prepared)
     except Exception as error:
-        problem = entry.problem(args, memory)
-        if problem is None:
-            raise
-        raise problem.exception() from error
+        _raise_explained(entry, args, memory, error)
+
+
+def _raise_explained(entry: ops.OpEntry, args: tuple, memory: Optional[bool], error: Exception) -> NoReturn:
+    """Raise the rules' error naming the argument of a refused call (chained to ``error``), or ``error`` itself
+    where the rules find nothing wrong (e.g. out of memory)."""
+    problem = entry.problem(args, memory)
+    if problem is None:
+        raise error
+    raise problem.exception() from error
 
 
 def _prepared_call(name: str) -> Callable[..., Any]:
