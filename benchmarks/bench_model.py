@@ -291,7 +291,8 @@ KERNEL_KINDS = (
 )
 KIND_NAMES = tuple(k for k, _ in KERNEL_KINDS) + ("other",)
 PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "over_torchao_row", "compile_s",
-               "graphs", "rel_err_vs_bf16", "fused_equals_unfused", "compiled_paths",
+               "graphs", "rel_err_vs_bf16", "fused_equals_unfused", "fused_equals_unfused_inductor",
+               "compiled_paths",
                *(f"{k}_ms" for k in KIND_NAMES), "kernels"]
 
 
@@ -355,18 +356,23 @@ def _peer_callable(variant: str, model: torch.nn.Module) -> Callable[..., Any]:
     return torch.compile(model)  # the peers as a user compiles them
 
 
-def _traced_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any]) -> bool:
-    """Fused == unfused bit for bit under torch.compile(fullgraph=True, backend="aot_eager"): the graph's own
-    ops as traced. (Inductor's code for the model's glue is not bit-reproducible from one compilation to the
-    next, so two inductor compilations, fused and unfused, are not compared byte for byte.)"""
+def _compiled_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any], backend: str) -> bool:
+    """Fused == unfused bit for bit under torch.compile(fullgraph=True): with ``backend="aot_eager"``, the
+    graph's own ops as traced; with "inductor", in its deterministic mode (``torch._inductor.config.deterministic``:
+    its default autotuning picks reduction orders by timing, so two default compilations may differ in last
+    bits), one compilation per mode."""
+    import torch._dynamo as dynamo
+    import torch._inductor.config as inductor_config
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
-    traced = torch.compile(model, fullgraph=True, backend="aot_eager")
     outs = []
-    for mode in ("fused", "unfused"):
-        qd.set_mode(model, mode)
-        outs.append(traced(**inp)[0])
+    with inductor_config.patch(deterministic=True):
+        for mode in ("fused", "unfused"):
+            dynamo.reset()
+            qd.set_mode(model, mode)
+            outs.append(torch.compile(model, fullgraph=True, backend=backend)(**inp)[0].clone())
     qd.set_mode(model, "fused")
+    dynamo.reset()
     return results.outputs_equal(outs[0], outs[1])
 
 
@@ -379,7 +385,8 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     compile time (the first call's wall time less one timed forward), the graphs dynamo compiled for it
     (one per shape, or a second, dynamic one), the relative error against the BF16 eager output; for ours
     compiled, the segments' compiled paths, and for ours compiled whole, fused == unfused under compile
-    (:func:`_traced_fused_equals_unfused`); with ``profile``, :func:`kernel_breakdown` of one forward."""
+    (:func:`_compiled_fused_equals_unfused`, aot_eager and inductor); with ``profile``,
+    :func:`kernel_breakdown` of one forward."""
     import time
 
     import torch._dynamo as dynamo
@@ -429,11 +436,15 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                 + (f", compiled paths {row['compiled_paths']}" if row.get("compiled_paths") else "")
                 + (", kernels " + ", ".join(f"{k} {row[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ms ({row['kernels']})"
                    if profile else ""))
-        if variant == "ours_compiled":  # after the timed and noted graphs: its aot_eager traces note "unfused"
+        if variant == "ours_compiled":  # after the timed and noted graphs: these traces note "unfused"
             for r in rows[-len(inputs):]:
-                r["fused_equals_unfused"] = _traced_fused_equals_unfused(subject, inputs[r["tokens"]])
+                with torch.no_grad():
+                    for backend, field in (("aot_eager", "fused_equals_unfused"),
+                                           ("inductor", "fused_equals_unfused_inductor")):
+                        r[field] = _compiled_fused_equals_unfused(subject, inputs[r["tokens"]], backend)
                 log(f"{'zct ' if zero_cond_t else ''}{r['tokens']} tokens {variant}: fused == unfused under "
-                    f"compile (aot_eager) {r['fused_equals_unfused']}")
+                    f"compile: aot_eager {r['fused_equals_unfused']}, inductor (deterministic) "
+                    f"{r['fused_equals_unfused_inductor']}")
         del run, subject
         torch.cuda.empty_cache()
     dynamo.reset()
@@ -448,21 +459,33 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
 def peers_table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
     """The ``--peers`` markdown table, one line per variant, token count and zero_cond_t."""
     columns = ("image tokens", "zero_cond_t", "variant", "ms", "x BF16 eager", "x torchao row compiled",
-               "compile s", "graphs", "rel err vs BF16", "fused == unfused (compiled)",
+               "compile s", "graphs", "rel err vs BF16", "fused == unfused (aot_eager / inductor)",
                "GPU ms: " + " / ".join(KIND_NAMES) + " (kernels)")
     return results.markdown_table(columns, (
         (r["tokens"], "yes" if r["zero_cond_t"] else "no", r["variant"], f"{r['ms']:.2f}",
          results.fmt(r.get("over_bf16_eager"), ".3f"), results.fmt(r.get("over_torchao_row"), ".3f"),
          f"{r['compile_s']:.1f}", r["graphs"], f"{r['rel_err_vs_bf16']:.4f}",
-         results.yes_no(r["fused_equals_unfused"]) if "fused_equals_unfused" in r else "",
+         f"{results.yes_no(r['fused_equals_unfused'])} / {results.yes_no(r.get('fused_equals_unfused_inductor'))}"
+         if "fused_equals_unfused" in r else "",
          " / ".join(f"{r[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ({r['kernels']})" if "kernels" in r else "")
         for r in rows))
 
 
+def peer_problems(row: Dict[str, Any]) -> List[str]:
+    """A ``--peers`` row's failed checks: fused != unfused under compile (aot_eager, or inductor in its
+    deterministic mode), or a compiled segment of ours not fused."""
+    problems = [f"fused != unfused under compile ({backend})"
+                for field, backend in (("fused_equals_unfused", "aot_eager"),
+                                       ("fused_equals_unfused_inductor", "inductor, deterministic"))
+                if row.get(field) is False]
+    if row.get("compiled_all_fused") is False:
+        problems.append(f"compiled paths {row['compiled_paths']}")
+    return problems
+
+
 def peers_main(args: argparse.Namespace) -> int:
     """``--peers``: :func:`measure_peers` for each zero_cond_t; writes bench_model_peers.{csv,md}. Fails (exit
-    status 1) when ours compiled is not fused == unfused, or a compiled variant of ours ran a segment unfused
-    or declined."""
+    status 1) on any :func:`peer_problems`."""
     tokens_list = args.tokens or list(DEFAULT_TOKENS)
     zero_cond = ZERO_COND_T[args.zero_cond_t]
     error = argument_error(tokens_list, zero_cond)
@@ -492,10 +515,8 @@ def peers_main(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     results.write_report(args.out, f"{PROG}_peers", rows, [f"# {PROG} --peers", ""] + [f"- {h}" for h in header]
                          + [""] + lines, PEER_FIELDS)
-    failures = [f"{r['tokens']} tokens{' zct' if r['zero_cond_t'] else ''} {r['variant']}: "
-                + ("fused != unfused under compile" if r.get("fused_equals_unfused") is False
-                   else f"compiled paths {r['compiled_paths']}")
-                for r in rows if r.get("fused_equals_unfused") is False or r.get("compiled_all_fused") is False]
+    failures = [f"{r['tokens']} tokens{' zct' if r['zero_cond_t'] else ''} {r['variant']}: {problem}"
+                for r in rows for problem in peer_problems(r)]
     return results.exit_status(failures, "the converted model under torch.compile")
 
 

@@ -101,6 +101,19 @@ def test_fused_equals_unfused_compiled(case, fmt):
     assert qd.fused_path_stats(model)["compiled"]["img"] == ["fused", "unfused"]
 
 
+@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
+def test_inductor_fused_equals_unfused(zero_cond_t):
+    """Inductor's own code for the glue (CPU here): the fused and the unfused graph, two compilations, the same
+    bytes (inductor's GPU autotuning picks among reduction orders by timing: see the GPU test below)."""
+    model, inp = converted("qwen_image_zero_cond_t" if zero_cond_t else "qwen_image", "fp8")
+    outs = {}
+    for mode in ("fused", "unfused"):
+        torch._dynamo.reset()
+        qd.set_mode(model, mode)
+        outs[mode] = compiled_runs(model, inp, torch.compile(model, fullgraph=True), runs=2)
+    assert all(torch.equal(outs["fused"][0], t) for t in outs["fused"] + outs["unfused"])
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("case", ["qwen_image", "qwen_image21", "flux", "wan21"])
 def test_regional_compilation_compiles_one_block(case, fmt):
@@ -336,12 +349,30 @@ def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
 
 
 @pytest.mark.gpu
+def test_gpu_inductor_deterministic_fused_equals_unfused():
+    """Inductor with its deterministic mode (``torch._inductor.config.deterministic``: no timing-based choice
+    that changes numerics): the fused and the unfused graph, two compilations, the same bytes."""
+    model, inputs = real_width_qwen_image("fp8", False)
+    inp = inputs[0]
+    import torch._inductor.config as inductor_config
+
+    outs = {}
+    with inductor_config.patch(deterministic=True):
+        for mode in ("fused", "unfused"):
+            torch._dynamo.reset()
+            qd.set_mode(model, mode)
+            outs[mode] = [t.clone() for t in compiled_runs(model, inp, torch.compile(model, fullgraph=True), runs=2)]
+    assert all(torch.equal(outs["fused"][0], t) for t in outs["fused"] + outs["unfused"])
+    assert qd.fused_path_stats(model)["compiled"]["img"] == ["fused", "unfused"]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 def test_gpu_inductor_compiles_once(fmt):
     """Inductor, fullgraph, default and "reduce-overhead" (CUDA graphs): one graph for repeated forwards of
     one shape, every segment fused in it, each graph's forwards the same bytes, close to eager. (Inductor's
-    own code for the model's glue is not bit-reproducible from one compilation to the next on an H200, so
-    bytes are compared within a compilation; across modes, by ``aot_eager`` above.)"""
+    default autotuning picks reduction orders by timing, so two compilations may differ in last bits: bytes are
+    compared within a compilation here; across modes, by ``aot_eager`` and by the deterministic mode above.)"""
     model, inputs = real_width_qwen_image(fmt, False)
     inp = inputs[0]
     eager = run(model, inp).float()

@@ -522,7 +522,8 @@ def _fake_peers(monkeypatch, change=None):
                      else 12.5, "graphs": 1, "rel_err_vs_bf16": 0.0 if v == "bf16_eager" else 0.0138,
                      "over_bf16_eager": ms / 20.0, "over_torchao_row": nan}
                 if v == "ours_compiled":
-                    r.update(compiled_paths="norm1: fused", compiled_all_fused=True, fused_equals_unfused=True)
+                    r.update(compiled_paths="norm1: fused", compiled_all_fused=True, fused_equals_unfused=True,
+                             fused_equals_unfused_inductor=True)
                 if profile:
                     r.update({f"{k}_ms": 1.0 + i for i, k in enumerate(bench_model.KIND_NAMES)}, kernels=321)
                 r.update((change or {}).get((t, zct, v), {}))
@@ -545,13 +546,15 @@ def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys)
     csv_lines = (tmp_path / "bench_model_peers.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_model.PEER_FIELDS and len(csv_lines) == 1 + 2 * 2 * 2
     md = (tmp_path / "bench_model_peers.md").read_text()
-    assert "| 6889 | no | ours_compiled | 30.00 | 1.500 | n/a | 12.5 | 1 | 0.0138 | yes |" in md
+    assert "| 6889 | no | ours_compiled | 30.00 | 1.500 | n/a | 12.5 | 1 | 0.0138 | yes / yes |" in md
     assert "| 10209 | yes | bf16_eager | 20.00 | 1.000 | n/a | 0.0 | 1 | 0.0000 |  |" in md
     assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"fused_equals_unfused": False}, "10209 tokens zct ours_compiled: fused != unfused under compile"),
+    ({"fused_equals_unfused": False}, "10209 tokens zct ours_compiled: fused != unfused under compile (aot_eager)"),
+    ({"fused_equals_unfused_inductor": False},
+     "10209 tokens zct ours_compiled: fused != unfused under compile (inductor, deterministic)"),
     ({"compiled_all_fused": False, "compiled_paths": "norm1: fused/unfused"},
      "10209 tokens zct ours_compiled: compiled paths norm1: fused/unfused"),
 ])
