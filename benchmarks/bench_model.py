@@ -267,7 +267,9 @@ def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequen
 #: The variants of ``--peers``, in run order: (name, what it is). Peers: BF16 eager and compiled, torchao's
 #: dynamic FP8 (per row, per tensor) on the same Linears compiled; ours (format="fp8", linears="all",
 #: mode="fused") eager, compiled whole (fullgraph), by regions (diffusers' compile_repeated_blocks), and
-#: compiled whole with CUDA graphs ("reduce-overhead") and with "max-autotune"; ours in NVFP4 compiled whole.
+#: compiled whole with CUDA graphs ("reduce-overhead"), with "max-autotune" and with inductor keeping every
+#: bf16 rounding of eager (its default fuses them away: the numerics of compiled against eager); ours in NVFP4
+#: compiled whole.
 PEER_VARIANTS = (
     ("bf16_eager", "BF16, eager"),
     ("bf16_compiled", "BF16, torch.compile(model)"),
@@ -278,6 +280,8 @@ PEER_VARIANTS = (
     ("ours_regional", 'ours fp8 "all" fused, model.compile_repeated_blocks(fullgraph=True)'),
     ("ours_reduce_overhead", 'ours fp8 "all" fused, torch.compile(fullgraph=True, mode="reduce-overhead")'),
     ("ours_max_autotune", 'ours fp8 "all" fused, torch.compile(fullgraph=True, mode="max-autotune")'),
+    ("ours_compiled_eager_casts", 'ours fp8 "all" fused, torch.compile(fullgraph=True, '
+     'options={"emulate_precision_casts": True}): every bf16 rounding of eager kept'),
     ("ours_nvfp4_compiled", 'ours nvfp4 "all" fused, torch.compile(model, fullgraph=True)'),
 )
 PEER_NAMES = tuple(n for n, _ in PEER_VARIANTS)
@@ -350,6 +354,8 @@ def _peer_callable(variant: str, model: torch.nn.Module) -> Callable[..., Any]:
     if variant == "ours_regional":
         model.compile_repeated_blocks(fullgraph=True)
         return model
+    if variant == "ours_compiled_eager_casts":
+        return torch.compile(model, fullgraph=True, options={"emulate_precision_casts": True})
     if variant.startswith("ours"):
         mode = {"ours_reduce_overhead": "reduce-overhead", "ours_max_autotune": "max-autotune"}.get(variant)
         return torch.compile(model, fullgraph=True, mode=mode)
