@@ -267,9 +267,9 @@ def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequen
 #: The variants of ``--peers``, in run order: (name, what it is). Peers: BF16 eager and compiled, torchao's
 #: dynamic FP8 (per row, per tensor) on the same Linears compiled; ours (format="fp8", linears="all",
 #: mode="fused") eager, compiled whole (fullgraph), by regions (diffusers' compile_repeated_blocks), and
-#: compiled whole with CUDA graphs ("reduce-overhead"), with "max-autotune" and with inductor keeping every
-#: bf16 rounding of eager (its default fuses them away: the numerics of compiled against eager); ours in NVFP4
-#: compiled whole.
+#: compiled whole with CUDA graphs ("reduce-overhead"), with "max-autotune" and with inductor keeping eager's
+#: bf16 roundings between the ops it fuses (its default drops them: how much of compiled against eager that
+#: is); ours in NVFP4 compiled whole.
 PEER_VARIANTS = (
     ("bf16_eager", "BF16, eager"),
     ("bf16_compiled", "BF16, torch.compile(model)"),
@@ -281,17 +281,19 @@ PEER_VARIANTS = (
     ("ours_reduce_overhead", 'ours fp8 "all" fused, torch.compile(fullgraph=True, mode="reduce-overhead")'),
     ("ours_max_autotune", 'ours fp8 "all" fused, torch.compile(fullgraph=True, mode="max-autotune")'),
     ("ours_compiled_eager_casts", 'ours fp8 "all" fused, torch.compile(fullgraph=True, '
-     'options={"emulate_precision_casts": True}): every bf16 rounding of eager kept'),
+     'options={"emulate_precision_casts": True}): the bf16 roundings of eager kept between fused ops'),
     ("ours_nvfp4_compiled", 'ours nvfp4 "all" fused, torch.compile(model, fullgraph=True)'),
 )
 PEER_NAMES = tuple(n for n, _ in PEER_VARIANTS)
 #: ``--profile``: the kinds of GPU kernels, each with the marks of its kernels' names, matched in this order
-#: (attention first: a CUTLASS attention kernel's name says "cutlass" too); a kernel matching none is "other".
+#: after inductor's own kernels (named ``triton_*``: its GEMM templates ``triton_tem_*`` are "gemm", the rest
+#: "inductor", whatever op names they carry); attention before GEMM (a CUTLASS attention kernel's name says
+#: "cutlass" too); a kernel matching none is "other".
 KERNEL_KINDS = (
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "splitk")),
     ("ours", ("qwen_fp4::",)),
-    ("inductor", ("triton",)),
+    ("inductor", ()),
 )
 KIND_NAMES = tuple(k for k, _ in KERNEL_KINDS) + ("other",)
 PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "over_torchao_row", "compile_s",
@@ -302,6 +304,8 @@ PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "ove
 
 def kernel_kind(name: str) -> str:
     """The :data:`KERNEL_KINDS` kind of a GPU kernel, by its name."""
+    if name.startswith("triton_"):
+        return "gemm" if name.startswith("triton_tem_") else "inductor"
     low = name.lower()
     return next((kind for kind, marks in KERNEL_KINDS if any(m in low for m in marks)), "other")
 

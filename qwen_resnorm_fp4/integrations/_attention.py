@@ -12,15 +12,19 @@ products written on (real, imaginary) fp32 pairs (:func:`rotate_pairs`) are fuse
 
 Rules:
 
-- Only while dynamo traces, only with diffusers' own ``QwenDoubleStreamAttnProcessor2_0`` (its attention backend
-  and context-parallel settings are honoured), no hook on the attention module (diffusers' attention caches
-  replace its forward) and no extra attention kwargs. Anything else, and every eager call, runs
-  ``block.attn(...)`` unchanged: eager, the complex kernel makes fewer passes than the real form would.
+- Only while dynamo traces, only with diffusers' own ``Attention`` forward and ``QwenDoubleStreamAttnProcessor2_0``
+  (its attention backend and context-parallel settings are honoured), no hook on the attention module
+  (diffusers' attention caches replace its forward) and no extra attention kwargs. Anything else, and every
+  eager call, runs ``block.attn(...)`` unchanged: eager, the complex kernel makes fewer passes than the real
+  form would.
 - Numerics: ``(a + ib)(c + id) = (ac - bd) + i(ad + bc)`` in fp32, rounded once to the input's dtype, as the
   complex kernel computes it. Equal to it bit for bit where neither contracts a product into an FMA (PyTorch's CPU
-  kernels); otherwise the fp32 results differ by at most one last bit, which the rounding to bf16 rarely shows.
-- The rest of the attention is diffusers' processor's operations in the same order: q/k/v projections, QK-norm,
-  rotation, ``[text, image]`` concatenation, ``dispatch_attention_fn``, output projections.
+  kernels); where one does (CUDA), a component differs by at most about one last bit of the larger product (an
+  absolute bound: where the products cancel, many last bits of the result), which the rounding to bf16 rarely
+  shows.
+- The rest of the attention is diffusers' processor's operations (the image stream's first): q/k/v
+  projections, QK-norm, rotation, ``[text, image]`` concatenation, ``dispatch_attention_fn``, output
+  projections.
 """
 
 from __future__ import annotations
@@ -91,10 +95,30 @@ def _traced_joint_attention(attn: torch.nn.Module, img: Tensor, txt: Tensor, txt
     return img_out, attn.to_add_out(joint[:, :seq_txt, :].contiguous())
 
 
+def _diffusers_attention_forward() -> Optional[Any]:
+    try:
+        from diffusers.models.attention_processor import Attention
+    except ImportError:  # pragma: no cover - converted Qwen-Image blocks exist only with diffusers
+        return None
+    return Attention.forward
+
+
 def _unhooked(attn: torch.nn.Module) -> bool:
-    """Whether calling ``attn`` runs its class's forward and nothing else: no forward or pre-forward hook, no
-    instance-level ``forward`` (diffusers' hooks, e.g. its attention caches, replace it)."""
-    return not (attn._forward_hooks or attn._forward_pre_hooks or "forward" in attn.__dict__)
+    """Whether calling ``attn`` runs diffusers' ``Attention.forward`` and nothing else: that class forward, no
+    forward or pre-forward hook (the module's or global), and an instance-level ``forward`` only where it is the
+    class's own, bound to ``attn`` (diffusers' hooks, e.g. its attention caches, replace it, and put that back
+    when removed)."""
+    from torch.nn.modules import module as nn_module
+
+    if type(attn).forward is not _diffusers_attention_forward():
+        return False
+    if attn._forward_hooks or attn._forward_pre_hooks:
+        return False
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return False
+    instance_forward = attn.__dict__.get("forward")
+    return instance_forward is None or (getattr(instance_forward, "__func__", None) is type(attn).forward
+                                        and getattr(instance_forward, "__self__", None) is attn)
 
 
 def joint_attention(attn: torch.nn.Module, img: Tensor, txt: Tensor, txt_mask: Optional[Tensor],

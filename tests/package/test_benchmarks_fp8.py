@@ -586,6 +586,8 @@ def test_model_peers_profile_and_text_mask_reach_the_measurement(monkeypatch, tm
     ("void cutlass::device_kernel<f8f8bf16_rowwise::Kernel>(Params)", "gemm"),
     ("void qwen_fp4::(anonymous namespace)::fp8_quantize_kernel(qwen_fp4::Fp8QuantizeArgs)", "ours"),
     ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_stack_sub_3", "inductor"),
+    ("triton_poi_fused__scaled_dot_product_efficient_attention_cat_ones_4", "inductor"),
+    ("triton_tem_fused__scaled_mm_0", "gemm"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::mul_kernel_cuda>(int, ...)", "other"),
     ("Memcpy DtoD (Device -> Device)", "other"),
 ])

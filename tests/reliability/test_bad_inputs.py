@@ -526,6 +526,46 @@ def test_wrappers_call_the_op_once_and_name_the_argument(monkeypatch, op, dev):
     assert same_bytes(call(op, "wrapper", kw), want)
 
 
+@pytest.mark.parametrize("replaced", [False, True], ids=["as_given", "copied"])
+def test_out_variant_rules_run_in_python_only_for_a_replaced_input(monkeypatch, replaced):
+    """An out-variant's Python rules run before the op only where the operands replaced an input with a copy
+    (which could overlap an output unseen by the op); otherwise the op's own checks are the one check, and a
+    refused call is still named by the rules."""
+    from types import SimpleNamespace
+
+    from qwen_resnorm_fp4 import api
+
+    name = "fp8_quantize_out"
+    entry, _ = api._BOUND[name]
+    x, out = torch.zeros(4), torch.zeros(4)
+    checked, called = [], []
+
+    def problem(args, memory):
+        checked.append(memory)
+        return None
+
+    def op(*args):
+        called.append(args)
+        return "done"
+
+    stub = SimpleNamespace(all_on_cpu=lambda args: False, op=op,
+                           prepared=lambda args: [a.clone() if replaced and a is x else a for a in args])
+    monkeypatch.setitem(api._BOUND, name, (SimpleNamespace(is_out_variant=True, problem=problem), stub))
+    assert api._call(name, (x, out)) == "done" and len(called) == 1
+    assert checked == ([None] if replaced else [])
+
+    def refuse(*args):
+        raise RuntimeError("the op's check")
+
+    stub.op = refuse
+    named = SimpleNamespace(exception=lambda: ValueError("out overlaps the input y"))
+    monkeypatch.setitem(api._BOUND, name, (SimpleNamespace(is_out_variant=True, problem=lambda a, m: named), stub))
+    with pytest.raises(ValueError, match="out overlaps the input y") as info:
+        api._call(name, (x, out))
+    assert replaced or isinstance(info.value.__cause__, RuntimeError)  # as given: the op refused, the rules named it
+    assert entry.is_out_variant
+
+
 def test_modulate_index_is_never_copied_for_alignment():
     """modulate_index is read element by element: a contiguous index at an odd offset goes to the op as it is
     (no clone for alignment); a non-contiguous one is made contiguous."""
