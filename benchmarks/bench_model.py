@@ -173,6 +173,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         "writes bench_model_peers.{csv,md}; needs torchao)")
     p.add_argument("--variants", type=harness.choice_list(PEER_NAMES, "variants"), default=None,
                    help="with --peers: comma-separated subset of " + ",".join(PEER_NAMES) + " (default all)")
+    p.add_argument("--attention-backend", default=None, metavar="NAME",
+                   help="diffusers' attention backend for every variant (model.set_attention_backend, e.g. "
+                        "_native_cudnn, _native_flash; default: diffusers' own choice)")
     p.add_argument("--profile", action="store_true",
                    help="with --peers: also each variant's GPU time per kernel kind in one profiled forward "
                         "(attention, GEMM, ours, inductor's, other)")
@@ -191,8 +194,9 @@ def argument_error(tokens: Sequence[int], zero_cond_t: Sequence[bool]) -> Option
     return None
 
 
-def build_model(layers: int, zero_cond_t: bool):
-    """The real-width model on the GPU in bf16, random weights from seed 0 (the same for both zero_cond_t)."""
+def build_model(layers: int, zero_cond_t: bool, attention_backend: Optional[str] = None):
+    """The real-width model on the GPU in bf16, random weights from seed 0 (the same for both zero_cond_t);
+    ``attention_backend``: diffusers' ``set_attention_backend`` name for every variant (None: its default)."""
     from diffusers import QwenImageTransformer2DModel
 
     torch.manual_seed(0)
@@ -200,18 +204,21 @@ def build_model(layers: int, zero_cond_t: bool):
         model = QwenImageTransformer2DModel(num_layers=layers, attention_head_dim=128, num_attention_heads=24,
                                             joint_attention_dim=3584, axes_dims_rope=(16, 56, 56),
                                             zero_cond_t=zero_cond_t)
+    if attention_backend is not None:
+        model.set_attention_backend(attention_backend)
     return model.to(torch.bfloat16).eval()
 
 
 def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequence[int], formats: Sequence[str],
                   linears_list: Sequence[str], layers: int, text_len: int, reps: int, warmup: int,
-                  flush: torch.Tensor, log=print, text_mask: str = "pipeline") -> List[Dict[str, Any]]:
+                  flush: torch.Tensor, log=print, text_mask: str = "pipeline",
+                  attention_backend: Optional[str] = None) -> List[Dict[str, Any]]:
     """Every case of one model (``zero_cond_t`` off or on): the BF16 forward; per format and linears, the
     converted model fused and unfused, its error and checks; the restored model's forward again. One row
     per (tokens, batch, format, linears)."""
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
-    model = build_model(layers, zero_cond_t)
+    model = build_model(layers, zero_cond_t, attention_backend)
 
     def forward_ms(inp: Dict[str, Any]) -> float:
         return timing.flushed_per_call_us(lambda: model(**inp), reps, warmup, flush) / 1e3
@@ -388,7 +395,7 @@ def _compiled_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any], 
 
 def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Sequence[str], layers: int,
                   text_len: int, reps: int, warmup: int, flush: torch.Tensor, log=print, text_mask: str = "pipeline",
-                  profile: bool = False) -> List[Dict[str, Any]]:
+                  profile: bool = False, attention_backend: Optional[str] = None) -> List[Dict[str, Any]]:
     """Every variant of one model (``zero_cond_t`` off or on) at every token count, one variant at a time
     (dynamo reset between variants, so no variant inherits another's graphs or recompile budget). Per
     variant and token count: the forward time (:func:`timing.flushed_per_call_us`, median of ``reps``), the
@@ -402,7 +409,7 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     import torch._dynamo as dynamo
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
-    model = build_model(layers, zero_cond_t)
+    model = build_model(layers, zero_cond_t, attention_backend)
     inputs = {t: model_inputs(1, image_shapes(t, zero_cond_t), text_len, seed=t, text_mask=text_mask)
               for t in tokens_list}
     with torch.no_grad():
@@ -509,7 +516,8 @@ def peers_main(args: argparse.Namespace) -> int:
     reps, warmup = args.reps, args.warmup
     header = harness.run_header() + [
         f"QwenImageTransformer2DModel, {args.layers} blocks, 24 heads x 128 (width 3072), random weights, batch 1, "
-        f"{args.text_len} text tokens, text mask: {args.text_mask}; forward time, CUDA events, median of {reps} "
+        f"{args.text_len} text tokens, text mask: {args.text_mask}, attention backend: "
+        f"{args.attention_backend or 'diffusers default'}; forward time, CUDA events, median of {reps} "
         f"after {warmup} (cold L2); "
         "compile s: the first call's wall time less one forward; graphs: dynamo's graphs for the variant so far; "
         "rel err: Frobenius, against the BF16 eager output", *(f"{n}: {d}" for n, d in PEER_VARIANTS if n in variants)]
@@ -519,7 +527,7 @@ def peers_main(args: argparse.Namespace) -> int:
     for zct in zero_cond:
         rows += measure_peers(zct, tokens_list, variants, args.layers, args.text_len, reps, warmup, flush,
                               log=lambda line: print(line, flush=True), text_mask=args.text_mask,
-                              profile=args.profile)
+                              profile=args.profile, attention_backend=args.attention_backend)
         torch.cuda.empty_cache()
     lines = peers_table_lines(rows)
     print("\n".join(lines))
@@ -548,7 +556,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     header = harness.run_header() + [
         f"QwenImageTransformer2DModel, {args.layers} blocks, 24 heads x 128 (width 3072), random weights, "
-        f"{args.text_len} text tokens, text mask: {args.text_mask}; forward time, CUDA events, median of {reps} "
+        f"{args.text_len} text tokens, text mask: {args.text_mask}, attention backend: "
+        f"{args.attention_backend or 'diffusers default'}; forward time, CUDA events, median of {reps} "
         f"after {warmup} (cold L2); "
         "each conversion calibrated on every case's inputs of its model; rel err: Frobenius, against the BF16 "
         "model's output"]
@@ -559,7 +568,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for zct in zero_cond:
         rows += measure_model(zct, tokens_list, args.batches, formats, linears_list, args.layers, args.text_len,
                               reps, warmup, flush, log=lambda line: print(line, flush=True),
-                              text_mask=args.text_mask)
+                              text_mask=args.text_mask, attention_backend=args.attention_backend)
         torch.cuda.empty_cache()  # the model of this zero_cond_t is gone: free its memory for the next
     add_fp8_over_nvfp4(rows)
     lines = table_lines(rows)

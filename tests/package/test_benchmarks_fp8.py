@@ -466,9 +466,9 @@ def _fake_model(monkeypatch, change=None):
     calls = []
 
     def measure_model(zct, tokens, batches, formats, linears, layers, text_len, reps, warmup, flush, log=print,
-                      text_mask="unset"):
+                      text_mask="unset", attention_backend="unset"):
         calls.append((zct, list(tokens), list(batches), list(formats), list(linears), layers, text_len, reps, warmup,
-                      text_mask))
+                      text_mask, attention_backend))
         rows = [_model_row(t, zct, f, li, batch=b) for f in formats for li in linears for t in tokens for b in batches]
         for r in rows:
             r.update((change or {}).get((r["tokens"], zct, r["format"]), {}))
@@ -487,7 +487,7 @@ def _fake_model(monkeypatch, change=None):
 def test_model_main_quick(monkeypatch, tmp_path, capsys):
     calls = _fake_model(monkeypatch)
     assert bench_model.main(["--quick", "--out", str(tmp_path)]) == 0
-    assert calls == [(z, [6889, 10209], [1], ["fp8"], ["all"], 4, 128, 3, 2, "pipeline") for z in (False, True)]
+    assert calls == [(z, [6889, 10209], [1], ["fp8"], ["all"], 4, 128, 3, 2, "pipeline", None) for z in (False, True)]
     csv_lines = (tmp_path / "bench_model.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_model.CSV_FIELDS and len(csv_lines) == 1 + 4
     first = dict(zip(bench_model.CSV_FIELDS, csv_lines[1].split(",")))
@@ -501,7 +501,7 @@ def test_model_main_quick(monkeypatch, tmp_path, capsys):
 def test_model_main_default_cases_and_failures(monkeypatch, tmp_path, capsys):
     calls = _fake_model(monkeypatch, change={(10209, True, "fp8"): {"fused_over_bf16": 1.3, "rel_err_vs_bf16": 0.2}})
     assert bench_model.main(["--out", str(tmp_path)]) == 0  # a slow or inaccurate figure is printed, not failed
-    assert calls[0][3:5] == (["nvfp4", "fp8"], ["all", "fc1"]) and calls[0][7:] == (10, 3, "pipeline")
+    assert calls[0][3:5] == (["nvfp4", "fp8"], ["all", "fc1"]) and calls[0][7:] == (10, 3, "pipeline", None)
     assert "| 1.30x |" in (tmp_path / "bench_model.md").read_text() and capsys.readouterr().err == ""
     _fake_model(monkeypatch, change={(6889, False, "nvfp4"): {"fused_equals_unfused": False}})
     assert bench_model.main(["--zero-cond-t", "off", "--out", str(tmp_path)]) == 1
@@ -512,8 +512,9 @@ def _fake_peers(monkeypatch, change=None):
     calls = []
 
     def measure_peers(zct, tokens, variants, layers, text_len, reps, warmup, flush, log=print, text_mask="unset",
-                      profile=None):
-        calls.append((zct, list(tokens), list(variants), layers, text_len, reps, warmup, text_mask, profile))
+                      profile=None, attention_backend="unset"):
+        calls.append((zct, list(tokens), list(variants), layers, text_len, reps, warmup, text_mask, profile,
+                      attention_backend))
         rows = []
         for t in tokens:
             for v in variants:
@@ -541,7 +542,7 @@ def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys)
     calls = _fake_peers(monkeypatch)
     assert bench_model.main(["--peers", "--variants", "bf16_eager,ours_compiled", "--reps", "7", "--warmup", "2",
                              "--out", str(tmp_path)]) == 0
-    assert calls == [(z, [6889, 10209], ["bf16_eager", "ours_compiled"], 4, 128, 7, 2, "pipeline", False)
+    assert calls == [(z, [6889, 10209], ["bf16_eager", "ours_compiled"], 4, 128, 7, 2, "pipeline", False, None)
                      for z in (False, True)]
     csv_lines = (tmp_path / "bench_model_peers.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_model.PEER_FIELDS and len(csv_lines) == 1 + 2 * 2 * 2
@@ -569,12 +570,13 @@ def test_model_peers_main_fails_a_check(change, message, monkeypatch, tmp_path, 
 def test_model_peers_profile_and_text_mask_reach_the_measurement(monkeypatch, tmp_path):
     calls = _fake_peers(monkeypatch)
     assert bench_model.main(["--peers", "--variants", "ours_compiled", "--zero-cond-t", "off", "--profile",
-                             "--text-mask", "always", "--out", str(tmp_path)]) == 0
-    assert calls == [(False, [6889, 10209], ["ours_compiled"], 4, 128, 10, 3, "always", True)]
+                             "--text-mask", "always", "--attention-backend", "_native_cudnn",
+                             "--out", str(tmp_path)]) == 0
+    assert calls == [(False, [6889, 10209], ["ours_compiled"], 4, 128, 10, 3, "always", True, "_native_cudnn")]
     md = (tmp_path / "bench_model_peers.md").read_text()
     assert "attention / gemm / ours / inductor / other (kernels)" in md
     assert "| 1.00 / 2.00 / 3.00 / 4.00 / 5.00 (321) |" in md
-    assert "text mask: always" in md
+    assert "text mask: always, attention backend: _native_cudnn" in md
 
 
 @pytest.mark.parametrize("name, kind", [
