@@ -194,6 +194,35 @@ def test_second_resolution_recompiles_at_most_once():
     assert frames <= 2, frames
 
 
+def test_regional_dynamic_compilation_serves_every_resolution():
+    """``compile_repeated_blocks(dynamic=True)``: the graphs of the first forward serve every later text length
+    and image size, no recompile. That is two graphs, for the BF16 model too: the first block's input is a
+    view, whose base dynamo guards on, the other blocks' are not. (Compiled whole, diffusers' model forward
+    specializes on the text length and the image shapes: a new one recompiles, see above.)"""
+    model, _ = converted("qwen_image", "fp8")
+    inputs = [make_inputs(1, n, False, small=True, seed=n) for n in (7, 9, 12)]
+    other_image = make_inputs(1, 7, False, small=True, seed=13)
+    other_image.update(hidden_states=other_image["hidden_states"][:, :16], img_shapes=[[(1, 4, 4)]])
+    inputs.append(other_image)
+    eager = [run(model, inp) for inp in inputs]  # before compiling: compile_repeated_blocks works in place
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    model.compile_repeated_blocks(fullgraph=True, backend="aot_eager", dynamic=True)
+    with torch.no_grad():
+        model(**inputs[0])
+    first = counters["stats"]["unique_graphs"]
+    assert first <= 2, first
+    outs = compiled_runs_each(model, inputs, model)
+    assert all(torch.equal(out, want) for out, want in zip(outs, eager))
+    assert counters["stats"]["unique_graphs"] == first
+
+
+def compiled_runs_each(model, inputs, compiled) -> List[torch.Tensor]:
+    """One compiled forward per input, with recompilation an error."""
+    with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():
+        return [compiled(**inp)[0] for inp in inputs]
+
+
 def test_compile_does_not_decline_and_stats_name_the_compiled_decline():
     """A fallback inside a compiled graph is reported: the segment's compiled path is the decline reason."""
     model, inp = converted("qwen_image", "fp8")
