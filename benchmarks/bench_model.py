@@ -458,7 +458,11 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                 with torch.no_grad():
                     for backend, field in (("aot_eager", "fused_equals_unfused"),
                                            ("inductor", "fused_equals_unfused_inductor")):
-                        r[field] = _compiled_fused_equals_unfused(subject, inputs[r["tokens"]], backend)
+                        try:  # a check that cannot run fails the run, after the other variants are measured
+                            r[field] = _compiled_fused_equals_unfused(subject, inputs[r["tokens"]], backend)
+                        except Exception as exc:  # noqa: BLE001 - any failure: reported as the check not made
+                            r[field] = None
+                            r.setdefault("check_errors", []).append(f"{backend}: {type(exc).__name__}: {exc}")
                 log(f"{'zct ' if zero_cond_t else ''}{r['tokens']} tokens {variant}: fused == unfused under "
                     f"compile: aot_eager {r['fused_equals_unfused']}, inductor (deterministic) "
                     f"{r['fused_equals_unfused_inductor']}")
@@ -490,13 +494,14 @@ def peers_table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
 
 def peer_problems(row: Dict[str, Any]) -> List[str]:
     """A ``--peers`` row's failed checks: fused != unfused under compile (aot_eager, or inductor in its
-    deterministic mode), or a compiled segment of ours not fused."""
+    deterministic mode) or that check not made (its error), or a compiled segment of ours not fused."""
     problems = [f"fused != unfused under compile ({backend})"
                 for field, backend in (("fused_equals_unfused", "aot_eager"),
                                        ("fused_equals_unfused_inductor", "inductor, deterministic"))
                 if row.get(field) is False]
     if row.get("compiled_all_fused") is False:
         problems.append(f"compiled paths {row['compiled_paths']}")
+    problems += [f"fused == unfused not checked ({error})" for error in row.get("check_errors", ())]
     return problems
 
 

@@ -556,6 +556,8 @@ def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys)
     ({"fused_equals_unfused": False}, "10209 tokens zct ours_compiled: fused != unfused under compile (aot_eager)"),
     ({"fused_equals_unfused_inductor": False},
      "10209 tokens zct ours_compiled: fused != unfused under compile (inductor, deterministic)"),
+    ({"fused_equals_unfused_inductor": None, "check_errors": ["inductor: RuntimeError: no"]},
+     "10209 tokens zct ours_compiled: fused == unfused not checked (inductor: RuntimeError: no)"),
     ({"compiled_all_fused": False, "compiled_paths": "norm1: fused/unfused"},
      "10209 tokens zct ours_compiled: compiled paths norm1: fused/unfused"),
 ])
