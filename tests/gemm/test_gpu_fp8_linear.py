@@ -20,7 +20,7 @@ import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import FP8Linear
 from helpers.tiers import sweep
 from helpers.reliability import capture_graph, rel_err
-from helpers.diffusers_models import (SKIP_REASON, QwenImageTransformer2DModel, calibration, fused_then_unfused,
+from helpers.diffusers_models import (QwenImageTransformer2DModel, calibration, fused_then_unfused, needs_diffusers,
                                       kernel_names, make_inputs, run, sha256)
 
 pytestmark = pytest.mark.gpu
@@ -123,7 +123,7 @@ GPU_LAYERS = 2
 
 # Each case builds, converts and runs a real-width model: by default two that take each value of both
 # parameters; the other two in the exhaustive sweep.
-@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+@needs_diffusers
 @sweep("zero_cond_t,linears", [(False, "all"), (True, "all"), (False, "modelopt"), (True, "modelopt")],
        [(False, "all"), (True, "modelopt")],
        ids=lambda v: ("zero_cond_t" if v else "plain") if isinstance(v, bool) else v)

@@ -16,9 +16,9 @@ import torch
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4.integrations._state import converted_blocks
 
-from helpers.diffusers_models import SKIP_REASON, build_small, flux, make_inputs, qwen21, run, wan
+from helpers.diffusers_models import build_small, flux, make_inputs, needs_diffusers, qwen21, run, wan
 
-pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+pytestmark = needs_diffusers
 
 RUNS = 6
 

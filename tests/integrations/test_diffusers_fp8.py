@@ -17,9 +17,7 @@ import torch
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import FP8Linear, NVFP4Linear
 from helpers.reliability import rel_err
-from helpers.diffusers_models import SKIP_REASON, SMALL_CASES, flux, fused_then_unfused, qwen_image, run, sha256
-
-needs_diffusers = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+from helpers.diffusers_models import SMALL_CASES, flux, fused_then_unfused, needs_diffusers, qwen_image, run, sha256
 
 
 def check_fp8_fused_equals_unfused(model, inputs: List[Dict[str, Any]], segments: int, *, linears,

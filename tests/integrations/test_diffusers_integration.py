@@ -361,7 +361,7 @@ def test_end_to_end_small_cpu(small_models, zero_cond_t):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+@needs_diffusers
 @pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
 def test_gpu_real_width_fused_equals_unfused(zero_cond_t, capsys):
     torch.manual_seed(0)

@@ -10,9 +10,9 @@ import torch
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4.integrations import _attention
 
-from helpers.diffusers_models import SKIP_REASON, build_small, make_inputs, run
+from helpers.diffusers_models import build_small, make_inputs, needs_diffusers, run
 
-pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+pytestmark = needs_diffusers
 
 
 def qwen_rotary(shapes, text_len: int, device: str = "cpu"):
