@@ -64,7 +64,7 @@ void launch_fp8_quantize(const Fp8QuantizeArgs& args, const LaunchTarget& on) {
   const auto kernel = args.activation == Fp8Activation::kGeluTanh ? fp8_quantize_kernel<Fp8Activation::kGeluTanh>
                                                                   : fp8_quantize_kernel<Fp8Activation::kNone>;
   launch_kernel(kernel, grid, kThreads, static_cast<cudaStream_t>(on.stream), pdl_enabled(), args);
-  check_launch(args.activation == Fp8Activation::kGeluTanh ? "gelu_tanh_fp8_kernel" : "fp8_quantize_kernel");
+  check_launch(args.activation == Fp8Activation::kGeluTanh ? "fp8_quantize_kernel<kGeluTanh>" : "fp8_quantize_kernel");
 }
 
 }  // namespace qwen_fp4

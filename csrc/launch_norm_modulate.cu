@@ -40,7 +40,7 @@ void launch_norm_modulate_quant_portable(const ResnormArgs& args, bool fast_math
   } else {
     launch_norm_modulate_quant_rows<PortableNvfp4<false>>(args, s);
   }
-  check_launch("norm_modulate_nvfp4_kernel");
+  check_launch("norm_modulate_quant_kernel");
 }
 
 }  // namespace qwen_fp4

@@ -23,6 +23,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "formats.h"
 #include "launch.h"
 #include "nvfp4_portable.cuh"
 #include "vec.cuh"

@@ -360,8 +360,9 @@ __device__ __forceinline__ void resnorm_row(const ResnormArgs& args, int64_t row
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
     const int v = i * Config::threads() + threadIdx.x;
-    y_out[i] = Config::valid(v, vecs)                                 ? modulate_vec < kPlainParams,
-    kHoist || kGrouped > (p, v, d[i], rstd, pp.scale[i], pp.shift[i]) : make_uint4(0, 0, 0, 0);
+    y_out[i] = Config::valid(v, vecs)
+                   ? modulate_vec<kPlainParams, (kHoist || kGrouped)>(p, v, d[i], rstd, pp.scale[i], pp.shift[i])
+                   : make_uint4(0, 0, 0, 0);
   }
 }
 
