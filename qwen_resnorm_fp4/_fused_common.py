@@ -26,7 +26,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, FrozenSet, Optional, Tuple, TypeVar, Union
 
 import torch
@@ -112,9 +112,9 @@ def public_result(outcome: Union[T, Decline]) -> Optional[T]:
         log = _DECLINE_LOG.get(_NO_DECLINES)
         if not declined:
             if log.last is not None:
-                _DECLINE_LOG.set(replace(log, last=None))
+                _DECLINE_LOG.set(_DeclineLog(None, log.logged))
         elif outcome.reason in log.logged:
-            _DECLINE_LOG.set(replace(log, last=outcome))
+            _DECLINE_LOG.set(_DeclineLog(outcome, log.logged))
         else:
             _DECLINE_LOG.set(_DeclineLog(outcome, log.logged | {outcome.reason}))
             logger.debug("fused path declined: %s: %s (%s)", outcome.reason.value, outcome.detail,

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .validation import has_data, modulation_in_place
+from .validation import eps_problem, has_data, modulation_in_place, require
 
 Tensor = torch.Tensor
 
@@ -90,8 +90,8 @@ class OpArguments:
                                       if str(a.type) == "Optional[Tensor]")
 
     def prepared(self, args: Sequence) -> list:
-        """``args`` (the op's, in schema order) with each one as the op takes it; TypeError for a float
-        argument that is not a number."""
+        """``args`` (the op's, in schema order) with each one as the op takes it; eps_problem's error for an eps
+        that is not a float and not a finite, non-negative real number."""
         out = list(args)
         prepare = tensor_operand()
         for i in self.inputs:
@@ -104,11 +104,10 @@ class OpArguments:
         for i in self.elements:
             if out[i] is not None:
                 out[i] = out[i].contiguous()
-        for i in self.floats:  # a real number goes as a float (eps_problem's rule); a bool or a string is refused
+        for i in self.floats:  # eps, the schemas' one float: a real number goes as a float, eps_problem's rule
             value = out[i]
             if type(value) is not float:
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise TypeError(f"{self.op._schema.arguments[i].name} must be a float, got {type(value).__name__}")
+                require(eps_problem(value))
                 out[i] = float(value)
         return out
 

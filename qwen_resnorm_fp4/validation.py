@@ -4,10 +4,10 @@ Each rule function returns ``None`` when the arguments satisfy it, or a :class:`
 :class:`DeclineReason` that :func:`~qwen_resnorm_fp4.fused_path.try_fused_resnorm_quant` records, and the
 exception (TypeError for a type or dtype, ValueError for a shape, device or value) with a message that
 names the argument. The op rules take the op's own arguments, in the schema's order (ops.py). Their callers
-raise (:func:`require`: the fakes and CPU implementations in ops.py, the typed wrappers in api.py for
-tensors the CPU implementation does not take) or decline (the fused path). The raw CUDA op has its own
-checks (csrc/ops.cpp), which hold without this module; the limits they share are csrc/op_limits.h's, and
-tests/ops/test_validation.py holds the two equal.
+raise (:func:`require`: the fakes and CPU implementations in ops.py; api.py, to name the argument of a call
+the CUDA op refused, and first for an out-variant input it replaced with a copy) or decline (the fused
+path). The raw CUDA op has its own checks (csrc/ops.cpp), which hold without this module; the limits they
+share are csrc/op_limits.h's, and tests/ops/test_validation.py holds the two equal.
 
 The rules read only static properties (types, dtypes, devices, shapes, Python scalars), so they cost no
 device work, trace away under torch.compile, and run while a CUDA graph is captured. They are on the hot

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterable, Optional
 
 import torch
 
+from ..constants import FLT_MAX
 from ._options import FormatOptions
 from ._selection import linear_names, shared_input_groups
 from ._spec import ModelSpec, is_model
@@ -66,7 +67,7 @@ def calibrate_input_amax(model: torch.nn.Module, spec: ModelSpec, calibration_in
             x = args[0] if args else kwargs.get("input")
             a = x.detach().abs().amax().float()
             # NaN-free max: a NaN activation would poison the scale
-            a = torch.nan_to_num(a, nan=0.0, posinf=float(torch.finfo(torch.float32).max))
+            a = torch.nan_to_num(a, nan=0.0, posinf=FLT_MAX)
             amax[n] = a if amax[n] is None else torch.maximum(amax[n], a)
         return hook
 

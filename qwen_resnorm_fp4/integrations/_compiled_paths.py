@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -93,13 +93,18 @@ class CompiledPaths:
             return {k: sorted(v) for k, v in sorted(self._paths.items())}
 
 
+def family_spec(module: str) -> Optional[ModelSpec]:
+    """The ``SPEC`` that the model file ``module`` (a module name) defines; None for a module without one."""
+    return getattr(importlib.import_module(module), "SPEC", None)
+
+
 @torch.compiler.assume_constant_result
 def note_compiled(family: str, segment: str, path: str) -> bool:
     """Called by a segment while dynamo traces a converted forward (its result is a constant of the graph,
     so a compiled call never runs it): notes the segment's path in every live conversion of the family whose
     spec the model file ``family`` (a module name) defines (its ``SPEC.live``). Returns True. The arguments are
     strings: dynamo converts every torch version's constants of that kind."""
-    spec = getattr(importlib.import_module(family), "SPEC", None)
+    spec = family_spec(family)
     if spec is not None:  # a spec defined outside a model file keeps no registry to note in
         spec.live.note(segment, path)
     return True

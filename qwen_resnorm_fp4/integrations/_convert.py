@@ -77,8 +77,9 @@ def convert(model: torch.nn.Module, spec: ModelSpec, options: ConversionOptions,
     found = blocks(model, spec)
     fallbacks = FallbackLog()
     converted = []
+    segment_blocks = {id(b) for _, b in found}
     for name, block in found + linear_only_blocks(model, spec, linears):
-        segment = any(block is b for _, b in found)
+        segment = id(block) in segment_blocks
         originals: Dict[str, Optional[torch.nn.Linear]] = {}
         new_layers: Dict[str, torch.nn.Module] = {}
         for rel in block_linear_names(block, spec, preset, fmt, segment):

@@ -24,7 +24,7 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 
 import torch
 
-from ._compiled_paths import LiveConversions
+from ._compiled_paths import LiveConversions, family_spec
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class ModelSpec:
         ``block_forward`` (where every model file keeps its spec). A spec defined anywhere else is copied by
         value, with a registry of its own."""
         module = self.block_forward.__module__
-        if getattr(importlib.import_module(module), "SPEC", None) is self:
+        if family_spec(module) is self:
             return _family_spec, (module,)
         return ModelSpec, tuple(getattr(self, f.name) for f in fields(self) if f.init)
 
