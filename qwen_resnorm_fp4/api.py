@@ -20,7 +20,7 @@ import torch
 
 from . import ops, reference
 from .env import resolve_fast_math
-from .layout import round_up
+from .layout import packed_shape, scales_shape
 from .operands import OpArguments
 from .recipe import UNSET, resolve_nvfp4_4over6
 from .validation import dequantize_problem, input_scale_problem, input_scale_value_problem, require
@@ -189,8 +189,8 @@ def empty_quantize_outputs(like: Tensor, scale_dtype: torch.dtype = torch.uint8)
     :func:`nvfp4_quantize_out` take (the kernels write every byte, the scale padding rows too)."""
     d = like.shape[-1]
     rows = like.numel() // d if d else 0
-    return (torch.empty((rows, d // 2), dtype=torch.uint8, device=like.device),
-            torch.empty((round_up(rows, 128), d // 16), dtype=scale_dtype, device=like.device))
+    return (torch.empty(packed_shape(rows, d), dtype=torch.uint8, device=like.device),
+            torch.empty(scales_shape(rows, d), dtype=scale_dtype, device=like.device))
 
 
 def empty_resnorm_quant_outputs(x: Tensor, scale_dtype: torch.dtype = torch.uint8) -> Tuple[Tensor, Tensor, Tensor]:

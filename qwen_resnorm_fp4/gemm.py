@@ -58,7 +58,7 @@ import torch
 from . import reference
 from .api import call_nvfp4_dequantize_bf16
 from .device import capability_major
-from .layout import round_up
+from .layout import round_up, scales_bytes
 
 Tensor = torch.Tensor
 
@@ -338,7 +338,7 @@ def _check(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.dtype) 
     if x_fp4.shape[1] * 2 != k:
         raise ValueError(f"x_fp4 holds K = {x_fp4.shape[1] * 2} per row but the layer's in_features is {k}")
     m = x_fp4.shape[0]
-    need = round_up(m, 128) * (k // 16)
+    need = scales_bytes(m, k)
     if x_scales.numel() < need:
         raise ValueError(f"x_scales has {x_scales.numel()} bytes, {need} needed for {m} rows of K = {k}")
     if x_scales.device != x_fp4.device or layer.weight_packed.device != x_fp4.device:

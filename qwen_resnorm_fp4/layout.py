@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Tuple, TypeVar
 
 T = TypeVar("T")
 
@@ -10,6 +10,23 @@ T = TypeVar("T")
 def round_up(n: int, multiple: int) -> int:
     """Smallest multiple of ``multiple`` that is >= ``n``."""
     return (n + multiple - 1) // multiple * multiple
+
+
+def packed_shape(rows: int, cols: int) -> Tuple[int, int]:
+    """[rows, cols / 2]: the packed E2M1 bytes of ``rows`` rows of ``cols`` elements (two codes per byte)."""
+    return rows, cols // 2
+
+
+def scales_shape(rows: int, cols: int) -> Tuple[int, int]:
+    """[round_up(rows, 128), cols / 16]: the block-scale bytes of ``rows`` rows of ``cols`` elements in the 128x4
+    layout, its padding rows included (one E4M3 scale per 16-element block)."""
+    return round_up(rows, 128), cols // 16
+
+
+def scales_bytes(rows: int, cols: int) -> int:
+    """The byte count of :func:`scales_shape`."""
+    padded, blocks = scales_shape(rows, cols)
+    return padded * blocks
 
 
 def sf_offset_128x4(m: T, k: T, cols: int) -> T:

@@ -24,7 +24,7 @@ from .recipe import UNSET, global_scale_numerator, nvfp4_4over6_code, resolve_co
 from .gemm import BACKENDS, GemmCache, apply_nvfp4_gemm_prequantized, host_alpha
 from ._linear_common import positive_scalar
 from .constants import FP4_AMAX_SCALE  # global scale = FP4_AMAX_SCALE / amax (4over6 with e4m3_max 256: recipe)
-from .layout import round_up, sf_offsets
+from .layout import packed_shape, scales_bytes, scales_shape, sf_offsets
 from .validation import WIDTH_RULE, is_supported_width
 
 Tensor = torch.Tensor
@@ -35,9 +35,9 @@ def swizzle_scales_128x4(scales: Tensor, rows: int, cols: int) -> Tensor:
     """uint8 [round_up(rows, 128), cols / 16]: row-major E4M3 block scales [rows, cols / 16] (uint8 or
     float8_e4m3fn) moved into the 128x4 layout (:func:`~qwen_resnorm_fp4.layout.sf_offsets`), padding rows zero.
     Only bytes move."""
-    flat = torch.zeros(round_up(rows, 128) * (cols // 16), dtype=torch.uint8, device=scales.device)
+    flat = torch.zeros(scales_bytes(rows, cols), dtype=torch.uint8, device=scales.device)
     flat[sf_offsets(rows, cols, scales.device).reshape(-1)] = scales.reshape(-1).view(torch.uint8)
-    return flat.reshape(round_up(rows, 128), cols // 16)
+    return flat.reshape(scales_shape(rows, cols))
 
 
 def _global_scale_from_amax(amax: Tensor, nvfp4_4over6_code: int) -> Tensor:
@@ -96,8 +96,8 @@ class NVFP4Linear(torch.nn.Module):
         k, n = self.in_features, self.out_features
         u8 = dict(dtype=torch.uint8, device=device)
         f32 = dict(dtype=torch.float32, device=device)
-        self.register_buffer("weight_packed", torch.zeros((n, k // 2), **u8))
-        self.register_buffer("weight_scales", torch.zeros((round_up(n, 128), k // 16), **u8))
+        self.register_buffer("weight_packed", torch.zeros(packed_shape(n, k), **u8))
+        self.register_buffer("weight_scales", torch.zeros(scales_shape(n, k), **u8))
         self.register_buffer("weight_global_scale", torch.ones((1,), **f32))
         self.register_buffer("input_global_scale", torch.ones((1,), **f32))
         self.register_buffer("alpha", torch.ones((1,), **f32))

@@ -32,7 +32,7 @@ import torch
 
 from . import _library, reference
 from .constants import FP8_DTYPE
-from .layout import round_up
+from .layout import packed_shape, scales_shape
 from .validation import Problem, dequantize_bf16_problem, input_scale_value_problem, quantize_out_problem
 from .validation import quantize_problem, require, resnorm_out_problem, resnorm_problem
 from .validation import resnorm_quant_out_problem, resnorm_quant_problem
@@ -103,8 +103,8 @@ def _quantized(like: Tensor) -> Tuple[Tensor, Tensor]:
     """packed uint8 [M, D/2] and scales uint8 [round_up(M, 128), D/16] for ``like`` [..., D]."""
     d = like.shape[-1]
     rows = like.numel() // d
-    return (like.new_empty((rows, d // 2), dtype=torch.uint8),
-            like.new_empty((round_up(rows, 128), d // 16), dtype=torch.uint8))
+    return (like.new_empty(packed_shape(rows, d), dtype=torch.uint8),
+            like.new_empty(scales_shape(rows, d), dtype=torch.uint8))
 
 
 def _like(x: Tensor) -> Tensor:

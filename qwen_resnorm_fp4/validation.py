@@ -24,7 +24,7 @@ import torch
 
 from .constants import FP8_DTYPE, is_fp8_input_scale
 from .env import DISABLE_VAR
-from .layout import round_up
+from .layout import packed_shape, scales_bytes, scales_shape
 from .recipe import NVFP4_4OVER6_CODES
 
 Tensor = torch.Tensor
@@ -406,7 +406,7 @@ def dequantize_problem(packed, scales, global_scale, rows: Optional[int]) -> Tup
     p = width_problem("packed (2 * last dim)", cols)
     if p is not None:
         return p, rows, cols
-    need = round_up(rows, 128) * (cols // 16)
+    need = scales_bytes(rows, cols)
     if scales.numel() < need:
         return Problem(R.UNSUPPORTED_SHAPE, ValueError, "scales has {} bytes, {} needed for {} rows of {}",
                        (scales.numel(), need, rows, cols)), rows, cols
@@ -436,7 +436,7 @@ def dequantize_bf16_problem(packed, scales) -> Optional[Problem]:
     if scales.device != packed.device:
         return Problem(R.DEVICE_MISMATCH, ValueError, "scales is on {} but packed is on {}",
                        (scales.device, packed.device))
-    need = round_up(rows, 128) * (k // 16)
+    need = scales_bytes(rows, k)
     if scales.numel() < need:
         return Problem(R.UNSUPPORTED_SHAPE, ValueError, "scales has {} bytes, {} needed for {} rows of K = {}",
                        (scales.numel(), need, rows, k))
@@ -541,8 +541,8 @@ def _quantized_output_problem(packed, scales, like: Tensor, like_name: str) -> O
     cols = like.shape[-1]
     rows = like.numel() // cols
     dev = like.device
-    return output_problem("packed", packed, (torch.uint8,), (rows, cols // 2), dev, like_name) or \
-        output_problem("scales", scales, OUT_SCALE_DTYPES, (round_up(rows, 128), cols // 16), dev, like_name)
+    return output_problem("packed", packed, (torch.uint8,), packed_shape(rows, cols), dev, like_name) or \
+        output_problem("scales", scales, OUT_SCALE_DTYPES, scales_shape(rows, cols), dev, like_name)
 
 
 def _resnorm_inputs(residual, x, bias, gate, scale, shift, weight, norm_bias, modulate_index, *scalars):
