@@ -19,6 +19,7 @@ from typing import Any, Callable, NoReturn, Optional, Tuple
 import torch
 
 from . import ops, reference
+from .constants import FP8_DTYPE
 from .env import resolve_fast_math
 from .layout import packed_shape, scales_shape
 from .operands import OpArguments
@@ -298,7 +299,7 @@ def resnorm_quant_fp8(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate:
 def empty_resnorm_quant_fp8_outputs(x: Tensor) -> Tuple[Tensor, Tensor]:
     """Uninitialised (y float8_e4m3fn, residual_out bf16), of x's shape on x's device, for
     :func:`resnorm_quant_fp8_out` (or pass the residual itself as residual_out)."""
-    return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
+    return (torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device),
             torch.empty(x.shape, dtype=torch.bfloat16, device=x.device))
 
 

@@ -37,14 +37,14 @@ import torch
 
 from . import api
 from ._linear_common import positive_scalar
-from .constants import E4M3_MAX
+from .constants import E4M3_MAX, FP8_DTYPE
 
 Tensor = torch.Tensor
 
 #: K and N must be multiples of this (torch._scaled_mm's rule).
 FP8_ALIGNMENT = 16
 #: The dtypes that stay as they are whatever dtype the module is moved to.
-_FIXED_DTYPES = {"weight": torch.float8_e4m3fn, "weight_scale": torch.float32, "input_scale": torch.float32,
+_FIXED_DTYPES = {"weight": FP8_DTYPE, "weight_scale": torch.float32, "input_scale": torch.float32,
                  "bias": torch.bfloat16}
 
 
@@ -60,14 +60,14 @@ def quantize_fp8(v: Tensor, scale: Tensor) -> Tensor:
     s = scale.to(torch.float32)
     if s.numel() != 1:
         s = s.reshape(-1, *([1] * (v.dim() - 1)))
-    return (v.to(torch.float32) / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (v.to(torch.float32) / s).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
 
 
 def _check_weight_scale(weight_scale: Tensor, n: int) -> Tensor:
     """fp32 [1] (per tensor) or [N] (per channel) from a ModelOpt weight_scale of shape (), (1,), (N,) or
     (N, 1); every value finite and positive."""
     if not isinstance(weight_scale, Tensor) or not weight_scale.is_floating_point() \
-            or weight_scale.dtype == torch.float8_e4m3fn:
+            or weight_scale.dtype == FP8_DTYPE:
         raise TypeError("weight_scale must be a floating-point tensor (ModelOpt writes fp32), got "
                         f"{weight_scale.dtype if isinstance(weight_scale, Tensor) else type(weight_scale).__name__}")
     shape = tuple(weight_scale.shape)
@@ -126,7 +126,7 @@ class FP8Linear(torch.nn.Module):
         self.per_channel = per_channel
         self.use_fast_accum = use_fast_accum
         n, k = out_features, in_features
-        self.register_buffer("weight", torch.zeros((n, k), dtype=torch.float8_e4m3fn, device=device))
+        self.register_buffer("weight", torch.zeros((n, k), dtype=FP8_DTYPE, device=device))
         self.register_buffer("weight_scale", torch.ones((n if per_channel else 1,), dtype=torch.float32,
                                                         device=device))
         self.register_buffer("input_scale", torch.ones((1,), dtype=torch.float32, device=device))
@@ -185,7 +185,7 @@ class FP8Linear(torch.nn.Module):
             bias: optional [N], kept as bf16.
             use_fast_accum: as for :class:`FP8Linear`.
         """
-        if not isinstance(weight, Tensor) or weight.dtype != torch.float8_e4m3fn:
+        if not isinstance(weight, Tensor) or weight.dtype != FP8_DTYPE:
             raise TypeError("weight must be ModelOpt's FP8 weight, a float8_e4m3fn tensor [N, K], got "
                             f"{weight.dtype if isinstance(weight, Tensor) else type(weight).__name__} "
                             "(a BF16 weight: FP8Linear.from_linear quantizes one)")
@@ -240,7 +240,7 @@ class FP8Linear(torch.nn.Module):
         would quantize it silently), and so is an ``input_scale`` that is not one positive, normal fp32
         (:func:`~qwen_resnorm_fp4.check_fp8_input_scale`), before anything is copied."""
         w = state_dict.get(prefix + "weight")
-        if isinstance(w, Tensor) and w.dtype != torch.float8_e4m3fn:
+        if isinstance(w, Tensor) and w.dtype != FP8_DTYPE:
             raise TypeError(f"{prefix}weight must be float8_e4m3fn (a ModelOpt FP8 export), got {w.dtype}")
         s_in = state_dict.get(prefix + "input_scale")
         if isinstance(s_in, Tensor) and s_in.device.type != "meta" and s_in.numel() == 1:
@@ -275,7 +275,7 @@ class FP8Linear(torch.nn.Module):
         ``input_scale``, e.g. by a fused FP8 op) -> bf16 [..., N]."""
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-        if x.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        if x.dtype not in (torch.bfloat16, FP8_DTYPE):
             raise TypeError(f"x must be a bfloat16 or float8_e4m3fn tensor, got {x.dtype}")
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise ValueError(f"x must be [..., {self.in_features}], got shape {tuple(x.shape)}")

@@ -25,7 +25,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from .constants import E2M1_MAX, E4M3_MAX, FLT_MAX, NVFP4_BLOCK, is_fp8_input_scale
+from .constants import E2M1_MAX, E4M3_MAX, FLT_MAX, FP8_DTYPE, NVFP4_BLOCK, is_fp8_input_scale
 from .layout import round_up, sf_offsets
 from .rcp_approx import rcp_approx_f32
 from .recipe import NVFP4_4OVER6_ERR_FAST_MATH, NVFP4_4OVER6_ERR_MODE_SHIFT, NVFP4_4OVER6_ON
@@ -118,14 +118,14 @@ def e4m3_satfinite(v: Tensor) -> Tensor:
     """fp32 -> E4M3 byte (uint8): round to nearest even, saturating to 448; NaN gives 0x7F."""
     v = torch.where(v > E4M3_MAX, torch.full_like(v, E4M3_MAX), v)
     v = torch.where(v < -E4M3_MAX, torch.full_like(v, -E4M3_MAX), v)
-    b = v.to(torch.float8_e4m3fn).view(torch.uint8)
+    b = v.to(FP8_DTYPE).view(torch.uint8)
     # NaN is the canonical positive 0x7F, whatever the NaN's sign (x86 makes inf * 0 a negative NaN).
     return torch.where(torch.isnan(v), torch.full_like(b, 0x7F), b)
 
 
 def e4m3_to_float(b: Tensor) -> Tensor:
     """E4M3 byte (uint8) -> fp32, exactly."""
-    return b.view(torch.float8_e4m3fn).float()
+    return b.view(FP8_DTYPE).float()
 
 
 def e2m1_code(v: Tensor) -> Tensor:
@@ -315,7 +315,7 @@ def fp8_quantize(y: Tensor, input_scale: Tensor, *, inverse: Optional[Callable[[
     v = torch.fmin(torch.fmax(y.float() * inv, f32(-E4M3_MAX)), f32(E4M3_MAX))
     q = e4m3_satfinite(v)
     q = torch.where(fp8_scale_valid(s).reshape(()), q, torch.full_like(q, FP8_REFUSED_SCALE_BYTE))
-    return q.view(torch.float8_e4m3fn)
+    return q.view(FP8_DTYPE)
 
 
 def resnorm_quant_fp8(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor,
