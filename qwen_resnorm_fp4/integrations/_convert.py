@@ -25,7 +25,6 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from .. import FP8Linear, NVFP4Linear
 from ._calibration import resolve_input_amax
 from ._compiled_paths import CompiledPaths
 from ._load_hooks import check_block_state_dict, check_model_state_dict, rederive_block
@@ -99,11 +98,11 @@ def convert(model: torch.nn.Module, spec: ModelSpec, options: ConversionOptions,
         converted.append((name, block, state, new_layers, segment))
 
     record = DiTConversion(
-        mode=options.mode, fast_math=getattr(fmt, "fast_math", None), allow_cpu=options.allow_cpu,
-        input_amax=dict(amax), diffusers_version=version, block_names=[n for n, _ in found],
-        kept_original=options.keep_original, model_type=spec.model_class, linears=linears, format=fmt.name,
-        format_options=fmt, segments_per_forward=sum(len(state.stats) for _, _, state, _, _ in converted),
-        compiled=CompiledPaths(spec), hook_id=None)
+        mode=options.mode, allow_cpu=options.allow_cpu, input_amax=dict(amax), diffusers_version=version,
+        block_names=[n for n, _ in found], kept_original=options.keep_original, model_type=spec.model_class,
+        linears=linears, format_options=fmt,
+        segments_per_forward=sum(len(state.stats) for _, _, state, _, _ in converted), compiled=CompiledPaths(spec),
+        hook_id=None)
     for _name, block, state, new_layers, segment in converted:
         for rel, layer in new_layers.items():
             _set_submodule(block, rel, layer)
@@ -136,11 +135,8 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
         block._load_state_dict_pre_hooks.pop(state.hook_ids[0], None)
         block._load_state_dict_post_hooks.pop(state.hook_ids[1], None)
         for rel, original in state.originals.items():
-            current = block.get_submodule(rel)
-            if isinstance(current, NVFP4Linear):  # follow a model.to(device) made after the conversion
-                original.to(current.weight_packed.device)
-            elif isinstance(current, FP8Linear):
-                original.to(current.weight.device)
+            # follow a model.to(device) made after the conversion: the quantized layer's buffers moved with it
+            original.to(next(block.get_submodule(rel).buffers()).device)
             _set_submodule(block, rel, original)
         if state.forward is not None:
             del block.forward

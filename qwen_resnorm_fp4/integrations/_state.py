@@ -100,10 +100,10 @@ class BlockState:
 class DiTConversion:
     """What a conversion did (``conversion_info(model)``).
 
-    model_type: the diffusers model class; mode: "fused" or "unfused"; format: "nvfp4" or "fp8";
-    format_options: the format's options (``NVFP4Options`` / ``FP8Options``: fast_math and gemm_backend, or
-    use_fast_accum); linears: "fc1", "all", "modelopt" or the tuple of module names given; fast_math: as
-    passed (None: the environment at each call; NVFP4 only, None for FP8); allow_cpu;
+    model_type: the diffusers model class; mode: "fused" or "unfused"; format_options: the format's options
+    (``NVFP4Options`` / ``FP8Options``: fast_math and gemm_backend, or use_fast_accum), from which the
+    properties ``format`` ("nvfp4" or "fp8") and ``fast_math`` (NVFP4's as passed, None for FP8) are read;
+    linears: "fc1", "all", "modelopt" or the tuple of module names given; allow_cpu;
     input_amax: converted Linear module name -> the amax its input scale was made from (NVFP4: global scale
     448 * 6 / amax; FP8: input_scale amax / 448);
     diffusers_version; block_names: the converted blocks' module names; kept_original: whether restore works;
@@ -115,7 +115,6 @@ class DiTConversion:
     """
 
     mode: str
-    fast_math: Optional[bool]
     allow_cpu: bool
     input_amax: Dict[str, float]
     diffusers_version: str
@@ -123,11 +122,20 @@ class DiTConversion:
     kept_original: bool
     model_type: str
     linears: Union[str, Tuple[str, ...]]
-    format: str
     format_options: FormatOptions
     segments_per_forward: int
     compiled: CompiledPaths = field(compare=False, repr=False)
     hook_id: Optional[int] = field(compare=False, repr=False)
+
+    @property
+    def format(self) -> str:
+        """The format's name, from :attr:`format_options` (its one home)."""
+        return self.format_options.name
+
+    @property
+    def fast_math(self) -> Optional[bool]:
+        """NVFP4's fast_math as passed (None: the environment at each call); None for FP8."""
+        return getattr(self.format_options, "fast_math", None)
 
 
 def converted_blocks(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, BlockState]]:
