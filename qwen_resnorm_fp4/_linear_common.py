@@ -1,6 +1,6 @@
 """What the Linear modules (linear.py: NVFP4Linear; linear_fp8.py: FP8Linear) share when they are built: the
-checks of the scalars they are made from. These read values (a host synchronisation): for building layers,
-never for a forward."""
+checks of their flags and of the scalars they are made from. These read values (a host synchronisation): for
+building layers, never for a forward."""
 
 from __future__ import annotations
 
@@ -10,6 +10,12 @@ from typing import Union
 import torch
 
 Tensor = torch.Tensor
+
+
+def check_bool(name: str, value: object) -> None:
+    """TypeError naming ``name`` unless ``value`` is a bool (not merely truthy: 0 and 1 are refused)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def positive_scalar(name: str, value: Union[float, Tensor], device: torch.device) -> Tensor:

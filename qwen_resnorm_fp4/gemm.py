@@ -69,6 +69,18 @@ FLASHINFER_BACKENDS = ("auto", "cudnn", "cutlass", "cute-dsl", "cutedsl_low_late
 TENSOR_CORE = "tensor_core"
 REFERENCE = "reference"
 BACKENDS = FLASHINFER_BACKENDS + (TENSOR_CORE, REFERENCE)
+
+
+def check_gemm_backend(gemm_backend: Any, name: str = "gemm_backend") -> str:
+    """``gemm_backend``, or a TypeError / ValueError naming the argument unless it is one of :data:`BACKENDS`."""
+    if not isinstance(gemm_backend, str):
+        raise TypeError(f"{name} must be a str, got {type(gemm_backend).__name__}")
+    if gemm_backend not in BACKENDS:
+        hint = " (it needs weights prepared with do_shuffle=True)" if gemm_backend == "trtllm" else ""
+        raise ValueError(f"{name} must be one of {BACKENDS}, got {gemm_backend!r}{hint}")
+    return gemm_backend
+
+
 #: The capability majors whose NVFP4 tensor cores FlashInfer's mm_fp4 drives.
 BLACKWELL_MAJORS = (10, 11, 12)
 #: FlashInfer's CUTLASS FP4 GEMM checks k % 32 == 0 and n % 32 == 0.
@@ -126,9 +138,7 @@ def flashinfer_serves(device: torch.device) -> bool:
 def resolve_backend(backend: str, device: torch.device) -> str:
     """The path ``backend`` takes on ``device``: "flashinfer", "tensor_core" or "reference" (ValueError for a
     FlashInfer backend name where FlashInfer does not serve, or an unknown name)."""
-    if backend not in BACKENDS:
-        hint = " (it needs weights prepared with do_shuffle=True)" if backend == "trtllm" else ""
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}{hint}")
+    check_gemm_backend(backend, "backend")
     if backend == REFERENCE:
         return REFERENCE
     if backend == TENSOR_CORE:

@@ -21,7 +21,7 @@ import torch
 from .api import nvfp4_quantize
 from .env import resolve_fast_math
 from .recipe import UNSET, global_scale_numerator, nvfp4_4over6_code, resolve_config
-from .gemm import BACKENDS, GemmCache, apply_nvfp4_gemm_prequantized, host_alpha
+from .gemm import GemmCache, apply_nvfp4_gemm_prequantized, check_gemm_backend, host_alpha
 from ._linear_common import positive_scalar
 from .constants import FP4_AMAX_SCALE  # global scale = FP4_AMAX_SCALE / amax (4over6 with e4m3_max 256: recipe)
 from .layout import packed_shape, scales_bytes, scales_shape, sf_offsets
@@ -85,8 +85,7 @@ class NVFP4Linear(torch.nn.Module):
             raise ValueError(f"in_features must be {WIDTH_RULE}, got {in_features}")
         if out_features <= 0:
             raise ValueError(f"out_features must be positive, got {out_features}")
-        if gemm_backend not in BACKENDS:
-            raise ValueError(f"gemm_backend must be one of {BACKENDS}, got {gemm_backend!r}")
+        check_gemm_backend(gemm_backend)
         resolve_fast_math(fast_math)  # refused now, not at the first call
         self.in_features = int(in_features)
         self.out_features = int(out_features)

@@ -36,7 +36,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 
 from . import api
-from ._linear_common import positive_scalar
+from ._linear_common import check_bool, positive_scalar
 from .constants import E4M3_MAX, FP8_DTYPE
 
 Tensor = torch.Tensor
@@ -119,8 +119,7 @@ class FP8Linear(torch.nn.Module):
             raise ValueError(f"out_features must be a positive multiple of {FP8_ALIGNMENT} (torch._scaled_mm), "
                              f"got {out_features}")
         for name, v in (("bias", bias), ("per_channel", per_channel), ("use_fast_accum", use_fast_accum)):
-            if not isinstance(v, bool):
-                raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+            check_bool(name, v)
         self.in_features = in_features
         self.out_features = out_features
         self.per_channel = per_channel

@@ -27,7 +27,8 @@ import torch
 
 from .. import FP8Linear, NVFP4Linear
 from ..env import resolve_fast_math
-from ..gemm import BACKENDS
+from .._linear_common import check_bool
+from ..gemm import check_gemm_backend
 from ..linear_fp8 import FP8_ALIGNMENT, is_fp8_linear_shape
 from ..validation import WIDTH_RULE, is_supported_width
 
@@ -50,15 +51,6 @@ def check_mode(mode: Any) -> str:
     return mode
 
 
-def check_gemm_backend(gemm_backend: Any) -> str:
-    """TypeError / ValueError naming ``gemm_backend`` unless it is one of :data:`~qwen_resnorm_fp4.gemm.BACKENDS`."""
-    if not isinstance(gemm_backend, str):
-        raise TypeError(f"gemm_backend must be a str, got {type(gemm_backend).__name__}")
-    if gemm_backend not in BACKENDS:
-        raise ValueError(f"gemm_backend must be one of {BACKENDS}, got {gemm_backend!r}")
-    return gemm_backend
-
-
 def check_linears(linears: Any) -> Union[str, Tuple[str, ...]]:
     """A preset of :data:`LINEARS`, or a list / tuple of module names (returned as a tuple)."""
     if isinstance(linears, str):
@@ -69,11 +61,6 @@ def check_linears(linears: Any) -> Union[str, Tuple[str, ...]]:
         raise TypeError(f"linears must be one of {LINEARS} or a non-empty list of module names (str), got "
                         f"{linears!r}")
     return tuple(linears)
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -135,7 +122,7 @@ class FP8Options:
     shape_rule: ClassVar[str] = f"in_features and out_features multiples of {FP8_ALIGNMENT}"
 
     def __post_init__(self) -> None:
-        _check_bool("use_fast_accum", self.use_fast_accum)
+        check_bool("use_fast_accum", self.use_fast_accum)
 
     @staticmethod
     def supports(layer: torch.nn.Module) -> bool:
@@ -226,8 +213,8 @@ class ConversionOptions:
             raise TypeError(f"format must be an options object ({', '.join(c.__name__ for c in FORMAT_OPTIONS)}), "
                             f"got {self.format!r}")
         object.__setattr__(self, "linears", check_linears(self.linears))
-        _check_bool("allow_cpu", self.allow_cpu)
-        _check_bool("keep_original", self.keep_original)
+        check_bool("allow_cpu", self.allow_cpu)
+        check_bool("keep_original", self.keep_original)
 
     @classmethod
     def from_keywords(cls, *, format: Any = "nvfp4", **keywords: Any) -> ConversionOptions:

@@ -136,8 +136,12 @@ def test_backend_names():
         resolve_backend("fp32", cpu)
     with pytest.raises(ValueError, match="Blackwell"):
         resolve_backend("cutlass", cpu)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="gemm_backend must be one of"):
         NVFP4Linear(128, 32, gemm_backend="fp32")
+    with pytest.raises(TypeError, match="gemm_backend must be a str"):  # the one rule the options type uses too
+        NVFP4Linear(128, 32, gemm_backend=["reference"])
+    with pytest.raises(ValueError, match="do_shuffle"):
+        resolve_backend("trtllm", cpu)
 
 
 def test_auto_on_cpu_is_the_reference():
