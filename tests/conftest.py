@@ -14,6 +14,8 @@ Fixtures and markers
 - ``exhaustive``: a case of an exhaustive sweep, deselected unless the run asks for the sweep (``--exhaustive``,
   ``QWEN_FP4_TEST_EXHAUSTIVE=1``, or a ``-m`` expression that names ``exhaustive``); ``helpers.tiers.sweep``
   puts it on the parametrizations outside the representative subset. docs/testing.md lists what is behind it.
+- ``QWEN_FP4_TEST_PROGRESS=path``: each test's seconds, outcome and failure report appended to ``path`` as it
+  finishes (helpers.progress), for a run that a time limit may stop before pytest's summary.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import tiers
+from helpers import progress, tiers
 from helpers.session import SEED_VAR, draw_seed, marker_skip_reasons, what_runs
 
 # ----------------------------------------------------------------------------------------------------
@@ -65,6 +67,10 @@ def pytest_runtest_makereport(item, call):
         report.sections.append(("seed", f"seed={value}: rerun with {SEED_VAR}={value} python -m pytest "
                                         f"'{item.nodeid}'"))
     return report
+
+
+def pytest_runtest_logreport(report) -> None:
+    progress.record(report)  # QWEN_FP4_TEST_PROGRESS=path: each test's time and outcome as it finishes
 
 
 # ----------------------------------------------------------------------------------------------------
