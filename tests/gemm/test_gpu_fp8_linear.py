@@ -19,9 +19,9 @@ import qwen_resnorm_fp4 as q
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import FP8Linear
 from helpers.tiers import sweep
-from helpers.reliability import capture_graph, rel_err
-from helpers.diffusers_models import (QwenImageTransformer2DModel, calibration, fused_then_unfused, needs_diffusers,
-                                      kernel_names, make_inputs, run, sha256)
+from helpers.reliability import capture_graph, count_named, rel_err
+from helpers.diffusers_models import (QwenImageTransformer2DModel, calibration, fused_then_unfused,
+                                      launches_by_mode, make_inputs, needs_diffusers, run, sha256)
 
 pytestmark = pytest.mark.gpu
 
@@ -152,17 +152,16 @@ def test_real_width_qwen_image_fp8_fused_equals_unfused(zero_cond_t, linears, ca
             assert err < 0.1, err
             lines.append(f"zero_cond_t={zero_cond_t} linears={linears} batch={inp['hidden_states'].shape[0]}: "
                          f"rel. error vs BF16 {err:.4f}, sha256 {sha256(fused)[:16]} (fused and unfused)")
-        inp = inputs[-1]
-        qd.set_mode(model, "fused")
-        fused_k = kernel_names(lambda: run(model, inp))
-        qd.set_mode(model, "unfused")
-        unfused_k = kernel_names(lambda: run(model, inp))
-        count = lambda names, s: sum(s in n for n in names)  # noqa: E731
-        assert count(fused_k, "resnorm_fp8_kernel") == ffn and count(fused_k, "resnorm_kernel") == 0, fused_k
-        assert count(fused_k, "norm_modulate_fp8_kernel") == attn and count(unfused_k, "norm_modulate_fp8_kernel") == 0
-        assert count(fused_k, "layer_norm") == count(unfused_k, "layer_norm")  # norm_out's: every block norm is ours
-        assert count(fused_k, "GeluCUDAKernelImpl") == ffn - gelu and count(unfused_k, "GeluCUDAKernelImpl") == ffn
-        assert count(unfused_k, "resnorm_fp8_kernel") == 0 and count(unfused_k, "resnorm_kernel") == ffn + attn
+        fused_k, unfused_k = launches_by_mode(model, inputs[-1])
+        fused_n, unfused_n = ({k: count_named(names, k) for k in ("resnorm_fp8_kernel", "resnorm_kernel", "layer_norm",
+                                                                  "norm_modulate_fp8_kernel", "GeluCUDAKernelImpl")}
+                              for names in (fused_k, unfused_k))
+        assert (fused_n["resnorm_fp8_kernel"], fused_n["resnorm_kernel"], fused_n["norm_modulate_fp8_kernel"]) == (
+            ffn, 0, attn), fused_k
+        assert fused_n["layer_norm"] == unfused_n["layer_norm"]  # norm_out's: every block norm is ours
+        assert (fused_n["GeluCUDAKernelImpl"], unfused_n["GeluCUDAKernelImpl"]) == (ffn - gelu, ffn)
+        assert (unfused_n["resnorm_fp8_kernel"], unfused_n["norm_modulate_fp8_kernel"],
+                unfused_n["resnorm_kernel"]) == (0, 0, ffn + attn), unfused_k
         # unfused: FFN resnorm + fp8_quantize; norm1 two zero fills + resnorm + fp8_quantize; GELU + fp8_quantize
         assert len(unfused_k) - len(fused_k) == ffn + 3 * attn + gelu, (len(unfused_k), len(fused_k))
         lines.append(f"zero_cond_t={zero_cond_t} linears={linears}: launches per forward fused {len(fused_k)}, "

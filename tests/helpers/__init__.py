@@ -25,11 +25,13 @@ Modules
   compute no path from their own ``__file__``.
 - ``reliability``: device-independent block inputs, NaN-aware bitwise comparison, the logical view of the 128x4
   scales, CUDA-graph capture, ``Y_ULPS_BOUND`` / ``y_ulps`` (the GPU's y tolerance, derived there), ``rel_err``,
-  ``CUDA_OK``: for the reliability, kernel and GEMM tests.
+  ``kernel_names`` / ``count_named`` (the kernels a call launches), ``CUDA_OK``: for the reliability, kernel and
+  GEMM tests.
 - ``out_variants``: the out-variant tests' inputs, pre-filled outputs, calls by name and overlapping layouts.
 - ``shards``: sequence shards of a call as context parallelism makes them, and the row-by-row comparison with the
   full call.
 - ``diffusers_models``: small diffusers transformers (Qwen-Image, Qwen-Image 2.1, FLUX.1, Wan) and their inputs,
-  ``SKIP_REASON`` / ``needs_diffusers``, ``run``, ``fused_then_unfused``, ``sha256``, ``kernel_names``.
+  ``SKIP_REASON`` / ``needs_diffusers``, ``run``, ``fused_then_unfused``, ``sha256``, ``launches_by_mode``.
+- ``progress``: the test-by-test log of ``QWEN_FP4_TEST_PROGRESS`` (tests/conftest.py's report hook).
 - ``sglang``: ``leading_parameters`` (a drop-in's positional parameter names, compared with SGLang's).
 """

@@ -11,8 +11,8 @@ test_compile_models, test_context_parallel) and tests/gemm/test_gpu_fp8_linear.p
   2.1), ``flux`` (FLUX.1), ``wan`` (Wan 2.1 / 2.2 TI2V), ``qwen_image``; ``SMALL_CASES``: the small CPU cases
   by name.
 - ``run(model, inp)``: one forward without grad; ``fused_then_unfused(model, inp, segments)``: the same input
-  fused, then unfused, every segment counted, the bytes equal; ``sha256(tensor)``; ``kernel_names(fn)``: the
-  CUDA kernels one call launches (torch.profiler).
+  fused, then unfused, every segment counted, the bytes equal; ``sha256(tensor)``; ``launches_by_mode(model,
+  inp)``: the CUDA kernels one forward launches fused and unfused (helpers.reliability.kernel_names).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4.integrations.diffusers as qd
+from helpers.reliability import kernel_names
 
 
 def _import() -> Tuple[Any, Optional[str]]:
@@ -124,17 +125,14 @@ def calibration(zero_cond_t: bool, small: bool = True, device: str = "cpu") -> L
     return [make_inputs(2, 11, zero_cond_t, small=small, seed=100, device=device)]
 
 
-def kernel_names(fn) -> List[str]:
-    """The CUDA kernels one call of ``fn`` launches (after a warm-up call), copies and fills left out."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()  # warm-up (allocator, cuBLAS handles, lazy caches)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
+def launches_by_mode(model, inp) -> Tuple[List[str], List[str]]:
+    """(fused, unfused): the CUDA kernels one forward of ``inp`` launches in each mode (:func:`kernel_names`);
+    the model is left unfused."""
+    launches = []
+    for mode in ("fused", "unfused"):
+        qd.set_mode(model, mode)
+        launches.append(kernel_names(lambda: run(model, inp)))
+    return launches[0], launches[1]
 
 
 def _classes():

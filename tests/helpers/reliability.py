@@ -1,13 +1,14 @@
 """Helpers shared by the reliability tests (test_special_values.py, test_properties.py,
 test_gpu_reliability.py) and the GPU kernel tests: device-independent inputs, NaN-aware bitwise comparison,
-the logical (de-swizzled) view of the 128x4 scale layout, CUDA-graph capture.
+the logical (de-swizzled) view of the 128x4 scale layout, CUDA-graph capture, the kernels a call launches
+(``kernel_names``, ``count_named``).
 
 Written from the contract (docs/numerics.md) and the layout module; they do not call the reference.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -168,3 +169,21 @@ def special_values_y(rows: int, cols: int, seed: int, device="cuda") -> torch.Te
     y[2, 40:56] = neg_nan  # an all-(-NaN) block
     y[3, :8] = -0.0  # half a block of -0 next to finite values
     return y
+
+
+def kernel_names(fn) -> List[str]:
+    """The CUDA kernels one call of ``fn`` launches (after a warm-up call), copies and fills left out."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # warm-up (allocator, cuBLAS handles, lazy caches)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
+
+
+def count_named(names: List[str], part: str) -> int:
+    """How many kernel names contain ``part``."""
+    return sum(part in n for n in names)

@@ -26,8 +26,8 @@ import torch
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import NVFP4Linear
 from helpers.diffusers_models import (SKIP_REASON, SMALL_LAYERS, QwenImageTransformer2DModel, build_small, calibration,
-                                      kernel_names, make_inputs, needs_diffusers, run, sha256)
-from helpers.reliability import rel_err
+                                      launches_by_mode, make_inputs, needs_diffusers, run, sha256)
+from helpers.reliability import count_named, rel_err
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(qd.__file__)))  # where qwen_resnorm_fp4 is imported from
 
@@ -331,17 +331,12 @@ def end_to_end(model, layers: int, zero_cond_t: bool, *, small: bool, device: st
 
         if device == "cuda":
             # Launches: the fused forward has exactly one launch fewer per stream, i.e. 2 per block.
-            inp = inputs[configs[-1]]
-            qd.set_mode(model, "fused")
-            fused_k = kernel_names(lambda: run(model, inp))
-            qd.set_mode(model, "unfused")
-            unfused_k = kernel_names(lambda: run(model, inp))
-            count = lambda names, s: sum(s in n for n in names)  # noqa: E731
-            assert count(fused_k, "resnorm_quant") == 2 * layers, fused_k
-            assert count(fused_k, "nvfp4_quantize_kernel") == 0 and count(fused_k, "resnorm_kernel") == 0
-            assert count(unfused_k, "resnorm_quant") == 0
-            assert count(unfused_k, "resnorm_kernel") == 2 * layers, unfused_k
-            assert count(unfused_k, "nvfp4_quantize_kernel") == 2 * layers, unfused_k
+            fused_k, unfused_k = launches_by_mode(model, inputs[configs[-1]])
+            assert count_named(fused_k, "resnorm_quant") == 2 * layers, fused_k
+            assert count_named(fused_k, "nvfp4_quantize_kernel") == 0 and count_named(fused_k, "resnorm_kernel") == 0
+            assert count_named(unfused_k, "resnorm_quant") == 0
+            assert count_named(unfused_k, "resnorm_kernel") == 2 * layers, unfused_k
+            assert count_named(unfused_k, "nvfp4_quantize_kernel") == 2 * layers, unfused_k
             assert len(unfused_k) - len(fused_k) == 2 * layers, (len(unfused_k), len(fused_k))
             lines.append(f"zero_cond_t={zero_cond_t}: kernel launches in one forward ({layers} blocks, batch "
                          f"{configs[-1][0]}, text {configs[-1][1]}): fused {len(fused_k)}, unfused {len(unfused_k)}")

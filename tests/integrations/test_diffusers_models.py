@@ -22,10 +22,10 @@ import torch
 
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import NVFP4Linear
-from helpers.diffusers_models import (SMALL_CASES, flux, fused_then_unfused, kernel_names, needs_diffusers, qwen21, run,
-                                      sha256, wan)
+from helpers.diffusers_models import (SMALL_CASES, flux, fused_then_unfused, launches_by_mode,
+                                      needs_diffusers, qwen21, run, sha256, wan)
 from helpers.paths import REPO_ROOT
-from helpers.reliability import rel_err
+from helpers.reliability import count_named, rel_err
 
 
 def check_fused_equals_unfused(model, inputs: List[Dict[str, Any]], segments: int, *, linears: str,
@@ -50,14 +50,9 @@ def check_fused_equals_unfused(model, inputs: List[Dict[str, Any]], segments: in
             lines.append(f"{type(model).__name__} linears={linears}: rel. error vs BF16 {err:.4f}, "
                          f"sha256 {sha256(fused)[:16]} (fused and unfused)")
         if device == "cuda":
-            inp = inputs[-1]
-            qd.set_mode(model, "fused")
-            fused_k = kernel_names(lambda: run(model, inp))
-            qd.set_mode(model, "unfused")
-            unfused_k = kernel_names(lambda: run(model, inp))
-            count = lambda names, s: sum(s in n for n in names)  # noqa: E731
-            assert count(fused_k, "resnorm_quant") == segments, fused_k
-            assert count(unfused_k, "resnorm_kernel") == segments, unfused_k
+            fused_k, unfused_k = launches_by_mode(model, inputs[-1])
+            assert count_named(fused_k, "resnorm_quant") == segments, fused_k
+            assert count_named(unfused_k, "resnorm_kernel") == segments, unfused_k
             assert len(unfused_k) - len(fused_k) == segments, (len(unfused_k), len(fused_k))
             lines.append(f"{type(model).__name__}: launches per forward fused {len(fused_k)}, unfused "
                          f"{len(unfused_k)} ({segments} segments)")

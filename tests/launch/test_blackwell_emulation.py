@@ -15,8 +15,8 @@ import qwen_resnorm_fp4 as q
 from qwen_resnorm_fp4 import info
 from qwen_resnorm_fp4.layout import round_up
 from helpers.tiers import sweep
-from helpers.reliability import (as_bits, block_inputs, capture_graph, extra_kwargs, first_difference, resnorm_args,
-                                 special_values_y)
+from helpers.reliability import (as_bits, block_inputs, capture_graph, extra_kwargs, first_difference, kernel_names,
+                                 resnorm_args, special_values_y)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.blackwell_emulation]
 
@@ -82,17 +82,6 @@ def run_case(monkeypatch, rows: int, cols: int, fast: bool, seed: int, **opts):
                        names=("packed", "scales"))
 
 
-def _kernel_names(fn) -> list:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 def test_switch_selects_the_kernels(monkeypatch):
     """The switch really changes the kernels: FlashInferNvfp4 instances on blackwell and auto (the emulation
     build makes the Blackwell path usable on sm_90), PortableNvfp4 on portable; info says the same."""
@@ -105,7 +94,7 @@ def test_switch_selects_the_kernels(monkeypatch):
                                                                                              "PortableNvfp4")):
         q.set_launch_options(kernel_path=path)
         for op, fn in calls.items():
-            names = _kernel_names(fn)
+            names = kernel_names(fn)
             assert len(names) == 1 and conversion in names[0], f"{path} {op}: {names}"
     cap = torch.cuda.get_device_capability()
     q.set_launch_options(kernel_path="auto")
