@@ -271,8 +271,9 @@ def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequen
 # --peers: the converted model against what a user would run instead, compiled
 # ------------------------------------------------------------------------------------------------------------
 
-#: The variants of ``--peers``, in run order: (name, what it is). Peers: BF16 eager and compiled, torchao's
-#: dynamic FP8 (per row, per tensor) on the same Linears compiled; ours (format="fp8", linears="all",
+#: The variants of ``--peers``, in run order: (name, what it is). Peers: BF16 eager, compiled whole and by
+#: regions (what separates the two is the code outside the blocks), torchao's dynamic FP8 (per row, per
+#: tensor) on the same Linears compiled; ours (format="fp8", linears="all",
 #: mode="fused") eager, compiled whole (fullgraph), by regions (diffusers' compile_repeated_blocks), and
 #: compiled whole with CUDA graphs ("reduce-overhead"), with "max-autotune" and with inductor keeping eager's
 #: bf16 roundings between the ops it fuses (its default drops them: how much of compiled against eager that
@@ -280,6 +281,7 @@ def measure_model(zero_cond_t: bool, tokens_list: Sequence[int], batches: Sequen
 PEER_VARIANTS = (
     ("bf16_eager", "BF16, eager"),
     ("bf16_compiled", "BF16, torch.compile(model)"),
+    ("bf16_regional", "BF16, model.compile_repeated_blocks(fullgraph=True) (diffusers' regional compilation)"),
     ("torchao_fp8_row_compiled", "torchao Float8DynamicActivationFloat8WeightConfig(PerRow()), compiled"),
     ("torchao_fp8_tensor_compiled", "torchao Float8DynamicActivationFloat8WeightConfig(PerTensor()), compiled"),
     ("ours_eager", 'ours fp8 "all" fused, eager'),
@@ -362,7 +364,7 @@ def _peer_callable(variant: str, model: torch.nn.Module) -> Callable[..., Any]:
     """How the variant runs the model: eager, compiled whole, or by regions (compiled in place)."""
     if variant.endswith("_eager"):
         return model
-    if variant == "ours_regional":
+    if variant.endswith("_regional"):
         model.compile_repeated_blocks(fullgraph=True)
         return model
     if variant == "ours_compiled_eager_casts":
@@ -404,6 +406,7 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     compiled, the segments' compiled paths, and for ours compiled whole, fused == unfused under compile
     (:func:`_compiled_fused_equals_unfused`, aot_eager and inductor); with ``profile``,
     :func:`kernel_breakdown` of one forward."""
+    import copy
     import time
 
     import torch._dynamo as dynamo
@@ -426,6 +429,8 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
             if names is None:
                 names = qd.linear_names(model, "all", "fp8")
             subject = _torchao_model(model, names, "row" if "_row_" in variant else "tensor")
+        elif variant == "bf16_regional":  # compiled in place: a copy, so the other variants keep the eager blocks
+            subject = copy.deepcopy(model)
         else:
             subject = model
         run = _peer_callable(variant, subject)
