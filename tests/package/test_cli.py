@@ -24,12 +24,21 @@ from helpers.session import HANG_GUARD_S
 from qwen_resnorm_fp4 import cli, env, info
 
 ROOT = REPO_ROOT
+#: The directory holding the qwen_resnorm_fp4 under test: this checkout, or the site of an installed wheel
+#: (scripts/gpu_check.sh WHEEL=...). Child processes import the package from here, the one this session tests.
+PACKAGE_PARENT = Path(q.__file__).resolve().parent.parent
+#: Whether the package under test is this checkout's (the command line then finds the checkout's benchmarks/).
+TESTING_THE_CHECKOUT = PACKAGE_PARENT == ROOT.resolve()
+needs_the_checkout = pytest.mark.skipif(not TESTING_THE_CHECKOUT, reason=f"the package under test ({PACKAGE_PARENT}) "
+                                        "is installed, not this checkout's: it has no benchmarks/ beside it")
 
 
 def run_cli(*args: str, timeout: float = HANG_GUARD_S) -> subprocess.CompletedProcess:
+    """``python -m qwen_resnorm_fp4 *args`` with CUDA hidden, importing the package under test (run from its
+    directory: ``-m`` puts the working directory first on sys.path, where a checkout's own package would win)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "qwen_resnorm_fp4", *args], cwd=ROOT, env=env,
+    env["PYTHONPATH"] = str(PACKAGE_PARENT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "qwen_resnorm_fp4", *args], cwd=PACKAGE_PARENT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -194,12 +203,13 @@ def test_the_cli_imports_no_benchmark():
     code = ("import sys, qwen_resnorm_fp4.cli as c; c.main(['info', '--json']); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('bench_fused', 'timing', 'results', 'harness', 'peers') or '.bench' in m))")
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(PACKAGE_PARENT))
+    p = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_PARENT, env=env, capture_output=True, text=True,
                        timeout=HANG_GUARD_S)
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "[]", p.stdout + p.stderr
 
 
+@needs_the_checkout
 @pytest.mark.parametrize("command, script", sorted(cli.BENCHMARKS.items()))
 def test_bench_commands_find_the_checkouts_benchmarks(command, script):
     directory, why = cli.find_benchmarks()
@@ -207,6 +217,7 @@ def test_bench_commands_find_the_checkouts_benchmarks(command, script):
     assert (directory / script).is_file()
 
 
+@needs_the_checkout
 def test_bench_help_from_the_checkout():
     p = run_cli("bench", "--help")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -252,7 +263,7 @@ def package_copy(tmp_path):
     """This package copied alone into a directory with no checkout around it (as an installed wheel sits)."""
     import shutil
 
-    shutil.copytree(ROOT / "qwen_resnorm_fp4", tmp_path / "site" / "qwen_resnorm_fp4",
+    shutil.copytree(PACKAGE_PARENT / "qwen_resnorm_fp4", tmp_path / "site" / "qwen_resnorm_fp4",
                     ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path / "site"
 
