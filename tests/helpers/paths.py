@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import qwen_resnorm_fp4
+
 #: The directory holding tests/ (the checkout's root, or the root of a copy of the tests).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: tests/ itself.
 TESTS_DIR = REPO_ROOT / "tests"
+#: The directory holding the qwen_resnorm_fp4 under test: the checkout, or the site of an installed wheel
+#: (scripts/gpu_check.sh WHEEL=...). A child process that should test the same package puts it first on
+#: PYTHONPATH (and runs from it where ``-m`` or ``-c`` would put the working directory first).
+PACKAGE_PARENT = Path(qwen_resnorm_fp4.__file__).resolve().parent.parent

@@ -27,9 +27,10 @@ import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import NVFP4Linear
 from helpers.diffusers_models import (SKIP_REASON, SMALL_LAYERS, QwenImageTransformer2DModel, build_small, calibration,
                                       launches_by_mode, make_inputs, needs_diffusers, run, sha256)
+from helpers.paths import PACKAGE_PARENT
 from helpers.reliability import count_named, rel_err
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(qd.__file__)))  # where qwen_resnorm_fp4 is imported from
+
 
 
 @pytest.fixture(scope="module")
@@ -287,8 +288,9 @@ def test_import_does_not_patch_diffusers():
         from diffusers import QwenImageTransformer2DModel  # noqa: F401
         print("ok")
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(PACKAGE_PARENT), os.environ.get("PYTHONPATH"))))}
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_PARENT, capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 

@@ -12,11 +12,10 @@ import sys
 import pytest
 
 import qwen_resnorm_fp4 as q
-from helpers.paths import REPO_ROOT
+from helpers.paths import PACKAGE_PARENT
 from helpers.session import HANG_GUARD_S
 from qwen_resnorm_fp4 import env, info
 
-ROOT = REPO_ROOT
 
 
 @pytest.mark.parametrize("value, expected", [(None, None), ("1", True), ("0", False), ("", None), ("true", None),
@@ -34,10 +33,10 @@ def _options_at_import(**variables) -> str:
     """repr(launch_options()) in a fresh interpreter whose environment has ``variables`` (None: unset)."""
     child_env = {k: v for k, v in os.environ.items() if k not in (env.PDL_VAR, env.KERNEL_PATH_VAR)}
     child_env.update({k: v for k, v in variables.items() if v is not None})
-    child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), child_env.get("PYTHONPATH", "")])
+    child_env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_PARENT), child_env.get("PYTHONPATH", "")])
     code = "import qwen_resnorm_fp4 as q; print(tuple(q.launch_options()))"
-    out = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True,
-                         timeout=HANG_GUARD_S)
+    out = subprocess.run([sys.executable, "-c", code], env=child_env, cwd=PACKAGE_PARENT, capture_output=True,
+                         text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

@@ -31,6 +31,7 @@ from qwen_resnorm_fp4 import reference, testing
 from qwen_resnorm_fp4.layout import round_up
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
 from qwen_resnorm_fp4.testing import gpu_rcp
+from helpers.paths import PACKAGE_PARENT
 from helpers.session import HANG_GUARD_S
 from helpers.tiers import sweep
 from helpers.reliability import (Y_ULPS_BOUND, block_inputs, capture_graph, logical_scales, padding_scale_bytes,
@@ -317,8 +318,8 @@ def test_first_launch_inside_graph_capture(rows):
         print("same bytes")
     """).replace("ROWS", str(rows))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(q.__file__))] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+        [str(PACKAGE_PARENT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_PARENT, capture_output=True, text=True, env=env,
                           timeout=HANG_GUARD_S)
     assert proc.returncode == 0 and "same bytes" in proc.stdout, proc.stdout + proc.stderr
 

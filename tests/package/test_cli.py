@@ -19,14 +19,11 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
-from helpers.paths import REPO_ROOT
+from helpers.paths import PACKAGE_PARENT, REPO_ROOT
 from helpers.session import HANG_GUARD_S
 from qwen_resnorm_fp4 import cli, env, info
 
 ROOT = REPO_ROOT
-#: The directory holding the qwen_resnorm_fp4 under test: this checkout, or the site of an installed wheel
-#: (scripts/gpu_check.sh WHEEL=...). Child processes import the package from here, the one this session tests.
-PACKAGE_PARENT = Path(q.__file__).resolve().parent.parent
 #: Whether the package under test is this checkout's (the command line then finds the checkout's benchmarks/).
 TESTING_THE_CHECKOUT = PACKAGE_PARENT == ROOT.resolve()
 needs_the_checkout = pytest.mark.skipif(not TESTING_THE_CHECKOUT, reason=f"the package under test ({PACKAGE_PARENT}) "
