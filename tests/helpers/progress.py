@@ -4,7 +4,9 @@ only at the end).
 
 ``QWEN_FP4_TEST_PROGRESS=path`` (scripts/gpu_check.sh sets it) appends one line per test to ``path``:
 ``seconds<TAB>outcome<TAB>node id`` (setup, call and teardown summed; the outcome of the first phase that did
-not pass), then a failure's report indented below it. Under pytest-xdist the controller writes every line.
+not pass), then a failure's report indented below it. Under pytest-xdist the controller alone writes (the
+workers inherit the variable and return at once), and a test whose worker crashed gets its line from the one
+report xdist makes for it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ def record(report) -> None:
     """Fold one phase's report (``pytest_runtest_logreport``) into its test's line; write the line after the
     teardown."""
     path = _path()
-    if path is None:
+    if path is None or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if report.when not in ("setup", "call", "teardown"):  # xdist's report of a crashed worker: no teardown follows
+        _pending.pop(report.nodeid, None)
+        _write(path, report.duration, "crashed", report.nodeid, report.longreprtext)
         return
     seconds, outcome, detail = _pending.get(report.nodeid, (0.0, "passed", ""))
     seconds += report.duration
@@ -41,7 +47,11 @@ def record(report) -> None:
     if report.when != "teardown":
         return
     del _pending[report.nodeid]
+    _write(path, seconds, outcome, report.nodeid, detail)
+
+
+def _write(path: str, seconds: float, outcome: str, nodeid: str, detail: str) -> None:
+    """One test's line, and its failure report (the last 60 lines) indented below it, in one write."""
+    text = f"{seconds:.2f}\t{outcome}\t{nodeid}\n" + "".join(f"    {line}\n" for line in detail.splitlines()[-60:])
     with open(path, "a", encoding="utf-8") as log:
-        log.write(f"{seconds:.2f}\t{outcome}\t{report.nodeid}\n")
-        if detail:
-            log.write("".join(f"    {line}\n" for line in detail.splitlines()[-60:]))
+        log.write(text)

@@ -31,8 +31,6 @@ from helpers.paths import PACKAGE_PARENT
 from helpers.reliability import count_named, rel_err
 
 
-
-
 @pytest.fixture(scope="module")
 def small_models():
     if SKIP_REASON is not None:

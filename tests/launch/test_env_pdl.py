@@ -17,7 +17,6 @@ from helpers.session import HANG_GUARD_S
 from qwen_resnorm_fp4 import env, info
 
 
-
 @pytest.mark.parametrize("value, expected", [(None, None), ("1", True), ("0", False), ("", None), ("true", None),
                                              ("00", None)])
 def test_pdl_rule(value, expected, monkeypatch):
