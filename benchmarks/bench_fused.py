@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from qwen_resnorm_fp4.constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX
 from qwen_resnorm_fp4.env import default_fast_math
-from qwen_resnorm_fp4.layout import round_up, sf_offsets
+from qwen_resnorm_fp4.layout import scales_bytes, scales_shape, sf_offsets
 from qwen_resnorm_fp4.validation import WIDTH_RULE, is_supported_width
 
 import harness
@@ -91,10 +91,9 @@ def eager_chain(residual: torch.Tensor, x: torch.Tensor, gate: torch.Tensor, sca
     code = torch.bucketize(v.abs(), bounds).to(torch.uint8) | (torch.signbit(v).to(torch.uint8) << 3)
     code = code.reshape(rows, d)
     packed = code[:, 0::2] | (code[:, 1::2] << 4)
-    padded = round_up(rows, 128)
-    scales = torch.zeros(padded * (d // 16), dtype=torch.uint8, device=x.device)
+    scales = torch.zeros(scales_bytes(rows, d), dtype=torch.uint8, device=x.device)
     scales.index_put_((index,), sf.view(torch.uint8).reshape(-1))
-    return packed, scales.reshape(padded, d // 16), r
+    return packed, scales.reshape(scales_shape(rows, d)), r
 
 
 # ----------------------------------------------------------------------------------------------------

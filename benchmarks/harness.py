@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import sys
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 import torch
 from qwen_resnorm_fp4._argtypes import positive_int, positive_int_list  # noqa: F401 - the CLI's argument types
-from qwen_resnorm_fp4.layout import round_up
+from qwen_resnorm_fp4.layout import packed_shape, scales_bytes
 from qwen_resnorm_fp4.recipe import global_scale_numerator
 
 #: The op's eps in every benchmark.
@@ -98,7 +99,7 @@ def bytes_moved(rows: int, dim: int) -> int:
     residual_out written (bf16), packed E2M1 written (D/2 per row), E4M3 scales written for
     round_up(rows, 128) rows (D/16 per row). gate/scale/shift ([1, D]) are negligible and not counted.
     At D = 3072: 20,160 bytes per row (12,288 + 6,144 + 1,536 + 192)."""
-    return 2 * dim * 2 * rows + dim * 2 * rows + dim // 2 * rows + dim // 16 * round_up(rows, 128)
+    return 2 * dim * 2 * rows + dim * 2 * rows + math.prod(packed_shape(rows, dim)) + scales_bytes(rows, dim)
 
 
 def global_scale_for(y: torch.Tensor) -> torch.Tensor:

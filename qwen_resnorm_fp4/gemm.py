@@ -58,7 +58,7 @@ import torch
 from . import reference
 from .api import call_nvfp4_dequantize_bf16
 from .device import capability_major
-from .layout import round_up, scales_bytes
+from .layout import round_up, scales_bytes, scales_shape
 
 Tensor = torch.Tensor
 
@@ -388,7 +388,7 @@ def _flashinfer(layer: Any, x_fp4: Tensor, x_scales: Tensor, k: int, out_dtype: 
     n_pad = round_up(n, N_ALIGNMENT)
     w = _padded_weight(layer, n_pad)  # [n_pad, K/2]
     w_scales = layer.weight_scales.view(torch.uint8).reshape(-1, k // 16)  # [round_up(N, 128), K/16]
-    a_scales = x_scales.view(torch.uint8).reshape(-1, k // 16)[: round_up(m, 128)]
+    a_scales = x_scales.view(torch.uint8).reshape(-1, k // 16)[: scales_shape(m, k)[0]]
     gemm_dtype = out_dtype if out_dtype != torch.float32 else torch.bfloat16  # mm_fp4 writes bf16/fp16 only
     out = mm_fp4(x_fp4.contiguous(), w.t(), a_scales, w_scales.t(), layer.alpha, gemm_dtype, None,
                  block_size=16, use_8x4_sf_layout=False, backend=backend, use_nvfp4=True)

@@ -47,3 +47,13 @@ def sf_offsets(rows: int, cols: int, device=None):
     m = torch.arange(rows, device=device).unsqueeze(1)
     k = torch.arange(cols // 16, device=device).unsqueeze(0)
     return sf_offset_128x4(m, k, cols)
+
+
+def swizzle_scales_128x4(scales, rows: int, cols: int):
+    """uint8 :func:`scales_shape` ``(rows, cols)``: row-major E4M3 block scales [rows, cols / 16] (uint8 or
+    float8_e4m3fn) moved into the 128x4 layout (:func:`sf_offsets`), padding rows zero. Only bytes move."""
+    import torch
+
+    flat = torch.zeros(scales_bytes(rows, cols), dtype=torch.uint8, device=scales.device)
+    flat[sf_offsets(rows, cols, scales.device).reshape(-1)] = scales.reshape(-1).view(torch.uint8)
+    return flat.reshape(scales_shape(rows, cols))

@@ -24,20 +24,10 @@ from .recipe import UNSET, global_scale_numerator, nvfp4_4over6_code, resolve_co
 from .gemm import GemmCache, apply_nvfp4_gemm_prequantized, check_gemm_backend, host_alpha
 from ._linear_common import positive_scalar
 from .constants import FP4_AMAX_SCALE  # global scale = FP4_AMAX_SCALE / amax (4over6 with e4m3_max 256: recipe)
-from .layout import packed_shape, scales_bytes, scales_shape, sf_offsets
+from .layout import packed_shape, scales_shape, swizzle_scales_128x4
 from .validation import WIDTH_RULE, is_supported_width
 
 Tensor = torch.Tensor
-
-
-
-def swizzle_scales_128x4(scales: Tensor, rows: int, cols: int) -> Tensor:
-    """uint8 [round_up(rows, 128), cols / 16]: row-major E4M3 block scales [rows, cols / 16] (uint8 or
-    float8_e4m3fn) moved into the 128x4 layout (:func:`~qwen_resnorm_fp4.layout.sf_offsets`), padding rows zero.
-    Only bytes move."""
-    flat = torch.zeros(scales_bytes(rows, cols), dtype=torch.uint8, device=scales.device)
-    flat[sf_offsets(rows, cols, scales.device).reshape(-1)] = scales.reshape(-1).view(torch.uint8)
-    return flat.reshape(scales_shape(rows, cols))
 
 
 def _global_scale_from_amax(amax: Tensor, nvfp4_4over6_code: int) -> Tensor:

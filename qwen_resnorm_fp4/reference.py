@@ -26,7 +26,7 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from .constants import E2M1_MAX, E4M3_MAX, FLT_MAX, FP8_DTYPE, NVFP4_BLOCK, is_fp8_input_scale
-from .layout import round_up, sf_offsets
+from .layout import sf_offsets, swizzle_scales_128x4
 from .rcp_approx import rcp_approx_f32
 from .recipe import NVFP4_4OVER6_ERR_FAST_MATH, NVFP4_4OVER6_ERR_MODE_SHIFT, NVFP4_4OVER6_ON
 
@@ -230,7 +230,6 @@ def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: bool, nvfp4_4over
     """
     d = y.shape[-1]
     rows = y.numel() // d if d else 0
-    dev = y.device
     blocks = y.reshape(rows, d // NVFP4_BLOCK, NVFP4_BLOCK).float()
     g = global_scale.reshape(()).float()
     nan = torch.isnan(blocks)
@@ -242,10 +241,7 @@ def nvfp4_quantize(y: Tensor, global_scale: Tensor, fast_math: bool, nvfp4_4over
     codes = codes.reshape(rows, d)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
 
-    padded_rows = round_up(rows, 128)
-    scales = torch.zeros(padded_rows * (d // NVFP4_BLOCK), dtype=torch.uint8, device=dev)
-    scales[sf_offsets(rows, d, dev).reshape(-1)] = sf.reshape(-1)
-    return packed, scales.reshape(padded_rows, d // NVFP4_BLOCK)
+    return packed, swizzle_scales_128x4(sf, rows, d)
 
 
 def resnorm_quant(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
