@@ -36,12 +36,10 @@ def record(report) -> None:
         return
     seconds, outcome, detail = _pending.get(report.nodeid, (0.0, "passed", ""))
     seconds += report.duration
-    if report.when == "call" and report.skipped and outcome == "passed":
-        outcome = "skipped"
-    if report.failed and outcome in ("passed", "skipped"):
+    if report.failed and outcome in ("passed", "skipped"):  # the first phase that failed names the outcome
         outcome = "failed" if report.when == "call" else f"error in {report.when}"
         detail = report.longreprtext
-    elif report.skipped and report.when == "setup":
+    elif report.skipped and outcome == "passed":
         outcome = "skipped"
     _pending[report.nodeid] = (seconds, outcome, detail)
     if report.when != "teardown":

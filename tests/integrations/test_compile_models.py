@@ -215,9 +215,8 @@ def test_regional_dynamic_compilation_serves_every_resolution():
 
 
 def compiled_runs_each(model, inputs, compiled) -> List[torch.Tensor]:
-    """One compiled forward per input, with recompilation an error."""
-    with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():
-        return [compiled(**inp)[0] for inp in inputs]
+    """One compiled forward per input (:func:`compiled_runs`: recompilation an error)."""
+    return [compiled_runs(model, inp, compiled, runs=1)[0] for inp in inputs]
 
 
 def test_compile_does_not_decline_and_stats_name_the_compiled_decline():
