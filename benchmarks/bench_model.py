@@ -306,7 +306,7 @@ KERNEL_KINDS = (
 )
 KIND_NAMES = tuple(k for k, _ in KERNEL_KINDS) + ("other",)
 PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "over_torchao_row", "compile_s",
-               "graphs", "rel_err_vs_bf16", "fused_equals_unfused", "fused_equals_unfused_inductor",
+               "graphs", "rel_err_vs_bf16", "rel_err_vs_fp32", "fused_equals_unfused", "fused_equals_unfused_inductor",
                "compiled_paths",
                *(f"{k}_ms" for k in KIND_NAMES), "kernels"]
 
@@ -334,6 +334,29 @@ def kernel_breakdown(fn: Callable[[], Any]) -> Dict[str, Any]:
         row[f"{kernel_kind(e.name)}_ms"] += e.device_time / 1e3
     row["kernels"] = len(kernels)
     return row
+
+
+def fp32_outputs(model: torch.nn.Module, inputs: Dict[int, Dict[str, Any]]) -> Dict[int, torch.Tensor]:
+    """The outputs of an fp32 copy of the BF16 model (same weights, fp32 activations, no TF32) per token count:
+    the error every variant is also measured against, BF16 eager included, since inductor keeps intermediates in
+    fp32 where eager rounds them to bf16 (a compiled model differs from BF16 eager by being closer to this)."""
+    import copy
+
+    twin = copy.deepcopy(model).float()
+    outs = {}
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # no TF32
+    try:
+        with torch.no_grad():
+            for t, inp in inputs.items():
+                wide = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                        for k, v in inp.items()}
+                outs[t] = twin(**wide)[0]
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    del twin
+    torch.cuda.empty_cache()
+    return outs
 
 
 def _torchao_model(model: torch.nn.Module, names: Sequence[str], granularity: str) -> torch.nn.Module:
@@ -417,6 +440,7 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
               for t in tokens_list}
     with torch.no_grad():
         reference = {t: model(**inp)[0] for t, inp in inputs.items()}
+        exact = fp32_outputs(model, inputs)
     names = None
     rows: List[Dict[str, Any]] = []
     for variant in variants:
@@ -445,7 +469,7 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                 row = {"variant": variant, "tokens": t, "zero_cond_t": zero_cond_t, "ms": ms,
                        "compile_s": 0.0 if variant.endswith("_eager") else max(first_s - ms / 1e3, 0.0),
                        "graphs": int(dynamo.utils.counters["stats"]["unique_graphs"]),
-                       "rel_err_vs_bf16": rel_err(out, reference[t])}
+                       "rel_err_vs_bf16": rel_err(out, reference[t]), "rel_err_vs_fp32": rel_err(out, exact[t])}
                 if variant.startswith("ours") and variant != "ours_eager":
                     paths = qd.fused_path_stats(subject)["compiled"]
                     row["compiled_paths"] = "; ".join(f"{k}: {'/'.join(v)}" for k, v in paths.items())
@@ -457,7 +481,7 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                         log(f"{variant} {t} tokens: no profile ({type(exc).__name__}: {exc})")
             rows.append(row)
             log(f"{'zct ' if zero_cond_t else ''}{t} tokens {variant}: {ms:.2f} ms, compile {row['compile_s']:.1f} s, "
-                f"graphs {row['graphs']}, rel err {row['rel_err_vs_bf16']:.4f}"
+                f"graphs {row['graphs']}, rel err {row['rel_err_vs_bf16']:.4f} (vs fp32 {row['rel_err_vs_fp32']:.4f})"
                 + (f", compiled paths {row['compiled_paths']}" if row.get("compiled_paths") else "")
                 + (", kernels " + ", ".join(f"{k} {row[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ms ({row['kernels']})"
                    if profile else ""))
@@ -488,12 +512,14 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
 def peers_table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
     """The ``--peers`` markdown table, one line per variant, token count and zero_cond_t."""
     columns = ("image tokens", "zero_cond_t", "variant", "ms", "x BF16 eager", "x torchao row compiled",
-               "compile s", "graphs", "rel err vs BF16", "fused == unfused (aot_eager / inductor)",
+               "compile s", "graphs", "rel err vs BF16 eager", "rel err vs fp32",
+               "fused == unfused (aot_eager / inductor)",
                "GPU ms: " + " / ".join(KIND_NAMES) + " (kernels)")
     return results.markdown_table(columns, (
         (r["tokens"], "yes" if r["zero_cond_t"] else "no", r["variant"], f"{r['ms']:.2f}",
          results.fmt(r.get("over_bf16_eager"), ".3f"), results.fmt(r.get("over_torchao_row"), ".3f"),
          f"{r['compile_s']:.1f}", r["graphs"], f"{r['rel_err_vs_bf16']:.4f}",
+         results.fmt(r.get("rel_err_vs_fp32"), ".4f"),
          f"{results.yes_no(r['fused_equals_unfused'])} / {results.yes_no(r.get('fused_equals_unfused_inductor'))}"
          if "fused_equals_unfused" in r else "",
          " / ".join(f"{r[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ({r['kernels']})" if "kernels" in r else "")
@@ -533,7 +559,8 @@ def peers_main(args: argparse.Namespace) -> int:
         f"{args.attention_backend or 'diffusers default'}; forward time, CUDA events, median of {reps} "
         f"after {warmup} (cold L2); "
         "compile s: the first call's wall time less one forward; graphs: dynamo's graphs for the variant so far; "
-        "rel err: Frobenius, against the BF16 eager output", *(f"{n}: {d}" for n, d in PEER_VARIANTS if n in variants)]
+        "rel err: Frobenius, against the BF16 eager output and against an fp32 copy of the model (no TF32)",
+        *(f"{n}: {d}" for n, d in PEER_VARIANTS if n in variants)]
     print("\n".join(header))
     flush = timing.l2_flush_buffer()
     rows: List[Dict[str, Any]] = []

@@ -521,6 +521,7 @@ def _fake_peers(monkeypatch, change=None):
                 ms = 20.0 if v == "bf16_eager" else 30.0  # ours slower than BF16: a figure, not a failure
                 r = {"variant": v, "tokens": t, "zero_cond_t": zct, "ms": ms, "compile_s": 0.0 if v == "bf16_eager"
                      else 12.5, "graphs": 1, "rel_err_vs_bf16": 0.0 if v == "bf16_eager" else 0.0138,
+                     "rel_err_vs_fp32": 0.0065 if v == "bf16_eager" else 0.0042,
                      "over_bf16_eager": ms / 20.0, "over_torchao_row": nan}
                 if v == "ours_compiled":
                     r.update(compiled_paths="norm1: fused", compiled_all_fused=True, fused_equals_unfused=True,
@@ -547,8 +548,8 @@ def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys)
     csv_lines = (tmp_path / "bench_model_peers.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_model.PEER_FIELDS and len(csv_lines) == 1 + 2 * 2 * 2
     md = (tmp_path / "bench_model_peers.md").read_text()
-    assert "| 6889 | no | ours_compiled | 30.00 | 1.500 | n/a | 12.5 | 1 | 0.0138 | yes / yes |" in md
-    assert "| 10209 | yes | bf16_eager | 20.00 | 1.000 | n/a | 0.0 | 1 | 0.0000 |  |" in md
+    assert "| 6889 | no | ours_compiled | 30.00 | 1.500 | n/a | 12.5 | 1 | 0.0138 | 0.0042 | yes / yes |" in md
+    assert "| 10209 | yes | bf16_eager | 20.00 | 1.000 | n/a | 0.0 | 1 | 0.0000 | 0.0065 |  |" in md
     assert capsys.readouterr().err == ""
 
 
