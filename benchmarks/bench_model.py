@@ -420,7 +420,8 @@ def _compiled_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any], 
 
 def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Sequence[str], layers: int,
                   text_len: int, reps: int, warmup: int, flush: torch.Tensor, log=print, text_mask: str = "pipeline",
-                  profile: bool = False, attention_backend: Optional[str] = None) -> List[Dict[str, Any]]:
+                  profile: bool = False, attention_backend: Optional[str] = None,
+                  on_variant: Optional[Callable[[List[Dict[str, Any]]], None]] = None) -> List[Dict[str, Any]]:
     """Every variant of one model (``zero_cond_t`` off or on) at every token count, one variant at a time
     (dynamo reset between variants, so no variant inherits another's graphs or recompile budget). Per
     variant and token count: the forward time (:func:`timing.flushed_per_call_us`, median of ``reps``), the
@@ -428,7 +429,8 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     (one per shape, or a second, dynamic one), the relative error against the BF16 eager output; for ours
     compiled, the segments' compiled paths, and for ours compiled whole, fused == unfused under compile
     (:func:`_compiled_fused_equals_unfused`, aot_eager and inductor); with ``profile``,
-    :func:`kernel_breakdown` of one forward."""
+    :func:`kernel_breakdown` of one forward. ``on_variant``: called with the rows so far after each variant (a
+    run stopped midway keeps what it measured)."""
     import copy
     import time
 
@@ -500,13 +502,21 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                     f"{r['fused_equals_unfused_inductor']}")
         del run, subject
         torch.cuda.empty_cache()
+        add_peer_ratios(rows)
+        if on_variant is not None:
+            on_variant(rows)
     dynamo.reset()
-    times = {(r["tokens"], r["variant"]): r["ms"] for r in rows}  # one zero_cond_t here
+    return rows
+
+
+def add_peer_ratios(rows: Sequence[Dict[str, Any]]) -> None:
+    """Each row's time over BF16 eager's and over torchao per-row compiled's at its token count (rows of one
+    zero_cond_t; nan where that peer was not measured)."""
+    times = {(r["tokens"], r["variant"]): r["ms"] for r in rows}
     for r in rows:
         for field, peer in (("over_bf16_eager", "bf16_eager"), ("over_torchao_row", "torchao_fp8_row_compiled")):
             base = times.get((r["tokens"], peer))
             r[field] = r["ms"] / base if base else float("nan")
-    return rows
 
 
 def peers_table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
@@ -563,16 +573,21 @@ def peers_main(args: argparse.Namespace) -> int:
         *(f"{n}: {d}" for n, d in PEER_VARIANTS if n in variants)]
     print("\n".join(header))
     flush = timing.l2_flush_buffer()
+
+    def report(rows: List[Dict[str, Any]]) -> List[str]:
+        lines = peers_table_lines(rows)
+        results.write_report(args.out, f"{PROG}_peers", rows, [f"# {PROG} --peers", ""]
+                             + [f"- {h}" for h in header] + [""] + lines, PEER_FIELDS)
+        return lines
+
     rows: List[Dict[str, Any]] = []
     for zct in zero_cond:
         rows += measure_peers(zct, tokens_list, variants, args.layers, args.text_len, reps, warmup, flush,
                               log=lambda line: print(line, flush=True), text_mask=args.text_mask,
-                              profile=args.profile, attention_backend=args.attention_backend)
+                              profile=args.profile, attention_backend=args.attention_backend,
+                              on_variant=lambda partial, done=list(rows): report(done + partial))
         torch.cuda.empty_cache()
-    lines = peers_table_lines(rows)
-    print("\n".join(lines))
-    results.write_report(args.out, f"{PROG}_peers", rows, [f"# {PROG} --peers", ""] + [f"- {h}" for h in header]
-                         + [""] + lines, PEER_FIELDS)
+    print("\n".join(report(rows)))
     failures = [f"{r['tokens']} tokens{' zct' if r['zero_cond_t'] else ''} {r['variant']}: {problem}"
                 for r in rows for problem in peer_problems(r)]
     return results.exit_status(failures, "the converted model under torch.compile")

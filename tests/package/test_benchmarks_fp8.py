@@ -512,12 +512,12 @@ def _fake_peers(monkeypatch, change=None):
     calls = []
 
     def measure_peers(zct, tokens, variants, layers, text_len, reps, warmup, flush, log=print, text_mask="unset",
-                      profile=None, attention_backend="unset"):
+                      profile=None, attention_backend="unset", on_variant=None):
         calls.append((zct, list(tokens), list(variants), layers, text_len, reps, warmup, text_mask, profile,
                       attention_backend))
         rows = []
-        for t in tokens:
-            for v in variants:
+        for v in variants:
+            for t in tokens:
                 ms = 20.0 if v == "bf16_eager" else 30.0  # ours slower than BF16: a figure, not a failure
                 r = {"variant": v, "tokens": t, "zero_cond_t": zct, "ms": ms, "compile_s": 0.0 if v == "bf16_eager"
                      else 12.5, "graphs": 1, "rel_err_vs_bf16": 0.0 if v == "bf16_eager" else 0.0138,
@@ -529,7 +529,11 @@ def _fake_peers(monkeypatch, change=None):
                 if profile:
                     r.update({f"{k}_ms": 1.0 + i for i, k in enumerate(bench_model.KIND_NAMES)}, kernels=321)
                 r.update((change or {}).get((t, zct, v), {}))
+                if isinstance(r.get("raise"), BaseException):
+                    raise r["raise"]
                 rows.append(r)
+            if on_variant is not None:
+                on_variant(rows)
         return rows
 
     _fake_gpu(monkeypatch)
@@ -551,6 +555,17 @@ def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys)
     assert "| 6889 | no | ours_compiled | 30.00 | 1.500 | n/a | 12.5 | 1 | 0.0138 | 0.0042 | yes / yes |" in md
     assert "| 10209 | yes | bf16_eager | 20.00 | 1.000 | n/a | 0.0 | 1 | 0.0000 | 0.0065 |  |" in md
     assert capsys.readouterr().err == ""
+
+
+def test_model_peers_report_keeps_the_variants_measured_before_a_stop(monkeypatch, tmp_path):
+    """A run stopped midway (here: the second variant raises) leaves the report of the variants measured."""
+    _fake_peers(monkeypatch, change={(6889, False, "ours_compiled"): {"raise": KeyboardInterrupt()}})
+    with pytest.raises(KeyboardInterrupt):
+        bench_model.main(["--peers", "--zero-cond-t", "off", "--variants", "bf16_eager,ours_compiled",
+                          "--out", str(tmp_path)])
+    csv_lines = (tmp_path / "bench_model_peers.csv").read_text().splitlines()
+    assert [line.split(",")[:2] for line in csv_lines[1:]] == [["bf16_eager", "6889"], ["bf16_eager", "10209"]]
+    assert "| 10209 | no | bf16_eager | 20.00 | 1.000 |" in (tmp_path / "bench_model_peers.md").read_text()
 
 
 @pytest.mark.parametrize("change, message", [
