@@ -338,8 +338,9 @@ def kernel_breakdown(fn: Callable[[], Any]) -> Dict[str, Any]:
 
 def fp32_outputs(model: torch.nn.Module, inputs: Dict[int, Dict[str, Any]]) -> Dict[int, torch.Tensor]:
     """The outputs of an fp32 copy of the BF16 model (same weights, fp32 activations, no TF32) per token count:
-    the error every variant is also measured against, BF16 eager included, since inductor keeps intermediates in
-    fp32 where eager rounds them to bf16 (a compiled model differs from BF16 eager by being closer to this)."""
+    the error every variant is also measured against, BF16 eager included: inductor keeps intermediates in fp32
+    where eager rounds them to bf16, so a compiled variant's distance from BF16 eager alone does not say which of
+    the two is further from the model's exact output."""
     import copy
 
     twin = copy.deepcopy(model).float()
