@@ -33,6 +33,7 @@ CASES: Dict[str, Callable[[], Any]] = {
     "qwen_image21": lambda: qwen21(2, 32, 2, True)[:2],
     "flux": lambda: flux(2, 32, 1)[:2],
     "wan21": lambda: wan(2, 32, 128, 2, False)[:2],
+    "wan22_ti2v": lambda: wan(2, 32, 128, 2, True)[:2],  # a timestep per token: per-token modulation
 }
 
 
@@ -112,10 +113,12 @@ def test_inductor_fused_equals_unfused(zero_cond_t):
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("case", ["qwen_image", "qwen_image21", "flux", "wan21"])
+@pytest.mark.parametrize("case", ["qwen_image", "qwen_image21", "flux", "wan21", "wan22_ti2v"])
 def test_regional_compilation_compiles_one_block(case, fmt):
     """diffusers' ``compile_repeated_blocks``: one graph serves every block (the blocks' per-layer scales are
-    tensors, not constants), no graph break inside a block, and no recompile over repeated forwards."""
+    tensors, not constants), no graph break inside a block, and no recompile over repeated forwards; then the
+    unfused mode: one more graph per block class with a segment (the mode is a guard), then none, and the same
+    bytes."""
     model, inp = converted(case, fmt)
     eager = run(model, inp)
     counters = torch._dynamo.utils.counters
@@ -126,6 +129,18 @@ def test_regional_compilation_compiles_one_block(case, fmt):
     assert not counters["graph_break"], dict(counters["graph_break"])
     block_classes = {type(m).__name__ for m in model.modules()} & set(model._repeated_blocks)
     assert counters["stats"]["unique_graphs"] == len(block_classes), (counters["stats"], block_classes)
+
+    qd.set_mode(model, "unfused")
+    with torch.no_grad():
+        unfused = [model(**inp)[0]]  # the recompiles, one per block class with a segment
+    unfused += compiled_runs(model, inp, model, runs=2)
+    assert all(torch.equal(eager, t) for t in unfused), "fused != unfused under regional compilation"
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    converted_classes = {type(block).__name__ for _, block, state in converted_blocks(model) if state.stats}
+    assert converted_classes and converted_classes <= block_classes, (converted_classes, block_classes)
+    assert counters["stats"]["unique_graphs"] == len(block_classes) + len(converted_classes), (
+        counters["stats"], block_classes, converted_classes)
+    assert all(paths == ["fused", "unfused"] for paths in qd.fused_path_stats(model)["compiled"].values())
 
 
 def test_conversions_of_one_class_share_the_compiled_blocks():
