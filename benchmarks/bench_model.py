@@ -550,19 +550,33 @@ def peer_problems(row: Dict[str, Any]) -> List[str]:
     return problems
 
 
+def missing_peer_package(variants: Sequence[str]) -> Optional[str]:
+    """The error for torchao variants asked for without torchao installed (before anything is measured), or
+    None."""
+    import importlib.util
+
+    wanted = [v for v in variants if v.startswith("torchao")]
+    if wanted and importlib.util.find_spec("torchao") is None:
+        return (f"--variants {','.join(wanted)} need torchao (pip install 'qwen-resnorm-fp4[bench]', or leave them "
+                "out with --variants)")
+    return None
+
+
 def peers_main(args: argparse.Namespace) -> int:
     """``--peers``: :func:`measure_peers` for each zero_cond_t; writes bench_model_peers.{csv,md}. Fails (exit
     status 1) on any :func:`peer_problems`."""
     tokens_list = args.tokens or list(DEFAULT_TOKENS)
     zero_cond = ZERO_COND_T[args.zero_cond_t]
     error = argument_error(tokens_list, zero_cond)
+    variants = args.variants or list(PEER_NAMES)
+    if error is None:
+        error = missing_peer_package(variants)
     if error is not None:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 2
     if (rc := harness.refuse_without_gpu(PROG)) is not None:
         return rc
     harness.compile_for_many_shapes()
-    variants = args.variants or list(PEER_NAMES)
     reps, warmup = args.reps, args.warmup
     header = harness.run_header() + [
         f"QwenImageTransformer2DModel, {args.layers} blocks, 24 heads x 128 (width 3072), random weights, batch 1, "

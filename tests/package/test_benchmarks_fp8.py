@@ -557,6 +557,22 @@ def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys)
     assert capsys.readouterr().err == ""
 
 
+def test_model_peers_without_torchao_refuses_its_variants_before_measuring(monkeypatch, capsys):
+    """torchao variants asked for where torchao is not installed: exit status 2 naming them and the extra,
+    before any measurement; the other variants do not need it."""
+    import importlib.util
+
+    calls = _fake_peers(monkeypatch)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao"
+                        else real_find_spec(name, *a))
+    assert bench_model.main(["--peers", "--variants", "bf16_eager,torchao_fp8_row_compiled"]) == 2
+    err = capsys.readouterr().err
+    assert "--variants torchao_fp8_row_compiled need torchao" in err and "qwen-resnorm-fp4[bench]" in err
+    assert calls == []
+    assert bench_model.missing_peer_package(["bf16_eager", "ours_compiled"]) is None
+
+
 def test_model_peers_report_keeps_the_variants_measured_before_a_stop(monkeypatch, tmp_path):
     """A run stopped midway (here: the second variant raises) leaves the report of the variants measured."""
     _fake_peers(monkeypatch, change={(6889, False, "ours_compiled"): {"raise": KeyboardInterrupt()}})
