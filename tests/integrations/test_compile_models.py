@@ -17,6 +17,7 @@ import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4.integrations._state import converted_blocks
 
 from helpers.diffusers_models import build_small, flux, make_inputs, needs_diffusers, qwen21, run, wan
+from helpers.tiers import sweep
 
 pytestmark = needs_diffusers
 
@@ -410,18 +411,19 @@ def test_gpu_inductor_deterministic_fused_equals_unfused():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-def test_gpu_inductor_compiles_once(fmt):
-    """Inductor, fullgraph, default and "reduce-overhead" (CUDA graphs): one graph for repeated forwards of
-    one shape, every segment fused in it, each graph's forwards the same bytes, close to eager. (Inductor's
-    default autotuning picks reduction orders by timing, so two compilations may differ in last bits: bytes are
-    compared within a compilation here; across modes, by ``aot_eager`` and by the deterministic mode above.)"""
+@sweep("mode", [None, "reduce-overhead", "max-autotune"], [None, "reduce-overhead"],
+       ids=["default", "reduce-overhead", "max-autotune"])  # max-autotune's GEMM autotuning takes minutes
+def test_gpu_inductor_compiles_once(fmt, mode):
+    """Inductor, fullgraph, in each mode (default; "reduce-overhead": CUDA graphs; "max-autotune": autotuned
+    GEMMs of the unconverted Linears, CUDA graphs): one graph for repeated forwards of one shape, every segment
+    fused in it, the forwards the same bytes, close to eager. (Inductor's default autotuning picks reduction
+    orders by timing, so two compilations may differ in last bits: bytes are compared within a compilation here;
+    across modes, by ``aot_eager`` and by the deterministic mode above.)"""
     model, inputs = real_width_qwen_image(fmt, False)
     inp = inputs[0]
     eager = run(model, inp).float()
-    for mode in (None, "reduce-overhead"):
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True, mode=mode)
-        outs = compiled_runs(model, inp, compiled, runs=4)
-        assert all(torch.equal(outs[0], t) for t in outs), mode
-        assert ((outs[0].float() - eager).norm() / eager.norm()).item() < 1e-2, mode
+    compiled = torch.compile(model, fullgraph=True, mode=mode)
+    outs = compiled_runs(model, inp, compiled, runs=4)
+    assert all(torch.equal(outs[0], t) for t in outs)
+    assert ((outs[0].float() - eager).norm() / eager.norm()).item() < 1e-2
     assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
