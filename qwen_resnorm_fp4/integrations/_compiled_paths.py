@@ -15,9 +15,9 @@ Rules:
   regional compilation compiles one block for all of them and a second conversion of the family reuses the
   compiled blocks.
 - Dynamo keeps one cache per code object, so a block forward traced for one conversion serves every
-  conversion of the family: a trace is noted in every live conversion of it. That set is the family's
-  (``ModelSpec.live``, weak references: a conversion that is garbage leaves it), not this module's: nothing
-  here is module-level state.
+  conversion of the family: a trace is noted in every live conversion of it. That set is as process-wide as
+  dynamo's cache, and the family's (``ModelSpec.live`` of its module's ``SPEC``, weak references: a conversion
+  that is garbage leaves it); this module holds none.
 - Thread-safe: each object guards its own containers with its own lock.
 """
 

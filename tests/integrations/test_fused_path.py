@@ -5,6 +5,7 @@ once)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import types
@@ -19,6 +20,8 @@ from qwen_resnorm_fp4.fused_path import reset_decline_log
 from qwen_resnorm_fp4 import fused_path as fused_mod
 from qwen_resnorm_fp4.env import ALL_VARS
 from qwen_resnorm_fp4.fused_path import DeclineReason as R
+
+from qwen_resnorm_fp4.integrations._spec import ModelSpec
 
 from helpers.paths import REPO_ROOT
 from helpers.reliability import CUDA_OK  # noqa: E402
@@ -568,10 +571,11 @@ def _fused_path_modules():
     return [importlib.import_module(n) for n in names]
 
 
-def _mutable(value) -> bool:
-    """Whether a module-level value is state that calls could change: a mutable container, a thread-local, a
-    lock (which only guards state), or an instance of a non-frozen dataclass; tuples and frozensets are looked
-    into."""
+def _mutable_paths(value, path: str = "") -> list:
+    """Where a module-level value holds state that calls could change: a mutable container, a thread-local, a
+    lock (which only guards state), an instance of a non-frozen dataclass; looked into: tuples, frozensets,
+    the fields of frozen dataclasses and the attributes of the package's own objects. Each found place as
+    ``path: type`` (``path`` extended by ``[i]`` / ``.name``)."""
     import collections
     import dataclasses
     import threading
@@ -580,12 +584,25 @@ def _mutable(value) -> bool:
     containers = (dict, list, set, bytearray, collections.deque, weakref.WeakSet, weakref.WeakValueDictionary,
                   weakref.WeakKeyDictionary, threading.local, type(threading.Lock()), type(threading.RLock()))
     if isinstance(value, containers):
-        return True
+        return [f"{path}: {type(value).__name__}"]
     if isinstance(value, (tuple, frozenset)):
-        return any(_mutable(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return not value.__dataclass_params__.frozen
-    return False
+        return [p for i, v in enumerate(value) for p in _mutable_paths(v, f"{path}[{i}]")]
+    if isinstance(value, type) or isinstance(value, types.ModuleType):
+        return []
+    if dataclasses.is_dataclass(value):
+        if not value.__dataclass_params__.frozen:
+            return [f"{path}: {type(value).__name__}"]
+        return [p for f in dataclasses.fields(value)
+                for p in _mutable_paths(getattr(value, f.name), f"{path}.{f.name}")]
+    if type(value).__module__.startswith("qwen_resnorm_fp4") and hasattr(value, "__dict__"):
+        if type(value).__name__ == "LiveConversions":  # reported whole: the one allowed kind (the test says why)
+            return [f"{path}: LiveConversions"]
+        return [p for k, v in vars(value).items() for p in _mutable_paths(v, f"{path}.{k}")]
+    return []
+
+
+def _mutable(value) -> bool:
+    return bool(_mutable_paths(value))
 
 
 def _top_level_names(module) -> list:
@@ -617,9 +634,16 @@ def test_fused_path_modules_keep_no_module_level_mutable_state():
             # (__builtins_dict___N, __compiled_fn_N, __resume_at_N, ...): the package names none of its own "__"
             if name.startswith("__"):
                 continue
-            if _mutable(value):
-                found.append(f"{module.__name__}.{name}: {type(value).__name__}")
-    assert not found, found
+            found += _mutable_paths(value, f"{module.__name__}.{name}")
+    # The one exception: each family's registry of its live conversions (ModelSpec.live, weak references
+    # under its own lock), which a traced block's compiled-path note reaches; dynamo keeps one compiled block
+    # per code object for the whole process, so the conversions sharing it are the process's
+    # (integrations/_compiled_paths.py).
+    registries = sorted(f for f in found if f.endswith(".SPEC.live: LiveConversions"))
+    assert [f for f in found if f not in registries] == [], found
+    families = sorted(m.__name__ for m in _fused_path_modules() if isinstance(getattr(m, "SPEC", None), ModelSpec))
+    assert families and registries == [f"{name}.SPEC.live: LiveConversions" for name in families], (registries,
+                                                                                                     families)
     own = [f"{m.__name__}.{n}" for m in _fused_path_modules() for n in _top_level_names(m)
            if n.startswith("__") and not n.endswith("__")]
     assert not own, own  # what the scan skips as dynamo's is never the package's own
@@ -638,6 +662,12 @@ def test_the_state_scan_finds_module_state():
     from qwen_resnorm_fp4.integrations._state import StreamStats
     assert _mutable(StreamStats()) and not _mutable(q.Decline(R.CPU_TENSORS, "x"))
     assert not _mutable((1, "a", frozenset({2}))) and not _mutable(types.MappingProxyType({}))
+    from qwen_resnorm_fp4.integrations._spec import StreamSpec
+    frozen_holding_a_set = dataclasses.make_dataclass("Frozen", [("members", set)], frozen=True)(set())
+    assert _mutable_paths(frozen_holding_a_set, "F") == ["F.members: set"]
+    spec = ModelSpec(label="x", model_class="M", block_class="B", streams=(), block_forward=lambda self: None)
+    assert _mutable_paths(spec, "S") == ["S.live: LiveConversions"]
+    assert not _mutable(StreamSpec("img", "norm2", "ff"))
 
 def test_compile_reads_env_at_trace_time(monkeypatch):
     torch._dynamo.reset()
