@@ -337,13 +337,15 @@ def kernel_breakdown(fn: Callable[[], Any]) -> Dict[str, Any]:
 
 
 def fp32_outputs(model: torch.nn.Module, inputs: Dict[int, Dict[str, Any]]) -> Dict[int, torch.Tensor]:
-    """The outputs of an fp32 copy of the BF16 model (same weights, fp32 activations, no TF32) per token count:
-    the error every variant is also measured against, BF16 eager included: inductor keeps intermediates in fp32
-    where eager rounds them to bf16, so a compiled variant's distance from BF16 eager alone does not say which of
-    the two is further from the model's exact output."""
+    """The outputs of an fp32 copy of the BF16 model (same weights, fp32 activations, no TF32, diffusers'
+    default attention backend: flash and cuDNN attention take no fp32) per token count: the error every variant
+    is also measured against, BF16 eager included: inductor keeps intermediates in fp32 where eager rounds them
+    to bf16, so a compiled variant's distance from BF16 eager alone does not say which of the two is further
+    from the model's exact output."""
     import copy
 
     twin = copy.deepcopy(model).float()
+    twin.reset_attention_backend()
     outs = {}
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")  # no TF32
@@ -427,7 +429,8 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     (dynamo reset between variants, so no variant inherits another's graphs or recompile budget). Per
     variant and token count: the forward time (:func:`timing.flushed_per_call_us`, median of ``reps``), the
     compile time (the first call's wall time less one timed forward), the graphs dynamo compiled for it
-    (one per shape, or a second, dynamic one), the relative error against the BF16 eager output; for ours
+    (one per shape, or a second, dynamic one), the relative errors against the BF16 eager output and against
+    the fp32 model's (:func:`fp32_outputs`); for ours
     compiled, the segments' compiled paths, and for ours compiled whole, fused == unfused under compile
     (:func:`_compiled_fused_equals_unfused`, aot_eager and inductor); with ``profile``,
     :func:`kernel_breakdown` of one forward. ``on_variant``: called with the rows so far after each variant (a
@@ -584,7 +587,8 @@ def peers_main(args: argparse.Namespace) -> int:
         f"{args.attention_backend or 'diffusers default'}; forward time, CUDA events, median of {reps} "
         f"after {warmup} (cold L2); "
         "compile s: the first call's wall time less one forward; graphs: dynamo's graphs for the variant so far; "
-        "rel err: Frobenius, against the BF16 eager output and against an fp32 copy of the model (no TF32)",
+        "rel err: Frobenius, against the BF16 eager output and against an fp32 copy of the model (no TF32, "
+        "diffusers' default attention backend)",
         *(f"{n}: {d}" for n, d in PEER_VARIANTS if n in variants)]
     print("\n".join(header))
     flush = timing.l2_flush_buffer()
@@ -600,6 +604,7 @@ def peers_main(args: argparse.Namespace) -> int:
         rows += measure_peers(zct, tokens_list, variants, args.layers, args.text_len, reps, warmup, flush,
                               log=lambda line: print(line, flush=True), text_mask=args.text_mask,
                               profile=args.profile, attention_backend=args.attention_backend,
+                              # done: the rows of the zero_cond_t settings before this one, as they are now
                               on_variant=lambda partial, done=list(rows): report(done + partial))
         torch.cuda.empty_cache()
     print("\n".join(report(rows)))

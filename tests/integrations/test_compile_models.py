@@ -141,7 +141,8 @@ def test_regional_compilation_compiles_one_block(case, fmt):
     assert converted_classes and converted_classes <= block_classes, (converted_classes, block_classes)
     assert counters["stats"]["unique_graphs"] == len(block_classes) + len(converted_classes), (
         counters["stats"], block_classes, converted_classes)
-    assert all(paths == ["fused", "unfused"] for paths in qd.fused_path_stats(model)["compiled"].values())
+    compiled = qd.fused_path_stats(model)["compiled"]
+    assert compiled and all(paths == ["fused", "unfused"] for paths in compiled.values()), compiled
 
 
 def test_conversions_of_one_class_share_the_compiled_blocks():

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import re
 import types
+from typing import List
 
 import pytest
 import torch
@@ -19,9 +20,8 @@ from qwen_resnorm_fp4 import device
 from qwen_resnorm_fp4.fused_path import reset_decline_log
 from qwen_resnorm_fp4 import fused_path as fused_mod
 from qwen_resnorm_fp4.env import ALL_VARS
-from qwen_resnorm_fp4.fused_path import DeclineReason as R
-
 from qwen_resnorm_fp4.integrations._spec import ModelSpec
+from qwen_resnorm_fp4.fused_path import DeclineReason as R
 
 from helpers.paths import REPO_ROOT
 from helpers.reliability import CUDA_OK  # noqa: E402
@@ -571,13 +571,13 @@ def _fused_path_modules():
     return [importlib.import_module(n) for n in names]
 
 
-def _mutable_paths(value, path: str = "") -> list:
+def _mutable_paths(value, path: str = "") -> List[str]:
     """Where a module-level value holds state that calls could change: a mutable container, a thread-local, a
     lock (which only guards state), an instance of a non-frozen dataclass; looked into: tuples, frozensets,
-    the fields of frozen dataclasses and the attributes of the package's own objects. Each found place as
-    ``path: type`` (``path`` extended by ``[i]`` / ``.name``)."""
+    the fields of frozen dataclasses and the attributes (``__dict__``, not ``__slots__``) of the package's own
+    objects, which hold no cycles. Each found place as ``path: type`` (``path`` extended by ``[i]`` /
+    ``.name``)."""
     import collections
-    import dataclasses
     import threading
     import weakref
 
@@ -602,6 +602,7 @@ def _mutable_paths(value, path: str = "") -> list:
 
 
 def _mutable(value) -> bool:
+    """Whether :func:`_mutable_paths` finds anything in ``value``."""
     return bool(_mutable_paths(value))
 
 
