@@ -14,7 +14,6 @@ stream), and the relative error of both against the original BF16 model is print
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -27,7 +26,7 @@ import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4 import NVFP4Linear
 from helpers.diffusers_models import (SKIP_REASON, SMALL_LAYERS, QwenImageTransformer2DModel, build_small, calibration,
                                       launches_by_mode, make_inputs, needs_diffusers, run, sha256)
-from helpers.paths import PACKAGE_PARENT
+from helpers.paths import PACKAGE_PARENT, package_env
 from helpers.reliability import count_named, rel_err
 
 
@@ -286,9 +285,8 @@ def test_import_does_not_patch_diffusers():
         from diffusers import QwenImageTransformer2DModel  # noqa: F401
         print("ok")
     """)
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join(filter(None, (str(PACKAGE_PARENT), os.environ.get("PYTHONPATH"))))}
-    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_PARENT, capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_PARENT, capture_output=True, text=True,
+                         env=package_env())
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 

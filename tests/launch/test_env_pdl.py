@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import qwen_resnorm_fp4 as q
-from helpers.paths import PACKAGE_PARENT
+from helpers.paths import PACKAGE_PARENT, package_env
 from helpers.session import HANG_GUARD_S
 from qwen_resnorm_fp4 import env, info
 
@@ -30,9 +30,8 @@ def test_pdl_rule(value, expected, monkeypatch):
 
 def _options_at_import(**variables) -> str:
     """repr(launch_options()) in a fresh interpreter whose environment has ``variables`` (None: unset)."""
-    child_env = {k: v for k, v in os.environ.items() if k not in (env.PDL_VAR, env.KERNEL_PATH_VAR)}
-    child_env.update({k: v for k, v in variables.items() if v is not None})
-    child_env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_PARENT), child_env.get("PYTHONPATH", "")])
+    base = {k: v for k, v in os.environ.items() if k not in (env.PDL_VAR, env.KERNEL_PATH_VAR)}
+    child_env = package_env(base, **{k: v for k, v in variables.items() if v is not None})
     code = "import qwen_resnorm_fp4 as q; print(tuple(q.launch_options()))"
     out = subprocess.run([sys.executable, "-c", code], env=child_env, cwd=PACKAGE_PARENT, capture_output=True,
                          text=True, timeout=HANG_GUARD_S)

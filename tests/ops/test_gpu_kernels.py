@@ -18,7 +18,6 @@ What is exact where (docs/numerics.md):
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -31,7 +30,7 @@ from qwen_resnorm_fp4 import reference, testing
 from qwen_resnorm_fp4.layout import round_up
 from qwen_resnorm_fp4.linear import FP4_AMAX_SCALE
 from qwen_resnorm_fp4.testing import gpu_rcp
-from helpers.paths import PACKAGE_PARENT
+from helpers.paths import PACKAGE_PARENT, package_env
 from helpers.session import HANG_GUARD_S
 from helpers.tiers import sweep
 from helpers.reliability import (Y_ULPS_BOUND, block_inputs, capture_graph, logical_scales, padding_scale_bytes,
@@ -317,10 +316,8 @@ def test_first_launch_inside_graph_capture(rows):
         assert len(captured) == 5 and all(torch.equal(a, b) for a, b in zip(captured, eager)), "graph replay differs"
         print("same bytes")
     """).replace("ROWS", str(rows))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(PACKAGE_PARENT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_PARENT, capture_output=True, text=True, env=env,
-                          timeout=HANG_GUARD_S)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_PARENT, capture_output=True, text=True,
+                          env=package_env(), timeout=HANG_GUARD_S)
     assert proc.returncode == 0 and "same bytes" in proc.stdout, proc.stdout + proc.stderr
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import qwen_resnorm_fp4 as q
-from helpers.paths import PACKAGE_PARENT, REPO_ROOT
+from helpers.paths import PACKAGE_PARENT, REPO_ROOT, package_env
 from helpers.session import HANG_GUARD_S
 from qwen_resnorm_fp4 import cli, env, info
 
@@ -33,9 +33,8 @@ needs_the_checkout = pytest.mark.skipif(not TESTING_THE_CHECKOUT, reason=f"the p
 def run_cli(*args: str, timeout: float = HANG_GUARD_S) -> subprocess.CompletedProcess:
     """``python -m qwen_resnorm_fp4 *args`` with CUDA hidden, importing the package under test (run from its
     directory: ``-m`` puts the working directory first on sys.path, where a checkout's own package would win)."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = str(PACKAGE_PARENT) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "qwen_resnorm_fp4", *args], cwd=PACKAGE_PARENT, env=env,
+    return subprocess.run([sys.executable, "-m", "qwen_resnorm_fp4", *args], cwd=PACKAGE_PARENT,
+                          env=package_env(CUDA_VISIBLE_DEVICES=""),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -200,9 +199,8 @@ def test_the_cli_imports_no_benchmark():
     code = ("import sys, qwen_resnorm_fp4.cli as c; c.main(['info', '--json']); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('bench_fused', 'timing', 'results', 'harness', 'peers') or '.bench' in m))")
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(PACKAGE_PARENT))
-    p = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_PARENT, env=env, capture_output=True, text=True,
-                       timeout=HANG_GUARD_S)
+    p = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_PARENT, env=package_env(CUDA_VISIBLE_DEVICES=""),
+                       capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "[]", p.stdout + p.stderr
 
 
