@@ -30,6 +30,7 @@ Writes ``bench_model.{csv,md}``.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -342,8 +343,6 @@ def fp32_outputs(model: torch.nn.Module, inputs: Dict[int, Dict[str, Any]]) -> D
     is also measured against, BF16 eager included: inductor keeps intermediates in fp32 where eager rounds them
     to bf16, so a compiled variant's distance from BF16 eager alone does not say which of the two is further
     from the model's exact output."""
-    import copy
-
     twin = copy.deepcopy(model).float()
     twin.reset_attention_backend()
     outs = {}
@@ -364,8 +363,6 @@ def fp32_outputs(model: torch.nn.Module, inputs: Dict[int, Dict[str, Any]]) -> D
 
 def _torchao_model(model: torch.nn.Module, names: Sequence[str], granularity: str) -> torch.nn.Module:
     """A copy of the BF16 model with torchao's dynamic FP8 (activation and weight) on the Linears ``names``."""
-    import copy
-
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
 
     twin = copy.deepcopy(model)
@@ -377,7 +374,6 @@ def _torchao_model(model: torch.nn.Module, names: Sequence[str], granularity: st
 
 def _ours_model(model: torch.nn.Module, fmt: str, calibration: List[Dict[str, Any]]) -> torch.nn.Module:
     """A converted copy of the BF16 model (format ``fmt``, linears="all", mode="fused")."""
-    import copy
 
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
@@ -430,13 +426,11 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     variant and token count: the forward time (:func:`timing.flushed_per_call_us`, median of ``reps``), the
     compile time (the first call's wall time less one timed forward), the graphs dynamo compiled for it
     (one per shape, or a second, dynamic one), the relative errors against the BF16 eager output and against
-    the fp32 model's (:func:`fp32_outputs`); for ours
-    compiled, the segments' compiled paths, and for ours compiled whole, fused == unfused under compile
-    (:func:`_compiled_fused_equals_unfused`: aot_eager at every token count, inductor at the first); with
-    ``profile``,
-    :func:`kernel_breakdown` of one forward. ``on_variant``: called with the rows so far after each variant (a
-    run stopped midway keeps what it measured)."""
-    import copy
+    the fp32 model's (:func:`fp32_outputs`); for ours compiled, the segments' compiled paths, and for ours
+    compiled whole, fused == unfused under compile (:func:`_compiled_fused_equals_unfused`: aot_eager at every
+    token count, inductor at the first); with ``profile``, :func:`kernel_breakdown` of one forward.
+    ``on_variant``: called with the rows so far after each variant (a run stopped midway keeps what it
+    measured)."""
     import time
 
     import torch._dynamo as dynamo
