@@ -374,7 +374,6 @@ def _torchao_model(model: torch.nn.Module, names: Sequence[str], granularity: st
 
 def _ours_model(model: torch.nn.Module, fmt: str, calibration: List[Dict[str, Any]]) -> torch.nn.Module:
     """A converted copy of the BF16 model (format ``fmt``, linears="all", mode="fused")."""
-
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
     twin = copy.deepcopy(model)
