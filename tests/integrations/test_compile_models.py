@@ -62,6 +62,15 @@ def compiled_runs(model, inp: Dict[str, Any], compiled: Callable, runs: int = RU
     return outs
 
 
+def unfused_runs(model, inp: Dict[str, Any], compiled: Callable) -> List[torch.Tensor]:
+    """The model switched to the unfused mode, then three forwards of ``compiled``: the first may recompile (the
+    mode is a guard), the other two may not (:func:`compiled_runs`)."""
+    qd.set_mode(model, "unfused")
+    with torch.no_grad():
+        first = compiled(**inp)[0].clone()
+    return [first] + compiled_runs(model, inp, compiled, runs=2)
+
+
 #: Qwen-Image 2.1's model forward (diffusers 0.42.1) breaks the graph outside its blocks (its rotary embedding
 #: calls ``tolist()`` on the padding mask), converted or not: it compiles by regions.
 WHOLE_MODEL_CASES = [c for c in CASES if c != "qwen_image21"]
@@ -92,10 +101,7 @@ def test_fullgraph_compiles_once_equals_eager_and_unfused(case, fmt):
     segments = {k for blk in qd.fused_path_stats(model, per_block=True)["blocks"].values() for k in blk}
     assert stats["compiled"] == {k: ["fused"] for k in sorted(segments)}, stats["compiled"]
 
-    qd.set_mode(model, "unfused")
-    with torch.no_grad():
-        unfused = [compiled(**inp)[0]]  # the recompile
-    unfused += compiled_runs(model, inp, compiled, runs=2)
+    unfused = unfused_runs(model, inp, compiled)
     assert all(torch.equal(eager, t) for t in unfused), "fused != unfused under torch.compile"
     assert qd.fused_path_stats(model)["compiled"]["img"] == ["fused", "unfused"]
 
@@ -131,10 +137,7 @@ def test_regional_compilation_compiles_one_block(case, fmt):
     block_classes = {type(m).__name__ for m in model.modules()} & set(model._repeated_blocks)
     assert counters["stats"]["unique_graphs"] == len(block_classes), (counters["stats"], block_classes)
 
-    qd.set_mode(model, "unfused")
-    with torch.no_grad():
-        unfused = [model(**inp)[0]]  # the recompiles, one per block class with a segment
-    unfused += compiled_runs(model, inp, model, runs=2)
+    unfused = unfused_runs(model, inp, model)  # its first forward recompiles each block class with a segment
     assert all(torch.equal(eager, t) for t in unfused), "fused != unfused under regional compilation"
     assert not counters["graph_break"], dict(counters["graph_break"])
     converted_classes = {type(block).__name__ for _, block, state in converted_blocks(model) if state.stats}
