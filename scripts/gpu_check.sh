@@ -35,6 +35,7 @@ OUT=${OUT:-$REPO/gpu_logs}
 mkdir -p "$OUT"
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(tests)
 export PYTHONUNBUFFERED=1
+export TORCH_LOGS=${TORCH_LOGS-recompiles}  # dynamo says why it recompiles (TORCH_LOGS= to silence)
 status=0
 # The tier of the test stages: the exhaustive sweep unless EXHAUSTIVE=0 (the default tier, as the README runs it).
 if [ "${EXHAUSTIVE:-1}" = 0 ]; then TIER=(); else TIER=(--exhaustive); fi

@@ -431,3 +431,33 @@ def test_gpu_inductor_compiles_once(fmt, mode):
     assert all(torch.equal(outs[0], t) for t in outs)
     assert ((outs[0].float() - eager).norm() / eager.norm()).item() < 1e-2
     assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
+
+
+def other_image_size(inp: Dict[str, Any], height: int, width: int, seed: int) -> Dict[str, Any]:
+    """``inp`` with another latent image (1, height, width): another image token count, the same text."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = inp["hidden_states"]
+    latents = torch.randn(hidden.shape[0], height * width, hidden.shape[2], generator=g).to(hidden.dtype)
+    return dict(inp, hidden_states=latents.to(hidden.device), img_shapes=[[(1, height, width)]] * hidden.shape[0])
+
+
+@pytest.mark.gpu
+def test_gpu_inductor_second_image_size_recompiles_at_most_once():
+    """Inductor at real width, as bench_model.py --peers runs it (another image token count, the same text): the
+    second size costs one recompilation, then neither size recompiles; every segment fused, and each size's
+    compiled output close to eager."""
+    model, inputs = real_width_qwen_image("fp8", False)
+    sizes = [inputs[0], other_image_size(inputs[0], 64, 96, seed=3)]  # 4096 and 6144 image tokens
+    eager = [run(model, inp).float() for inp in sizes]
+    compiled = torch.compile(model, fullgraph=True)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    with torch.no_grad():
+        for inp in sizes:
+            compiled(**inp)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs <= 2, f"{graphs} graphs for two image sizes (TORCH_LOGS=recompiles says why)"
+    outs = compiled_runs_each(model, sizes + sizes, compiled)  # error_on_recompile: a recompile raises its reason
+    for out, want in zip(outs, eager + eager):
+        assert ((out.float() - want).norm() / want.norm()).item() < 1e-2
+    assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
