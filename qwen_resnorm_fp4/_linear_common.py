@@ -1,15 +1,35 @@
-"""What the Linear modules (linear.py: NVFP4Linear; linear_fp8.py: FP8Linear) share when they are built: the
-checks of their flags and of the scalars they are made from. These read values (a host synchronisation): for
-building layers, never for a forward."""
+"""What the Linear modules (linear.py: NVFP4Linear; linear_fp8.py: FP8Linear) share: the checks of their flags
+and of the scalars they are made from (these read values, a host synchronisation: for building layers, never
+for a forward), how they hold their tensors, and how ``module.to(dtype)`` leaves the format's dtypes alone."""
 
 from __future__ import annotations
 
 import math
-from typing import Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
 Tensor = torch.Tensor
+
+
+def frozen(t: Optional[Tensor]) -> Optional[torch.nn.Parameter]:
+    """A layer's tensor as a parameter that takes no gradient (None stays None). Parameters, not buffers:
+    torch.compile guards each buffer of a module it does not know against aliasing every other such tensor,
+    on every compiled call (a cost quadratic in the number of converted layers); parameters it leaves out."""
+    return None if t is None else torch.nn.Parameter(t, requires_grad=False)
+
+
+def apply_keeping_dtypes(module: torch.nn.Module, apply: Callable[..., object], fn: Callable[[Tensor], Tensor],
+                         recurse: bool, names: Sequence[str]) -> None:
+    """``apply(fn, recurse)`` (``nn.Module._apply``: ``.to()``, ``.half()``, ...), then each tensor in
+    ``names`` that ``fn`` cast goes back to its old value and dtype on ``fn``'s device (a cast would round or
+    re-encode the format's bytes)."""
+    old = {name: t.detach() for name in names if (t := getattr(module, name)) is not None}
+    apply(fn, recurse)
+    for name, before in old.items():
+        t = getattr(module, name)
+        if t.dtype != before.dtype:
+            setattr(module, name, frozen(before.to(t.device)))
 
 
 def check_bool(name: str, value: object) -> None:

@@ -39,11 +39,11 @@ function on the same packed activations (same device, same backend).
 Nothing here synchronises with the host on the hot path, so every path can be captured in a CUDA graph
 (FlashInfer's autotuner aside: call once before capturing). The tensor-core path reads ``alpha`` as a host
 number, kept in the layer's :class:`GemmCache` when first used (one synchronisation then, and again only
-after the buffer changes): call the layer once eagerly before capturing it after a ``load_state_dict``.
+after the tensor changes): call the layer once eagerly before capturing it after a ``load_state_dict``.
 
 The functions here are stateless: what they keep between calls (the host alpha, the N-padded weight, the
 bf16 weight operand) goes into the ``gemm_cache`` the layer owns (:class:`GemmCache`;
-:class:`~qwen_resnorm_fp4.linear.NVFP4Linear` makes one and empties it when its buffers change). A layer
+:class:`~qwen_resnorm_fp4.linear.NVFP4Linear` makes one and empties it when its tensors change). A layer
 without one keeps nothing: its alpha is read to the host at every tensor-core call.
 """
 
@@ -90,8 +90,8 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 class GemmCache:
     """What the GEMM keeps between calls of one layer, each entry ``(key, value)`` or None; the key says which
-    buffer contents the value was made from. Owned by the layer (``layer.gemm_cache``), which empties it
-    (:meth:`clear`) when its buffers are replaced."""
+    tensor contents the value was made from. Owned by the layer (``layer.gemm_cache``), which empties it
+    (:meth:`clear`) when its tensors are replaced."""
 
     def __init__(self) -> None:
         self.host_alpha: Optional[Tuple[tuple, float]] = None
@@ -159,7 +159,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 def _dequantize_bf16(packed: Tensor, scales: Tensor) -> Tensor:
     """The exact bf16 operand (:func:`~qwen_resnorm_fp4.api.dequantize_to_bf16`) of arguments the GEMM has
-    checked (its _check, the layer's own buffers): aligned copies where needed, contiguity alone while
+    checked (its _check, the layer's own tensors): aligned copies where needed, contiguity alone while
     tracing."""
     return call_nvfp4_dequantize_bf16(packed, scales)
 
@@ -237,7 +237,7 @@ def _bf16_gemm_fp32_accumulate_eager(a: Tensor, w: Tensor, alpha: float, bias: O
                          schema="(Tensor a, Tensor w, Tensor alpha, Tensor? bias, ScalarType out_dtype) -> Tensor")
 def _bf16_gemm_fp32_accumulate_scaled(a: Tensor, w: Tensor, alpha: Tensor, bias: Optional[Tensor],
                                       out_dtype: torch.dtype) -> Tensor:
-    """round_to_out_dtype(fp32(acc * alpha) (+ bias)) with alpha the layer's fp32 [1] buffer on the device: the
+    """round_to_out_dtype(fp32(acc * alpha) (+ bias)) with alpha the layer's fp32 [1] tensor on the device: the
     form torch.compile traces (a host float would be a per-layer constant, so every layer would need its own
     graph). The eager form (cuBLAS's epilogue, bf16 out) computes the same formula; where cuBLAS picks another
     summation order for an fp32 output, the two can differ in the last bit of the sum."""
@@ -251,20 +251,20 @@ def _bf16_gemm_fp32_accumulate_scaled_fake(a, w, alpha, bias, out_dtype):
     return a.new_empty((a.shape[0], w.shape[0]), dtype=out_dtype)
 
 
-def buffer_version(t: Tensor) -> Optional[int]:
-    """The in-place version counter of a layer buffer, the key of the caches below, or None for an inference
-    tensor (made under torch.inference_mode), which has none: such a buffer can only change in place inside
+def tensor_version(t: Tensor) -> Optional[int]:
+    """The in-place version counter of a layer tensor, the key of the caches below, or None for an inference
+    tensor (made under torch.inference_mode), which has none: such a tensor can only change in place inside
     inference mode, where a cache keyed on its address alone may go stale."""
     return None if t.is_inference() else t._version
 
 
 def host_alpha(layer: Any, cache: GemmCache) -> float:
     """``layer.alpha`` as a Python float (exact: an fp32 value), kept in ``cache`` and re-read only when the
-    buffer changes (one host synchronisation then). Inside CUDA-graph capture a stale cache is an error. Eager
+    tensor changes (one host synchronisation then). Inside CUDA-graph capture a stale cache is an error. Eager
     calls only: a traced GEMM takes the alpha tensor (:func:`_bf16_gemm_fp32_accumulate_scaled`)."""
     alpha = layer.alpha
     cached = cache.host_alpha
-    key = (alpha.device, alpha.data_ptr(), buffer_version(alpha))
+    key = (alpha.device, alpha.data_ptr(), tensor_version(alpha))
     if cached is not None and cached[0] == key:
         return cached[1]
     if alpha.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -278,7 +278,7 @@ def host_alpha(layer: Any, cache: GemmCache) -> float:
 def weight_operand(layer: Any, cache: GemmCache) -> Tensor:
     """The layer's weight as the exact bf16 operand [N, K] (:func:`_dequantize_bf16`): made on every call,
     or kept in ``cache`` when the layer's ``cache_dequantized_weight`` is true (refreshed when the weight
-    buffers change; never cached from inside a CUDA-graph capture; used as it is while torch.compile traces)."""
+    tensors change; never cached from inside a CUDA-graph capture; used as it is while torch.compile traces)."""
     n = _out_features(layer)
     packed, scales = layer.weight_packed, layer.weight_scales
     if not getattr(layer, "cache_dequantized_weight", False):
@@ -286,7 +286,7 @@ def weight_operand(layer: Any, cache: GemmCache) -> Tensor:
     cached = cache.weight_bf16
     if torch.compiler.is_compiling():
         return cached[1] if cached is not None else _dequantize_bf16(packed[:n], scales)
-    key = (packed.device, packed.data_ptr(), buffer_version(packed), scales.data_ptr(), buffer_version(scales), n)
+    key = (packed.device, packed.data_ptr(), tensor_version(packed), scales.data_ptr(), tensor_version(scales), n)
     if cached is not None and cached[0] == key:
         return cached[1]
     w = _dequantize_bf16(packed[:n], scales)
@@ -313,11 +313,11 @@ def _tensor_core(layer: Any, x_fp4: Tensor, x_scales: Tensor, out_dtype: torch.d
 
 def _padded_weight(layer: Any, n_pad: int) -> Tensor:
     """The packed weight with rows zero-padded to ``n_pad`` (kept in the layer's cache, refreshed if the
-    buffer changes)."""
+    tensor changes)."""
     w = layer.weight_packed
     if w.shape[0] == n_pad:
         return w.contiguous()
-    key = (w.data_ptr(), buffer_version(w), tuple(w.shape), n_pad)
+    key = (w.data_ptr(), tensor_version(w), tuple(w.shape), n_pad)
     cache = _cache_of(layer)
     cached = cache.padded_weight
     if cached is not None and cached[0] == key:
@@ -408,7 +408,7 @@ def apply_nvfp4_gemm_prequantized(
     """``x @ W.T + bias`` for NVFP4 activations that are already quantized. Returns ``out_dtype`` [M, N].
 
     Args:
-        layer: an :class:`~qwen_resnorm_fp4.linear.NVFP4Linear` (or any object with its buffers:
+        layer: an :class:`~qwen_resnorm_fp4.linear.NVFP4Linear` (or any object with its tensors:
             weight_packed, weight_scales, weight_global_scale, input_global_scale, alpha, out_features; and
             optionally cache_dequantized_weight and a :class:`GemmCache` ``gemm_cache``).
         x_fp4: uint8 [M, K/2], two E2M1 codes a byte, quantized with ``layer.input_global_scale``.

@@ -22,7 +22,7 @@ from .api import nvfp4_quantize
 from .env import resolve_fast_math
 from .recipe import UNSET, global_scale_numerator, nvfp4_4over6_code, resolve_config
 from .gemm import GemmCache, apply_nvfp4_gemm_prequantized, check_gemm_backend, host_alpha
-from ._linear_common import positive_scalar
+from ._linear_common import apply_keeping_dtypes, frozen, positive_scalar
 from .constants import FP4_AMAX_SCALE  # global scale = FP4_AMAX_SCALE / amax (4over6 with e4m3_max 256: recipe)
 from .layout import packed_shape, scales_shape, swizzle_scales_128x4
 from .validation import WIDTH_RULE, is_supported_width
@@ -43,7 +43,7 @@ class NVFP4Linear(torch.nn.Module):
     """``y = x @ W.T + bias`` with W stored in NVFP4 (E2M1 values, E4M3 scales per 16 inputs, one fp32 global
     scale) and the activations quantized to NVFP4 with a calibrated global scale.
 
-    Buffers:
+    Tensors (parameters without gradients, :func:`~qwen_resnorm_fp4._linear_common.frozen`):
         weight_packed: uint8 [N, K/2], two E2M1 codes a byte (even input index in the low nibble).
         weight_scales: uint8 [round_up(N, 128), K/16], E4M3 block scales, 128x4 swizzled.
         weight_global_scale: fp32 [1], 448 * 6 / amax(|W|) (e4m3_max * 6 for a 4over6 recipe).
@@ -85,27 +85,22 @@ class NVFP4Linear(torch.nn.Module):
         k, n = self.in_features, self.out_features
         u8 = dict(dtype=torch.uint8, device=device)
         f32 = dict(dtype=torch.float32, device=device)
-        self.register_buffer("weight_packed", torch.zeros(packed_shape(n, k), **u8))
-        self.register_buffer("weight_scales", torch.zeros(scales_shape(n, k), **u8))
-        self.register_buffer("weight_global_scale", torch.ones((1,), **f32))
-        self.register_buffer("input_global_scale", torch.ones((1,), **f32))
-        self.register_buffer("alpha", torch.ones((1,), **f32))
-        self.register_buffer("bias", torch.zeros((n,), dtype=bias_dtype, device=device) if bias else None)
-        #: What the GEMM keeps between calls (made from the buffers; emptied when they are replaced).
+        self.register_parameter("weight_packed", frozen(torch.zeros(packed_shape(n, k), **u8)))
+        self.register_parameter("weight_scales", frozen(torch.zeros(scales_shape(n, k), **u8)))
+        self.register_parameter("weight_global_scale", frozen(torch.ones((1,), **f32)))
+        self.register_parameter("input_global_scale", frozen(torch.ones((1,), **f32)))
+        self.register_parameter("alpha", frozen(torch.ones((1,), **f32)))
+        self.register_parameter("bias", frozen(torch.zeros((n,), dtype=bias_dtype, device=device)) if bias else None)
+        #: What the GEMM keeps between calls (made from the tensors; emptied when they are replaced).
         self.gemm_cache = GemmCache()
         self.cache_dequantized_weight = cache_dequantized_weight
         self.register_load_state_dict_post_hook(_after_load_state_dict)
 
     def _apply(self, fn, recurse=True):
-        """``module.to(dtype)`` / ``.half()`` / ``.bfloat16()`` move the buffers but keep the global scales and
+        """``module.to(dtype)`` / ``.half()`` / ``.bfloat16()`` move the tensors but keep the global scales and
         alpha fp32 (the quantizer and the fused path require it; a cast would also round them), and drop the
-        caches made from the old buffers."""
-        before = {name: getattr(self, name) for name in _FP32_BUFFERS}
-        super()._apply(fn, recurse)
-        for name, old in before.items():
-            t = getattr(self, name)
-            if t is not None and t.dtype != torch.float32:  # cast by fn: the fp32 value, on fn's device
-                setattr(self, name, old.to(t.device))
+        caches made from the old tensors."""
+        apply_keeping_dtypes(self, super()._apply, fn, recurse, _FP32_TENSORS)
         _after_load_state_dict(self, None)
         return self
 
@@ -129,7 +124,7 @@ class NVFP4Linear(torch.nn.Module):
 
     def _set_quantized(self, packed: Tensor, scales: Tensor, weight_global_scale: Tensor,
                        input_global_scale: Tensor, alpha: Tensor, bias: Optional[Tensor]) -> None:
-        """Copy a quantized weight and its scales into the buffers; read alpha to the host once."""
+        """Copy a quantized weight and its scales into the layer's tensors; read alpha to the host once."""
         with torch.no_grad():
             self.weight_packed.copy_(packed)
             self.weight_scales.copy_(scales.reshape(self.weight_scales.shape))
@@ -244,7 +239,7 @@ class NVFP4Linear(torch.nn.Module):
 
     def input_amax(self) -> float:
         """The input amax the layer's input global scale stands for: ``e4m3_max * 6 / input_global_scale``, the
-        inverse of :meth:`from_linear`'s rule (reads the buffer: a synchronisation on CUDA)."""
+        inverse of :meth:`from_linear`'s rule (reads the tensor: a synchronisation on CUDA)."""
         return global_scale_numerator(self.nvfp4_4over6_code) / float(self.input_global_scale.float().item())
 
     def quantize_input(self, x: Tensor) -> Tuple[Tensor, Tensor]:
@@ -277,12 +272,12 @@ class NVFP4Linear(torch.nn.Module):
                 f"cache_dequantized_weight={self.cache_dequantized_weight}")
 
 
-#: Buffers that stay fp32 whatever dtype the module is moved to.
-_FP32_BUFFERS = ("weight_global_scale", "input_global_scale", "alpha")
+#: The tensors that stay fp32 whatever dtype the module is moved to.
+_FP32_TENSORS = ("weight_global_scale", "input_global_scale", "alpha")
 
 
 def _after_load_state_dict(module: NVFP4Linear, incompatible_keys: Any) -> None:
-    """New buffers: drop every cache made from the old ones (the bf16 weight, the N-padded weight, the host
+    """New tensors: drop every cache made from the old ones (the bf16 weight, the N-padded weight, the host
     alpha: for inference tensors their keys cannot see an in-place copy) and read alpha to the host again (so
     that a torch.compile trace made later sees the loaded value)."""
     module.gemm_cache.clear()

@@ -36,16 +36,15 @@ from typing import Any, Mapping, Optional, Union
 import torch
 
 from . import api
-from ._linear_common import check_bool, positive_scalar
+from ._linear_common import apply_keeping_dtypes, check_bool, frozen, positive_scalar
 from .constants import E4M3_MAX, FP8_DTYPE
 
 Tensor = torch.Tensor
 
 #: K and N must be multiples of this (torch._scaled_mm's rule).
 FP8_ALIGNMENT = 16
-#: The dtypes that stay as they are whatever dtype the module is moved to.
-_FIXED_DTYPES = {"weight": FP8_DTYPE, "weight_scale": torch.float32, "input_scale": torch.float32,
-                 "bias": torch.bfloat16}
+#: The tensors that keep their dtypes whatever dtype the module is moved to.
+_FIXED_DTYPES = ("weight", "weight_scale", "input_scale", "bias")
 
 
 def is_fp8_linear_shape(in_features: int, out_features: int) -> bool:
@@ -101,8 +100,9 @@ class FP8Linear(torch.nn.Module):
         use_fast_accum: passed to torch._scaled_mm (default True, as SGLang and vLLM do; False: exact fp32
             accumulation on Hopper, slower).
 
-    The buffers keep their dtypes whatever dtype the module is moved to (``.to(torch.bfloat16)`` moves
-    nothing but the device): the E4M3 bytes and the fp32 scales are the format.
+    The tensors (parameters without gradients, :func:`~qwen_resnorm_fp4._linear_common.frozen`) keep their dtypes
+    whatever dtype the module is moved to (``.to(torch.bfloat16)`` moves nothing but the device): the E4M3 bytes
+    and the fp32 scales are the format.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
@@ -125,11 +125,12 @@ class FP8Linear(torch.nn.Module):
         self.per_channel = per_channel
         self.use_fast_accum = use_fast_accum
         n, k = out_features, in_features
-        self.register_buffer("weight", torch.zeros((n, k), dtype=FP8_DTYPE, device=device))
-        self.register_buffer("weight_scale", torch.ones((n if per_channel else 1,), dtype=torch.float32,
-                                                        device=device))
-        self.register_buffer("input_scale", torch.ones((1,), dtype=torch.float32, device=device))
-        self.register_buffer("bias", torch.zeros((n,), dtype=torch.bfloat16, device=device) if bias else None)
+        f32 = dict(dtype=torch.float32, device=device)
+        self.register_parameter("weight", frozen(torch.zeros((n, k), dtype=FP8_DTYPE, device=device)))
+        self.register_parameter("weight_scale", frozen(torch.ones((n if per_channel else 1,), **f32)))
+        self.register_parameter("input_scale", frozen(torch.ones((1,), **f32)))
+        self.register_parameter("bias", frozen(torch.zeros((n,), dtype=torch.bfloat16, device=device)) if bias
+                                else None)
 
     # --------------------------------------------------------------------------------------------------
     # Construction
@@ -223,19 +224,14 @@ class FP8Linear(torch.nn.Module):
     # --------------------------------------------------------------------------------------------------
 
     def _apply(self, fn, recurse=True):
-        """``module.to(dtype)`` / ``.half()`` move the buffers but keep their dtypes (see the class docstring)."""
-        before = {name: getattr(self, name) for name in _FIXED_DTYPES}
-        super()._apply(fn, recurse)
-        for name, old in before.items():
-            t = getattr(self, name)
-            if t is not None and t.dtype != _FIXED_DTYPES[name]:  # cast by fn: the old bytes, on fn's device
-                setattr(self, name, old.to(t.device))
+        """``module.to(dtype)`` / ``.half()`` move the tensors but keep their dtypes (see the class docstring)."""
+        apply_keeping_dtypes(self, super()._apply, fn, recurse, _FIXED_DTYPES)
         return self
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         """Load a ModelOpt FP8 export's keys as written: a 0-dim ``weight_scale`` / ``input_scale`` (or an
-        [N, 1] per-channel ``weight_scale``) fits the buffers; a weight that is not E4M3 is refused (loading
+        [N, 1] per-channel ``weight_scale``) fits the layer's tensors; a weight that is not E4M3 is refused (loading
         would quantize it silently), and so is an ``input_scale`` that is not one positive, normal fp32
         (:func:`~qwen_resnorm_fp4.check_fp8_input_scale`), before anything is copied."""
         w = state_dict.get(prefix + "weight")
@@ -262,7 +258,7 @@ class FP8Linear(torch.nn.Module):
 
     def input_amax(self) -> float:
         """The input amax the layer's input_scale stands for: ``input_scale * 448``, the inverse of
-        :meth:`from_linear`'s rule (reads the buffer: a synchronisation on CUDA)."""
+        :meth:`from_linear`'s rule (reads the tensor: a synchronisation on CUDA)."""
         return float(self.input_scale.float().item()) * E4M3_MAX
 
     def quantize_input(self, x: Tensor) -> Tensor:

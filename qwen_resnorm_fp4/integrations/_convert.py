@@ -135,8 +135,8 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
         block._load_state_dict_pre_hooks.pop(state.hook_ids[0], None)
         block._load_state_dict_post_hooks.pop(state.hook_ids[1], None)
         for rel, original in state.originals.items():
-            # follow a model.to(device) made after the conversion: the quantized layer's buffers moved with it
-            original.to(next(block.get_submodule(rel).buffers()).device)
+            # follow a model.to(device) made after the conversion: the quantized layer's tensors moved with it
+            original.to(next(block.get_submodule(rel).parameters()).device)
             _set_submodule(block, rel, original)
         if state.forward is not None:
             del block.forward

@@ -40,9 +40,9 @@ def _incoming(state_dict: Mapping[str, Any], key: str, current: Tensor) -> Tenso
 
 
 def _input_scale_key(layer: torch.nn.Module) -> Any:
-    """The input-scale buffer name of a quantized layer, None for any other module."""
+    """The input-scale attribute name of a quantized layer, None for any other module."""
     options = options_of_layer(layer)
-    return None if options is None else options.input_scale_buffer
+    return None if options is None else options.input_scale_attr
 
 
 def check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any], prefix: str,
@@ -55,11 +55,11 @@ def check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any]
     if state is None:
         return
     for rel, layer in block.named_modules():
-        buffer = _input_scale_key(layer)
-        if buffer is None:
+        attr = _input_scale_key(layer)
+        if attr is None:
             continue
-        key = f"{prefix}{rel}.{buffer}"
-        raw = _incoming(state_dict, key, getattr(layer, buffer))
+        key = f"{prefix}{rel}.{attr}"
+        raw = _incoming(state_dict, key, getattr(layer, attr))
         if raw.device.type == "meta":  # no value yet (a model being materialized)
             continue
         value = raw.detach().float().reshape(-1)
@@ -71,11 +71,11 @@ def check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any]
         if len(names) < 2:
             continue
         layers = [block.get_submodule(n) for n in names]
-        buffers = [_input_scale_key(m) for m in layers]
-        if None in buffers:
+        attrs = [_input_scale_key(m) for m in layers]
+        if None in attrs:
             continue
-        keys = [f"{prefix}{n}.{b}" for n, b in zip(names, buffers)]
-        raws = [_incoming(state_dict, k, getattr(m, b)) for k, m, b in zip(keys, layers, buffers)]
+        keys = [f"{prefix}{n}.{a}" for n, a in zip(names, attrs)]
+        raws = [_incoming(state_dict, k, getattr(m, a)) for k, m, a in zip(keys, layers, attrs)]
         if any(r.device.type == "meta" for r in raws):
             continue
         values = [r.detach().float().reshape(-1).cpu() for r in raws]
@@ -100,7 +100,7 @@ def rederive_block(block: torch.nn.Module, _incompatible_keys: Any, *, model: to
     and bring the conversion record up to date (``input_amax``, ``segments_per_forward``)."""
     state = getattr(block, STATE_ATTR, None)
     record = getattr(model, MODEL_ATTR, None)
-    if state is None or record is None or any(t.device.type == "meta" for t in block.buffers()):
+    if state is None or record is None or any(t.device.type == "meta" for t in block.parameters()):
         return
     layers = dict(block.named_modules())
     segments_before = len(state.stats)

@@ -1,7 +1,7 @@
 """The options of a conversion, typed: what ``convert_transformer``'s keywords become.
 
 Job: :class:`NVFP4Options` and :class:`FP8Options` (one frozen dataclass per format: its own settings, and
-the format's facts: its layer type, which ``nn.Linear`` shapes it replaces, its input-scale buffer, how a
+the format's facts: its layer type, which ``nn.Linear`` shapes it replaces, its input-scale tensor, how a
 layer is made), :class:`ConversionOptions` (the format-independent settings and the format's options), and
 :func:`format_options`, which turns a format name and the format-specific keywords of a call into the format's
 options.
@@ -84,8 +84,8 @@ class NVFP4Options:
     name: ClassVar[str] = "nvfp4"
     #: The layer a conversion puts in place of an ``nn.Linear``.
     layer_type: ClassVar[type] = NVFP4Linear
-    #: The layer's buffer that holds its activations' scale (the value a load checks).
-    input_scale_buffer: ClassVar[str] = "input_global_scale"
+    #: The layer's tensor that holds its activations' scale (the value a load checks).
+    input_scale_attr: ClassVar[str] = "input_global_scale"
     #: Which ``nn.Linear`` shapes the layer replaces, in words.
     shape_rule: ClassVar[str] = f"in_features {WIDTH_RULE}"
 
@@ -118,7 +118,7 @@ class FP8Options:
 
     name: ClassVar[str] = "fp8"
     layer_type: ClassVar[type] = FP8Linear
-    input_scale_buffer: ClassVar[str] = "input_scale"
+    input_scale_attr: ClassVar[str] = "input_scale"
     shape_rule: ClassVar[str] = f"in_features and out_features multiples of {FP8_ALIGNMENT}"
 
     def __post_init__(self) -> None:

@@ -216,10 +216,15 @@ def test_from_linear_and_forward_errors():
 
 
 def test_moving_keeps_the_format():
+    """``.to(dtype)`` / ``.half()`` / ``.bfloat16()`` keep the format's bytes and dtypes, and the tensors stay
+    parameters without gradients (torch.compile guards buffers against aliasing, parameters not)."""
     layer = FP8Linear.from_linear(make_linear(), 2.0, per_channel=True)
     w, s, i, b = (t.clone() for t in (layer.weight, layer.weight_scale, layer.input_scale, layer.bias))
     for move in (lambda m: m.to(torch.float32), lambda m: m.half(), lambda m: m.bfloat16()):
         move(layer)
+        assert list(layer.buffers()) == []
+        assert [n for n, p in layer.named_parameters() if type(p) is torch.nn.Parameter and not p.requires_grad] \
+            == ["weight", "weight_scale", "input_scale", "bias"]
         assert layer.weight.dtype == torch.float8_e4m3fn and torch.equal(layer.weight.view(torch.uint8),
                                                                          w.view(torch.uint8))
         assert layer.weight_scale.dtype == torch.float32 and torch.equal(layer.weight_scale, s)

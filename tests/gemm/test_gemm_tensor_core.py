@@ -372,15 +372,23 @@ def test_layer_built_and_run_under_inference_mode() -> None:
 
 def test_layer_moved_to_bf16_keeps_fp32_scales() -> None:
     """``layer.to(torch.bfloat16)`` (what ``pipe.to(device, dtype)`` does to a converted model) leaves the
-    global scales and alpha fp32 and the output unchanged."""
+    global scales and alpha fp32 and the output unchanged; so does ``.half()`` for the scales (it casts the bias,
+    which is not a format tensor). The tensors stay parameters without gradients (torch.compile guards buffers
+    against aliasing, parameters not)."""
     torch.manual_seed(1)
     layer = NVFP4Linear.from_linear(torch.nn.Linear(128, 64, dtype=torch.bfloat16), input_amax=4.0)
     x = torch.randn(3, 128).bfloat16()
     want = layer(x)
-    layer.to(torch.bfloat16)
-    for name in ("weight_global_scale", "input_global_scale", "alpha"):
-        assert getattr(layer, name).dtype == torch.float32, name
-    assert torch.equal(layer(x), want)
+    names = ["weight_packed", "weight_scales", "weight_global_scale", "input_global_scale", "alpha", "bias"]
+    for move in ("bfloat16", "half"):
+        getattr(layer, move)()
+        for name in ("weight_global_scale", "input_global_scale", "alpha"):
+            assert getattr(layer, name).dtype == torch.float32, name
+        assert list(layer.buffers()) == []
+        assert [n for n, p in layer.named_parameters() if type(p) is torch.nn.Parameter and not p.requires_grad] \
+            == names
+        if move == "bfloat16":
+            assert torch.equal(layer(x), want)
 
 
 def test_load_state_dict_under_inference_mode_takes_the_new_alpha() -> None:
