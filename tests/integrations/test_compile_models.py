@@ -206,6 +206,15 @@ def test_compiled_model_guards_no_layer_tensor_against_aliasing(fmt):
     assert not [s for s in sources if "transformer_blocks" in s], sources
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_converted_model_dtype_stays_bf16(case, fmt):
+    """diffusers' ``model.dtype`` is the first floating-point parameter's: the quantized layers' parameters
+    (E4M3 is floating point) come after the model's own bf16 ones, so pipelines still cast inputs to bf16."""
+    model, _ = converted(case, fmt)
+    assert model.dtype == torch.bfloat16
+
+
 def test_second_resolution_recompiles_at_most_once():
     model, _ = converted("qwen_image", "fp8")
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
