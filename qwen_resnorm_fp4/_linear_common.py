@@ -19,6 +19,16 @@ def frozen(t: Optional[Tensor]) -> Optional[torch.nn.Parameter]:
     return None if t is None else torch.nn.Parameter(t, requires_grad=False)
 
 
+class FrozenTensorsModule(torch.nn.Module):
+    """A module whose tensors are parameters without gradients (:func:`frozen`): a plain tensor assigned to
+    one of them is wrapped, as a buffer would have taken it."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, Tensor) and not isinstance(value, torch.nn.Parameter) and name in self._parameters:
+            value = frozen(value)
+        super().__setattr__(name, value)
+
+
 def apply_keeping_dtypes(module: torch.nn.Module, apply: Callable[..., object], fn: Callable[[Tensor], Tensor],
                          recurse: bool, names: Sequence[str]) -> None:
     """``apply(fn, recurse)`` (``nn.Module._apply``: ``.to()``, ``.half()``, ...), then each tensor in

@@ -22,7 +22,7 @@ from .api import nvfp4_quantize
 from .env import resolve_fast_math
 from .recipe import UNSET, global_scale_numerator, nvfp4_4over6_code, resolve_config
 from .gemm import GemmCache, apply_nvfp4_gemm_prequantized, check_gemm_backend, host_alpha
-from ._linear_common import apply_keeping_dtypes, frozen, positive_scalar
+from ._linear_common import FrozenTensorsModule, apply_keeping_dtypes, frozen, positive_scalar
 from .constants import FP4_AMAX_SCALE  # global scale = FP4_AMAX_SCALE / amax (4over6 with e4m3_max 256: recipe)
 from .layout import packed_shape, scales_shape, swizzle_scales_128x4
 from .validation import WIDTH_RULE, is_supported_width
@@ -39,7 +39,7 @@ def _global_scale_from_amax(amax: Tensor, nvfp4_4over6_code: int) -> Tensor:
     return torch.tensor([numerator], dtype=torch.float32, device=amax.device) / amax
 
 
-class NVFP4Linear(torch.nn.Module):
+class NVFP4Linear(FrozenTensorsModule):
     """``y = x @ W.T + bias`` with W stored in NVFP4 (E2M1 values, E4M3 scales per 16 inputs, one fp32 global
     scale) and the activations quantized to NVFP4 with a calibrated global scale.
 

@@ -36,7 +36,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 
 from . import api
-from ._linear_common import apply_keeping_dtypes, check_bool, frozen, positive_scalar
+from ._linear_common import FrozenTensorsModule, apply_keeping_dtypes, check_bool, frozen, positive_scalar
 from .constants import E4M3_MAX, FP8_DTYPE
 
 Tensor = torch.Tensor
@@ -83,11 +83,11 @@ def _check_weight_scale(weight_scale: Tensor, n: int) -> Tensor:
     return s
 
 
-class FP8Linear(torch.nn.Module):
+class FP8Linear(FrozenTensorsModule):
     """``y = x @ W.T + bias`` with W stored in E4M3 and the activations quantized to E4M3 with a static,
     calibrated ``input_scale`` (ModelOpt's FP8 recipe; see the module docstring for the GEMM).
 
-    Buffers:
+    Tensors (parameters without gradients, :func:`~qwen_resnorm_fp4._linear_common.frozen`):
         weight: float8_e4m3fn [N, K], the E4M3 weight as quantized or loaded (W ~ weight * weight_scale).
         weight_scale: fp32 [1] (per tensor) or [N] (per output channel, ``per_channel=True``): amax(|W|) / 448.
         input_scale: fp32 [1]: the calibrated input amax / 448 (activations are quantized with 1 / input_scale).
@@ -100,9 +100,8 @@ class FP8Linear(torch.nn.Module):
         use_fast_accum: passed to torch._scaled_mm (default True, as SGLang and vLLM do; False: exact fp32
             accumulation on Hopper, slower).
 
-    The tensors (parameters without gradients, :func:`~qwen_resnorm_fp4._linear_common.frozen`) keep their dtypes
-    whatever dtype the module is moved to (``.to(torch.bfloat16)`` moves nothing but the device): the E4M3 bytes
-    and the fp32 scales are the format.
+    The tensors keep their dtypes whatever dtype the module is moved to (``.to(torch.bfloat16)`` moves nothing
+    but the device): the E4M3 bytes and the fp32 scales are the format.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,

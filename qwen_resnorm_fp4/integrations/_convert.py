@@ -136,7 +136,10 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
         block._load_state_dict_post_hooks.pop(state.hook_ids[1], None)
         for rel, original in state.originals.items():
             # follow a model.to(device) made after the conversion: the quantized layer's tensors moved with it
-            original.to(next(block.get_submodule(rel).parameters()).device)
+            # (meta: offloaded by accelerate, whose hook only the quantized layer has; the original stays put)
+            device = next(block.get_submodule(rel).parameters()).device
+            if device.type != "meta":
+                original.to(device)
             _set_submodule(block, rel, original)
         if state.forward is not None:
             del block.forward

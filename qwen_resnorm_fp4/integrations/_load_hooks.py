@@ -100,8 +100,9 @@ def rederive_block(block: torch.nn.Module, _incompatible_keys: Any, *, model: to
     and bring the conversion record up to date (``input_amax``, ``segments_per_forward``)."""
     state = getattr(block, STATE_ATTR, None)
     record = getattr(model, MODEL_ATTR, None)
-    if state is None or record is None or any(t.device.type == "meta" for t in block.parameters()):
-        return
+    quantized = [m for m in block.modules() if options_of_layer(m) is not None]
+    if state is None or record is None or any(t.device.type == "meta" for m in quantized for t in m.parameters()):
+        return  # no values yet (a model being materialized)
     layers = dict(block.named_modules())
     segments_before = len(state.stats)
     for stream in state.spec.streams if state.stats else ():

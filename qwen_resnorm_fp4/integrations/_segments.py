@@ -46,15 +46,23 @@ Tensor = torch.Tensor
 logger = logging.getLogger("qwen_resnorm_fp4")
 
 
+def _offloaded(layer: Union[NVFP4Linear, FP8Linear], x: Tensor) -> bool:
+    """Whether the layer's activation scale is elsewhere than ``x`` (accelerate's sequential offload keeps a
+    layer's parameters on the meta device outside its own forward): then only the layer's forward can quantize
+    its input, with the scale its hook brings back (the same bytes)."""
+    scale = layer.input_scale if isinstance(layer, FP8Linear) else layer.input_global_scale
+    return scale.device != x.device
+
+
 def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
              norm: torch.nn.LayerNorm, fc1: Union[NVFP4Linear, FP8Linear],
              index: Optional[Tensor]) -> Tuple[Any, Tensor]:
     """The baseline: ``resnorm`` (residual update, LayerNorm, modulation -> BF16 y), then FC1's own quantizer
     (what the layer does to a BF16 input): NVFP4 with its input global scale and fast-math mode, or E4M3 with
-    its input_scale."""
+    its input_scale; y itself where the layer is offloaded (:func:`_offloaded`: its forward quantizes it)."""
     y, residual_out = resnorm(residual, x, bias, gate, scale, shift, float(norm.eps), weight=norm.weight,
                               norm_bias=norm.bias, modulate_index=index)
-    return fc1.quantize_input(y), residual_out
+    return (y if _offloaded(fc1, y) else fc1.quantize_input(y)), residual_out
 
 
 def _served(state: BlockState, segment: str, stats: StreamStats, outcome: Any) -> Any:
@@ -86,8 +94,9 @@ def attention_input(block: torch.nn.Module, stream: str, x: Tensor, scale: Tenso
     input_scale) from its first norm: ``norm(x) * (1 + scale) + shift`` quantized once, fused
     (``serve_fused_norm_modulate_quant_fp8``) or unfused (``resnorm`` of (x, 0, gate 0), then the first
     projection's ``quantize_input``), the same
-    bytes. None where the conversion did not set this segment up (NVFP4, other layers, differing input
-    scales): the caller runs the model's own norm and modulation. scale/shift as for :func:`ffn_segment`."""
+    bytes (bf16 y where the projections are offloaded, :func:`_offloaded`: they quantize it in their forwards).
+    None where the conversion did not set this segment up (NVFP4, other layers, differing input scales): the
+    caller runs the model's own norm and modulation. scale/shift as for :func:`ffn_segment`."""
     state: BlockState = getattr(block, STATE_ATTR)
     key = f"{stream}.attn"
     stats = state.stats.get(key)
@@ -109,7 +118,7 @@ def attention_input(block: torch.nn.Module, stream: str, x: Tensor, scale: Tenso
         zero_gate = torch.zeros(scale.shape, dtype=scale.dtype, device=scale.device)
         y, _ = resnorm(x, torch.zeros_like(x), None, zero_gate, scale, shift, float(norm.eps), weight=norm.weight,
                        norm_bias=norm.bias, modulate_index=index)
-        result = first.quantize_input(y)
+        result = y if _offloaded(first, y) else first.quantize_input(y)
     return result
 
 
@@ -195,7 +204,7 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
 
     # Shared by both modes from here on: the FFN on the quantized activations, as the model library writes it.
     lead = x.shape[:-1]
-    if fp8:  # E4M3 [..., D], x's shape: the layers keep the leading dimensions themselves
+    if fp8 or isinstance(quantized, Tensor):  # E4M3 or (offloaded) bf16 [..., D]: the layers keep the leading dims
         feed = lambda layer: layer(quantized)  # noqa: E731
     else:  # (packed [M, D/2], scales): the layers are told the leading dimensions
         feed = lambda layer: layer(quantized, out_shape=lead)  # noqa: E731

@@ -232,6 +232,17 @@ def test_moving_keeps_the_format():
         assert layer.bias.dtype == BF16 and torch.equal(layer.bias, b)
 
 
+def test_assigning_a_plain_tensor_keeps_it_a_frozen_parameter():
+    """``layer.input_scale = t`` (as a buffer took it) stores t as a parameter without gradients."""
+    layer = FP8Linear.from_linear(make_linear(), 2.0)
+    scale = torch.tensor([0.25])
+    layer.input_scale = scale
+    assert type(layer.input_scale) is torch.nn.Parameter and not layer.input_scale.requires_grad
+    assert torch.equal(layer.input_scale, scale) and torch.equal(layer.state_dict()["input_scale"], scale)
+    layer.note = torch.ones(1)  # not one of its parameters: a plain attribute, as nn.Module keeps it
+    assert "note" not in dict(layer.named_parameters()) and type(layer.note) is torch.Tensor
+
+
 def test_state_dict_round_trip_and_repr():
     layer = FP8Linear.from_linear(make_linear(), 2.0)
     other = FP8Linear(64, 48)

@@ -216,7 +216,7 @@ def test_weight_cache_follows_the_weight():
     assert torch.equal(cached, dequantize_to_bf16(layer.weight_packed, layer.weight_scales))
     other = exact_grid_layer(128, 96, 0.25, None, seed=9)
     with torch.no_grad():
-        layer.weight_packed.copy_(other.weight_packed)  # changed buffers refresh the cache
+        layer.weight_packed.copy_(other.weight_packed)  # changed tensors refresh the cache
         layer.weight_scales.copy_(other.weight_scales)
     assert torch.equal(apply_nvfp4_gemm_prequantized(layer, packed, scales, backend="tensor_core"),
                        apply_nvfp4_gemm_prequantized(other, packed, scales, backend="tensor_core"))
@@ -393,7 +393,7 @@ def test_layer_moved_to_bf16_keeps_fp32_scales() -> None:
 
 def test_load_state_dict_under_inference_mode_takes_the_new_alpha() -> None:
     """Loading another layer's state into a layer built under inference_mode gives that layer's output (the
-    host alpha and weight caches are not kept from the old buffers)."""
+    host alpha and weight caches are not kept from the old tensors)."""
     torch.manual_seed(2)
     b = NVFP4Linear.from_linear(torch.nn.Linear(128, 64, dtype=torch.bfloat16), input_amax=9.0)
     x = torch.randn(3, 128).bfloat16()

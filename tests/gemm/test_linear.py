@@ -37,7 +37,7 @@ def make_x(*lead, K=128, seed=1, device="cpu"):
 
 
 @pytest.mark.parametrize("N", [96, 100, 256])
-def test_from_linear_buffers(N):
+def test_from_linear_tensors(N):
     K = 128
     lin = make_linear(K, N)
     layer = NVFP4Linear.from_linear(lin, 5.0)

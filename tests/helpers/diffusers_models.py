@@ -1,6 +1,7 @@
 """Small diffusers transformers and their inputs, shared by the integration tests (tests/integrations/:
 test_diffusers_integration, test_diffusers_models, test_diffusers_fp8, test_diffusers_options,
-test_compile_models, test_context_parallel) and tests/gemm/test_gpu_fp8_linear.py.
+test_compile_models, test_offload, test_context_parallel) and
+tests/gemm/test_gpu_fp8_linear.py.
 
 - ``SKIP_REASON`` (None when diffusers imports at a supported version), ``needs_diffusers`` (the skipif mark),
   ``QwenImageTransformer2DModel`` (None without diffusers).
