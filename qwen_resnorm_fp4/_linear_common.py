@@ -24,7 +24,8 @@ class FrozenTensorsModule(torch.nn.Module):
     one of them is wrapped, as a buffer would have taken it."""
 
     def __setattr__(self, name: str, value: object) -> None:
-        if isinstance(value, Tensor) and not isinstance(value, torch.nn.Parameter) and name in self._parameters:
+        registered = self.__dict__.get("_parameters", {})  # none before nn.Module.__init__
+        if isinstance(value, Tensor) and not isinstance(value, torch.nn.Parameter) and name in registered:
             value = frozen(value)
         super().__setattr__(name, value)
 

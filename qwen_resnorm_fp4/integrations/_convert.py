@@ -130,13 +130,18 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
     for name, block, state in found:
         if vars(block).get("forward") is not state.forward and state.forward is not None:
             raise ValueError(f"{name}.forward was replaced after the conversion (a hook?): remove that first")
+        for rel in state.originals:
+            layer = block.get_submodule(rel)
+            if "forward" in vars(layer) or layer._forward_pre_hooks or layer._forward_hooks:
+                raise ValueError(f"{name}.{rel} has hooks (offloading, e.g. enable_sequential_cpu_offload?), which "
+                                 "its BF16 original would not have: remove them (pipe.remove_all_hooks()) first")
     model._load_state_dict_pre_hooks.pop(info.hook_id, None)
     for _, block, state in found:
         block._load_state_dict_pre_hooks.pop(state.hook_ids[0], None)
         block._load_state_dict_post_hooks.pop(state.hook_ids[1], None)
         for rel, original in state.originals.items():
             # follow a model.to(device) made after the conversion: the quantized layer's tensors moved with it
-            # (meta: offloaded by accelerate, whose hook only the quantized layer has; the original stays put)
+            # (not onto the meta device of a model being materialized: the original keeps its weights)
             device = next(block.get_submodule(rel).parameters()).device
             if device.type != "meta":
                 original.to(device)
