@@ -5,7 +5,7 @@ for a forward), how they hold their tensors, and how ``module.to(dtype)`` leaves
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence, Union
+from typing import ClassVar, Optional, Tuple, Union
 
 import torch
 
@@ -21,7 +21,11 @@ def frozen(t: Optional[Tensor]) -> Optional[torch.nn.Parameter]:
 
 class FrozenTensorsModule(torch.nn.Module):
     """A module whose tensors are parameters without gradients (:func:`frozen`): a plain tensor assigned to
-    one of them is wrapped, as a buffer would have taken it."""
+    one of them is wrapped, as a buffer would have taken it; ``.to(dtype)``, ``.half()``, ... move the tensors
+    named in ``KEPT_DTYPES`` but keep their dtypes (a cast would round or re-encode the format's bytes)."""
+
+    #: The tensors whose dtype is the format's, whatever dtype the module is moved to.
+    KEPT_DTYPES: ClassVar[Tuple[str, ...]] = ()
 
     def __setattr__(self, name: str, value: object) -> None:
         registered = self.__dict__.get("_parameters", {})  # none before nn.Module.__init__
@@ -29,18 +33,15 @@ class FrozenTensorsModule(torch.nn.Module):
             value = frozen(value)
         super().__setattr__(name, value)
 
-
-def apply_keeping_dtypes(module: torch.nn.Module, apply: Callable[..., object], fn: Callable[[Tensor], Tensor],
-                         recurse: bool, names: Sequence[str]) -> None:
-    """``apply(fn, recurse)`` (``nn.Module._apply``: ``.to()``, ``.half()``, ...), then each tensor in
-    ``names`` that ``fn`` cast goes back to its old value and dtype on ``fn``'s device (a cast would round or
-    re-encode the format's bytes)."""
-    old = {name: t.detach() for name in names if (t := getattr(module, name)) is not None}
-    apply(fn, recurse)
-    for name, before in old.items():
-        t = getattr(module, name)
-        if t.dtype != before.dtype:
-            setattr(module, name, frozen(before.to(t.device)))
+    def _apply(self, fn, recurse=True):
+        # nn.Module._apply updates parameters in place (param.data = ...): keep views of the old storage
+        old = {name: t.detach() for name in self.KEPT_DTYPES if (t := getattr(self, name)) is not None}
+        super()._apply(fn, recurse)
+        for name, before in old.items():
+            t = getattr(self, name)
+            if t.dtype != before.dtype:  # cast by fn: the old value, on fn's device
+                setattr(self, name, frozen(before.to(t.device)))
+        return self
 
 
 def check_bool(name: str, value: object) -> None:

@@ -22,7 +22,7 @@ from .api import nvfp4_quantize
 from .env import resolve_fast_math
 from .recipe import UNSET, global_scale_numerator, nvfp4_4over6_code, resolve_config
 from .gemm import GemmCache, apply_nvfp4_gemm_prequantized, check_gemm_backend, host_alpha
-from ._linear_common import FrozenTensorsModule, apply_keeping_dtypes, frozen, positive_scalar
+from ._linear_common import FrozenTensorsModule, frozen, positive_scalar
 from .constants import FP4_AMAX_SCALE  # global scale = FP4_AMAX_SCALE / amax (4over6 with e4m3_max 256: recipe)
 from .layout import packed_shape, scales_shape, swizzle_scales_128x4
 from .validation import WIDTH_RULE, is_supported_width
@@ -66,6 +66,8 @@ class NVFP4Linear(FrozenTensorsModule):
             dequantizing the weight on every call (False by default; setting it False frees the copy).
     """
 
+    KEPT_DTYPES = ("weight_global_scale", "input_global_scale", "alpha")  # fp32 whatever the module's dtype
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  device: Optional[Union[str, torch.device]] = None, bias_dtype: torch.dtype = torch.bfloat16,
                  fast_math: Optional[bool] = None, gemm_backend: str = "auto",
@@ -100,7 +102,7 @@ class NVFP4Linear(FrozenTensorsModule):
         """``module.to(dtype)`` / ``.half()`` / ``.bfloat16()`` move the tensors but keep the global scales and
         alpha fp32 (the quantizer and the fused path require it; a cast would also round them), and drop the
         caches made from the old tensors."""
-        apply_keeping_dtypes(self, super()._apply, fn, recurse, _FP32_TENSORS)
+        super()._apply(fn, recurse)
         _after_load_state_dict(self, None)
         return self
 
@@ -270,10 +272,6 @@ class NVFP4Linear(FrozenTensorsModule):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"fast_math={self.fast_math}, nvfp4_4over6={self.nvfp4_4over6!r}, gemm_backend={self.gemm_backend!r}, "
                 f"cache_dequantized_weight={self.cache_dequantized_weight}")
-
-
-#: The tensors that stay fp32 whatever dtype the module is moved to.
-_FP32_TENSORS = ("weight_global_scale", "input_global_scale", "alpha")
 
 
 def _after_load_state_dict(module: NVFP4Linear, incompatible_keys: Any) -> None:

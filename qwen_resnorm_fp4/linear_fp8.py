@@ -36,15 +36,13 @@ from typing import Any, Mapping, Optional, Union
 import torch
 
 from . import api
-from ._linear_common import FrozenTensorsModule, apply_keeping_dtypes, check_bool, frozen, positive_scalar
+from ._linear_common import FrozenTensorsModule, check_bool, frozen, positive_scalar
 from .constants import E4M3_MAX, FP8_DTYPE
 
 Tensor = torch.Tensor
 
 #: K and N must be multiples of this (torch._scaled_mm's rule).
 FP8_ALIGNMENT = 16
-#: The tensors that keep their dtypes whatever dtype the module is moved to.
-_FIXED_DTYPES = ("weight", "weight_scale", "input_scale", "bias")
 
 
 def is_fp8_linear_shape(in_features: int, out_features: int) -> bool:
@@ -103,6 +101,8 @@ class FP8Linear(FrozenTensorsModule):
     The tensors keep their dtypes whatever dtype the module is moved to (``.to(torch.bfloat16)`` moves nothing
     but the device): the E4M3 bytes and the fp32 scales are the format.
     """
+
+    KEPT_DTYPES = ("weight", "weight_scale", "input_scale", "bias")  # the E4M3 bytes, the fp32 scales
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  device: Optional[Union[str, torch.device]] = None, per_channel: bool = False,
@@ -221,11 +221,6 @@ class FP8Linear(FrozenTensorsModule):
     # --------------------------------------------------------------------------------------------------
     # Module plumbing
     # --------------------------------------------------------------------------------------------------
-
-    def _apply(self, fn, recurse=True):
-        """``module.to(dtype)`` / ``.half()`` move the tensors but keep their dtypes (see the class docstring)."""
-        apply_keeping_dtypes(self, super()._apply, fn, recurse, _FIXED_DTYPES)
-        return self
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..validation import input_scale_value_problem
-from ._options import options_of_layer
+from ._options import input_scale_attr, options_of_layer
 from ._selection import attn_shares_input
 from ._state import MODEL_ATTR, STATE_ATTR, BlockState, StreamStats
 
@@ -39,12 +39,6 @@ def _incoming(state_dict: Mapping[str, Any], key: str, current: Tensor) -> Tenso
     return value if isinstance(value, Tensor) else current
 
 
-def _input_scale_key(layer: torch.nn.Module) -> Any:
-    """The input-scale attribute name of a quantized layer, None for any other module."""
-    options = options_of_layer(layer)
-    return None if options is None else options.input_scale_attr
-
-
 def check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any], prefix: str,
                            *_args: Any) -> None:
     """A converted block's load_state_dict pre-hook (before anything is copied): every quantized layer's input
@@ -55,7 +49,7 @@ def check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any]
     if state is None:
         return
     for rel, layer in block.named_modules():
-        attr = _input_scale_key(layer)
+        attr = input_scale_attr(layer)
         if attr is None:
             continue
         key = f"{prefix}{rel}.{attr}"
@@ -71,7 +65,7 @@ def check_block_state_dict(block: torch.nn.Module, state_dict: Mapping[str, Any]
         if len(names) < 2:
             continue
         layers = [block.get_submodule(n) for n in names]
-        attrs = [_input_scale_key(m) for m in layers]
+        attrs = [input_scale_attr(m) for m in layers]
         if None in attrs:
             continue
         keys = [f"{prefix}{n}.{a}" for n, a in zip(names, attrs)]
@@ -100,8 +94,9 @@ def rederive_block(block: torch.nn.Module, _incompatible_keys: Any, *, model: to
     and bring the conversion record up to date (``input_amax``, ``segments_per_forward``)."""
     state = getattr(block, STATE_ATTR, None)
     record = getattr(model, MODEL_ATTR, None)
-    quantized = [m for m in block.modules() if options_of_layer(m) is not None]
-    if state is None or record is None or any(t.device.type == "meta" for m in quantized for t in m.parameters()):
+    if state is None or record is None:
+        return
+    if any(t.device.type == "meta" for m in block.modules() if options_of_layer(m) is not None for t in m.parameters()):
         return  # no values yet (a model being materialized)
     layers = dict(block.named_modules())
     segments_before = len(state.stats)

@@ -149,6 +149,13 @@ def options_of_layer(layer: Any) -> Optional[Type[Any]]:
     return next((cls for cls in FORMAT_OPTIONS if type(layer) is cls.layer_type), None)
 
 
+def input_scale_attr(layer: Any) -> Optional[str]:
+    """The name of a quantized layer's activation-scale tensor (its format's ``input_scale_attr``), None for
+    any other module."""
+    options = options_of_layer(layer)
+    return None if options is None else options.input_scale_attr
+
+
 def _is_default(value: Any, default: Any) -> bool:
     return value is default or (type(value) is type(default) and value == default)
 

@@ -38,6 +38,7 @@ from ..fused_path import serve_fused_resnorm_quant
 from ..fused_path_fp8 import serve_fused_gelu_tanh_fp8_quantize, serve_fused_norm_modulate_quant_fp8
 from ..fused_path_fp8 import serve_fused_resnorm_quant_fp8
 from ._compiled_paths import note_compiled
+from ._options import input_scale_attr
 from ._spec import StreamSpec
 from ._state import STATE_ATTR, BlockState, StreamStats
 
@@ -50,8 +51,7 @@ def _offloaded(layer: Union[NVFP4Linear, FP8Linear], x: Tensor) -> bool:
     """Whether the layer's activation scale is elsewhere than ``x`` (accelerate's sequential offload keeps a
     layer's parameters on the meta device outside its own forward): then only the layer's forward can quantize
     its input, with the scale its hook brings back (the same bytes)."""
-    scale = layer.input_scale if isinstance(layer, FP8Linear) else layer.input_global_scale
-    return scale.device != x.device
+    return getattr(layer, input_scale_attr(layer)).device != x.device
 
 
 def _unfused(residual: Tensor, x: Tensor, bias: Optional[Tensor], gate: Tensor, scale: Tensor, shift: Tensor,
@@ -204,7 +204,7 @@ def ffn_segment(block: torch.nn.Module, stream: str, residual: Tensor, x: Tensor
 
     # Shared by both modes from here on: the FFN on the quantized activations, as the model library writes it.
     lead = x.shape[:-1]
-    if fp8 or isinstance(quantized, Tensor):  # E4M3 or (offloaded) bf16 [..., D]: the layers keep the leading dims
+    if isinstance(quantized, Tensor):  # E4M3 or (offloaded) bf16 [..., D]: the layers keep the leading dims
         feed = lambda layer: layer(quantized)  # noqa: E731
     else:  # (packed [M, D/2], scales): the layers are told the leading dimensions
         feed = lambda layer: layer(quantized, out_shape=lead)  # noqa: E731
