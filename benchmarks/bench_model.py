@@ -179,7 +179,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         "_native_cudnn, _native_flash; default: diffusers' own choice)")
     p.add_argument("--profile", action="store_true",
                    help="with --peers: also each variant's GPU time per kernel kind in one profiled forward "
-                        "(attention, GEMM, ours, inductor's, other)")
+                        "(attention, GEMM, ours, inductor's, other), and its host time and synchronizing calls")
     harness.add_out_argument(p)
     return p
 
@@ -309,7 +309,7 @@ KIND_NAMES = tuple(k for k, _ in KERNEL_KINDS) + ("other",)
 PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "over_torchao_row", "compile_s",
                "graphs", "rel_err_vs_bf16", "rel_err_vs_fp32", "fused_equals_unfused", "fused_equals_unfused_inductor",
                "compiled_paths",
-               *(f"{k}_ms" for k in KIND_NAMES), "kernels"]
+               *(f"{k}_ms" for k in KIND_NAMES), "kernels", "host_ms", "syncs", "first_sync"]
 
 
 def kernel_kind(name: str) -> str:
@@ -334,7 +334,34 @@ def kernel_breakdown(fn: Callable[[], Any]) -> Dict[str, Any]:
     for e in kernels:
         row[f"{kernel_kind(e.name)}_ms"] += e.device_time / 1e3
     row["kernels"] = len(kernels)
+    row.update(host_figures(fn))
     return row
+
+
+def host_figures(fn: Callable[[], Any]) -> Dict[str, Any]:
+    """The host side of one call of ``fn``: ``host_ms``, the wall time until it returns (no synchronization
+    after it: where this is near the forward time, the forward is bound by the host), and ``syncs``, how many
+    synchronizing CUDA calls it made (``torch.cuda.set_sync_debug_mode("warn")``), with ``first_sync``, where
+    the first was made."""
+    import time
+    import warnings
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    host_ms = (time.perf_counter() - start) * 1e3
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    return {"host_ms": host_ms, "syncs": len(syncs),
+            "first_sync": f"{syncs[0].filename}:{syncs[0].lineno}" if syncs else ""}
 
 
 def fp32_outputs(model: torch.nn.Module, inputs: Dict[int, Dict[str, Any]]) -> Dict[int, torch.Tensor]:
@@ -484,7 +511,8 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                 f"graphs {row['graphs']}, rel err {row['rel_err_vs_bf16']:.4f} (vs fp32 {row['rel_err_vs_fp32']:.4f})"
                 + (f", compiled paths {row['compiled_paths']}" if row.get("compiled_paths") else "")
                 + (", kernels " + ", ".join(f"{k} {row[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ms ({row['kernels']})"
-                   if profile else ""))
+                   + f", host {row['host_ms']:.2f} ms, {row['syncs']} syncs {row['first_sync']}".rstrip()
+                   if "kernels" in row else ""))
         if variant == "ours_compiled":  # after the timed and noted graphs: these traces note "unfused"
             # aot_eager at every token count; inductor's two deterministic compilations at the first (the
             # kernels' bytes per shape are the test suite's; this is the compiled graph's check)
@@ -524,7 +552,7 @@ def peers_table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
     columns = ("image tokens", "zero_cond_t", "variant", "ms", "x BF16 eager", "x torchao row compiled",
                "compile s", "graphs", "rel err vs BF16 eager", "rel err vs fp32",
                "fused == unfused (aot_eager / inductor)",
-               "GPU ms: " + " / ".join(KIND_NAMES) + " (kernels)")
+               "GPU ms: " + " / ".join(KIND_NAMES) + " (kernels)", "host ms (syncs)")
     return results.markdown_table(columns, (
         (r["tokens"], "yes" if r["zero_cond_t"] else "no", r["variant"], f"{r['ms']:.2f}",
          results.fmt(r.get("over_bf16_eager"), ".3f"), results.fmt(r.get("over_torchao_row"), ".3f"),
@@ -533,7 +561,8 @@ def peers_table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
          f"{results.yes_no(r['fused_equals_unfused'])} / "
          + (results.yes_no(r["fused_equals_unfused_inductor"]) if "fused_equals_unfused_inductor" in r
             else "not checked") if "fused_equals_unfused" in r else "",
-         " / ".join(f"{r[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ({r['kernels']})" if "kernels" in r else "")
+         " / ".join(f"{r[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ({r['kernels']})" if "kernels" in r else "",
+         f"{r['host_ms']:.2f} ({r['syncs']})" if "host_ms" in r else "")
         for r in rows))
 
 
