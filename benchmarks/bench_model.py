@@ -334,7 +334,6 @@ def kernel_breakdown(fn: Callable[[], Any]) -> Dict[str, Any]:
     for e in kernels:
         row[f"{kernel_kind(e.name)}_ms"] += e.device_time / 1e3
     row["kernels"] = len(kernels)
-    row.update(host_figures(fn))
     return row
 
 
@@ -501,18 +500,19 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                     paths = qd.fused_path_stats(subject)["compiled"]
                     row["compiled_paths"] = "; ".join(f"{k}: {'/'.join(v)}" for k, v in paths.items())
                     row["compiled_all_fused"] = bool(paths) and all(v == ["fused"] for v in paths.values())
-                if profile:
+                for figures in (kernel_breakdown, host_figures) if profile else ():
                     try:  # a profile is a figure, not a check: one that fails is said and left out
-                        row.update(kernel_breakdown(lambda run=run, inp=inp: run(**inp)))
+                        row.update(figures(lambda run=run, inp=inp: run(**inp)))
                     except Exception as exc:  # noqa: BLE001
-                        log(f"{variant} {t} tokens: no profile ({type(exc).__name__}: {exc})")
+                        log(f"{variant} {t} tokens: no {figures.__name__} ({type(exc).__name__}: {exc})")
             rows.append(row)
             log(f"{'zct ' if zero_cond_t else ''}{t} tokens {variant}: {ms:.2f} ms, compile {row['compile_s']:.1f} s, "
                 f"graphs {row['graphs']}, rel err {row['rel_err_vs_bf16']:.4f} (vs fp32 {row['rel_err_vs_fp32']:.4f})"
                 + (f", compiled paths {row['compiled_paths']}" if row.get("compiled_paths") else "")
                 + (", kernels " + ", ".join(f"{k} {row[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ms ({row['kernels']})"
-                   + f", host {row['host_ms']:.2f} ms, {row['syncs']} syncs {row['first_sync']}".rstrip()
-                   if "kernels" in row else ""))
+                   if "kernels" in row else "")
+                + (f", host {row['host_ms']:.2f} ms, {row['syncs']} syncs {row['first_sync']}".rstrip()
+                   if "host_ms" in row else ""))
         if variant == "ours_compiled":  # after the timed and noted graphs: these traces note "unfused"
             # aot_eager at every token count; inductor's two deterministic compilations at the first (the
             # kernels' bytes per shape are the test suite's; this is the compiled graph's check)
