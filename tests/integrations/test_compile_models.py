@@ -82,8 +82,16 @@ def test_qwen_image21_bf16_model_has_its_own_graph_break():
         torch.compile(model, fullgraph=True, backend="aot_eager")(**inputs[0])
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("case", WHOLE_MODEL_CASES)
+def family_format_sweep(cases: List[str]):
+    """Every family in both formats; by default every family in FP8 and Qwen-Image in NVFP4 too (the families
+    share the segments and the formats share the families' forwards; each NVFP4 case costs seconds of the CPU
+    reference)."""
+    values = [(case, fmt) for case in cases for fmt in ("fp8", "nvfp4")]
+    default = [(case, "fp8") for case in cases] + [("qwen_image", "nvfp4")]
+    return sweep("case,fmt", values, default, ids=[f"{case}-{fmt}" for case, fmt in values])
+
+
+@family_format_sweep(WHOLE_MODEL_CASES)
 def test_fullgraph_compiles_once_equals_eager_and_unfused(case, fmt):
     """``torch.compile(model, fullgraph=True)`` (``aot_eager``: the ops as traced): one graph for repeated
     forwards, the eager bytes, no eager counter moved and every segment fused in the graph; then the unfused
@@ -106,7 +114,7 @@ def test_fullgraph_compiles_once_equals_eager_and_unfused(case, fmt):
     assert qd.fused_path_stats(model)["compiled"]["img"] == ["fused", "unfused"]
 
 
-@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
+@sweep("zero_cond_t", [False, True], [False], ids=["plain", "zero_cond_t"])
 def test_inductor_fused_equals_unfused(zero_cond_t):
     """Inductor's own code for the glue (CPU here): the fused and the unfused graph, two compilations, the same
     bytes (inductor's GPU autotuning picks among reduction orders by timing: see the GPU test below)."""
@@ -119,8 +127,7 @@ def test_inductor_fused_equals_unfused(zero_cond_t):
     assert all(torch.equal(outs["fused"][0], t) for t in outs["fused"] + outs["unfused"])
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("case", ["qwen_image", "qwen_image21", "flux", "wan21", "wan22_ti2v"])
+@family_format_sweep(["qwen_image", "qwen_image21", "flux", "wan21", "wan22_ti2v"])
 def test_regional_compilation_compiles_one_block(case, fmt):
     """diffusers' ``compile_repeated_blocks``: one graph serves every block (the blocks' per-layer scales are
     tensors, not constants), no graph break inside a block, and no recompile over repeated forwards; then the
