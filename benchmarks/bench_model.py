@@ -33,6 +33,8 @@ import argparse
 import copy
 import math
 import sys
+import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -342,9 +344,6 @@ def host_figures(fn: Callable[[], Any]) -> Dict[str, Any]:
     after it: where this is near the forward time, the forward is bound by the host), and ``syncs``, how many
     synchronizing CUDA calls it made (``torch.cuda.set_sync_debug_mode("warn")``), with ``first_sync``, where
     the first was made."""
-    import time
-    import warnings
-
     torch.cuda.synchronize()
     start = time.perf_counter()
     fn()
@@ -453,11 +452,10 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     (one per shape, or a second, dynamic one), the relative errors against the BF16 eager output and against
     the fp32 model's (:func:`fp32_outputs`); for ours compiled, the segments' compiled paths, and for ours
     compiled whole, fused == unfused under compile (:func:`_compiled_fused_equals_unfused`: aot_eager at every
-    token count, inductor at the first); with ``profile``, :func:`kernel_breakdown` of one forward.
+    token count, inductor at the first); with ``profile``, :func:`kernel_breakdown` and :func:`host_figures` of
+    one forward each.
     ``on_variant``: called with the rows so far after each variant (a run stopped midway keeps what it
     measured)."""
-    import time
-
     import torch._dynamo as dynamo
     from qwen_resnorm_fp4.integrations import diffusers as qd
 

@@ -17,6 +17,7 @@ import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4.integrations._state import converted_blocks
 
 from helpers.diffusers_models import build_small, flux, make_inputs, needs_diffusers, qwen21, run, wan
+from helpers.reliability import first_difference
 from helpers.tiers import sweep
 
 pytestmark = needs_diffusers
@@ -441,8 +442,7 @@ def test_gpu_inductor_deterministic_fused_equals_unfused():
     for mode, runs in outs.items():  # each compilation repeats its own bytes
         assert torch.equal(runs[0], runs[1]), f"two forwards of the {mode} compilation differ"
     fused, unfused = outs["fused"][0], outs["unfused"][0]
-    differing = (fused != unfused).sum().item()
-    assert differing == 0, f"fused != unfused: {differing} of {fused.numel()} output elements differ"
+    assert torch.equal(fused, unfused), f"fused != unfused: {first_difference(fused, unfused)}"
     assert qd.fused_path_stats(model)["compiled"]["img"] == ["fused", "unfused"]
 
 
