@@ -1,0 +1,127 @@
+"""Where inductor's fused and unfused compilations of a converted model part (GPU): a real-width one-block
+Qwen-Image in FP8 ("all" Linears, the model of ``test_gpu_inductor_deterministic_fused_equals_unfused``),
+compiled whole and by regions, in inductor's deterministic mode, with and without
+``emulate_precision_casts`` (bf16 intermediates rounded where eager rounds them). Writes each compilation's
+generated code (``OUT/<case>_<mode>_<n>.py``) and a summary (``OUT/summary.json``): per case, whether the two
+modes' outputs are equal and, where not, how many elements differ, the largest difference and the first rows.
+
+    python scripts/inductor_fused_unfused.py --out gpu_logs/inductor_diff
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+from helpers.diffusers_models import make_inputs  # noqa: E402
+
+CASES = {  # name: (regional, inductor options)
+    "whole": (False, {}),
+    "whole_eager_casts": (False, {"emulate_precision_casts": True}),
+    "regional": (True, {}),
+}
+
+
+def build(zero_cond_t: bool, device: str):
+    """The test's model: 1 block, 24 heads x 128, converted (fp8, "all"), and its input (77 text tokens); on
+    the CPU, the CPU tests' small model (a check of this script)."""
+    from diffusers import QwenImageTransformer2DModel
+
+    import qwen_resnorm_fp4.integrations.diffusers as qd
+
+    if device == "cpu":
+        from helpers.diffusers_models import build_small
+
+        model, inputs = build_small(zero_cond_t), [make_inputs(1, 7, zero_cond_t, small=True, seed=5)]
+        qd.convert_transformer(model, format="fp8", linears="all", calibration_inputs=inputs, allow_cpu=True)
+        return model, inputs[0]
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = QwenImageTransformer2DModel(
+            patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), zero_cond_t=zero_cond_t)
+    model = model.to(torch.bfloat16).eval()
+    inputs = [make_inputs(1, 77, zero_cond_t, small=False, seed=s, device="cuda") for s in (1, 2)]
+    qd.convert_transformer(model, format="fp8", linears="all", calibration_inputs=inputs[:1])
+    return model, inputs[0]
+
+
+def compiled_output(model, inp: Dict[str, Any], regional: bool, options: Dict[str, Any]):
+    """One forward of a fresh compilation (whole model, or its repeated blocks) and inductor's code for it."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    with inductor_config.patch(deterministic=True, **options), torch.no_grad():
+        if regional:
+            model.compile_repeated_blocks(fullgraph=True)
+            fn = lambda: model(**inp)[0].clone()  # noqa: E731
+        else:
+            compiled = torch.compile(model, fullgraph=True)
+            fn = lambda: compiled(**inp)[0].clone()  # noqa: E731
+        out, codes = run_and_get_code(fn)
+    if regional:  # undo compile_repeated_blocks: the next case compiles afresh
+        for block in model.transformer_blocks:
+            block._compiled_call_impl = None
+    return out, codes
+
+
+def difference(a: torch.Tensor, b: torch.Tensor) -> Dict[str, Any]:
+    """Equality, and where unequal: the count of differing elements, the largest |a - b| and its relative size,
+    and the first (token, channel) positions."""
+    if torch.equal(a, b):
+        return {"equal": True}
+    diff = (a.float() - b.float()).abs()
+    where = (a != b).nonzero()[:8].tolist()
+    return {"equal": False, "differing": int((a != b).sum()), "of": a.numel(), "max_abs": float(diff.max()),
+            "max_rel": float(diff.max() / b.float().abs().max()), "first_positions": where,
+            "rows_differing": int((a != b).reshape(-1, a.shape[-1]).any(-1).sum())}
+
+
+def main(argv: List[str] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="gpu_logs/inductor_diff", help="directory for the code and summary")
+    parser.add_argument("--zero-cond-t", action="store_true", help="the zero_cond_t model")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a small model")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    args = parser.parse_args(argv)
+    import qwen_resnorm_fp4.integrations.diffusers as qd
+
+    os.makedirs(args.out, exist_ok=True)
+    model, inp = build(args.zero_cond_t, args.device)
+    summary: Dict[str, Any] = {"torch": torch.__version__, "device": torch.cuda.get_device_name()
+                               if args.device == "cuda" else "cpu"}
+    eager = {}
+    for mode in ("fused", "unfused"):
+        qd.set_mode(model, mode)
+        with torch.no_grad():
+            eager[mode] = model(**inp)[0].clone()
+    summary["eager fused vs unfused"] = difference(eager["fused"], eager["unfused"])
+    for case in args.cases.split(","):
+        regional, options = CASES[case]
+        outs = {}
+        for mode in ("fused", "unfused"):
+            qd.set_mode(model, mode)
+            outs[mode], codes = compiled_output(model, inp, regional, options)
+            for n, code in enumerate(codes):
+                with open(os.path.join(args.out, f"{case}_{mode}_{n}.py"), "w") as f:
+                    f.write(code)
+        summary[case] = {"fused vs unfused": difference(outs["fused"], outs["unfused"]),
+                         "fused vs eager": difference(outs["fused"], eager["fused"])}
+        print(case, json.dumps(summary[case]), flush=True)
+    qd.set_mode(model, "fused")
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
