@@ -5,8 +5,8 @@
 # must hold the in-place build (the README's quickstart, or a qwen_resnorm_fp4/_C*.so copied in); with
 # WHEEL=path it installs that wheel and runs everything against the installed package instead.
 #
-#   bash scripts/gpu_check.sh [demo] [tests] [bench] [pdl] [per_token] [gemm] [fp8] [fp8_linear] [model] [ncu]
-#                             [sanitizer] [emulation]
+#   bash scripts/gpu_check.sh [startup] [demo] [tests] [bench] [pdl] [per_token] [gemm] [fp8] [fp8_linear] [model]
+#                             [ncu] [sanitizer] [emulation]
 #                                                                                              (default: tests)
 #   PYTEST_ARGS="-m gpu" bash scripts/gpu_check.sh tests
 #   EXHAUSTIVE=0 bash scripts/gpu_check.sh tests        (the default tier instead: the README's `python -m pytest
@@ -86,6 +86,8 @@ for stage in "${stages[@]}"; do
       python3 "$REPO/benchmarks/bench_pdl.py" --out "$OUT/pdl" ${PDL_ARGS:-} 2>&1 | tee "$OUT/pdl.log" || status=1 ;;
     per_token)  # per-token modulation against FlashInfer's DiT kernel (built now from its header)
       python3 "$REPO/benchmarks/bench_per_token.py" --out "$OUT/per_token" ${PER_TOKEN_ARGS:-} 2>&1 | tee "$OUT/per_token.log" || status=1 ;;
+    startup)  # a fresh interpreter's and a first CPU inductor compilation's wall time here (the tests start both)
+      python3 "$REPO/scripts/startup_times.py" 2>&1 | tee "$OUT/startup.log" || status=1 ;;
     demo)
       python3 -m qwen_resnorm_fp4 demo 2>&1 | tee "$OUT/demo.log" || status=1 ;;
     gemm)  # the NVFP4 GEMM paths against the BF16 GEMM of the same shapes

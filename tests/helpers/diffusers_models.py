@@ -11,6 +11,8 @@ tests/gemm/test_gpu_fp8_linear.py.
 - Other families, each returning (model, [input dict], converted segments per forward): ``qwen21`` (Qwen-Image
   2.1), ``flux`` (FLUX.1), ``wan`` (Wan 2.1 / 2.2 TI2V), ``qwen_image``; ``SMALL_CASES``: the small CPU cases
   by name.
+- ``format_model_sweep()``: the parametrization of a test over format x (plain, zero_cond_t) Qwen-Image, by
+  default FP8 on the plain model and NVFP4 on zero_cond_t (each format and each modulation form once).
 - ``run(model, inp)``: one forward without grad; ``fused_then_unfused(model, inp, segments)``: the same input
   fused, then unfused, every segment counted, the bytes equal; ``sha256(tensor)``; ``launches_by_mode(model,
   inp)``: the CUDA kernels one forward launches fused and unfused (helpers.reliability.kernel_names).
@@ -27,6 +29,7 @@ import torch
 
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from helpers.reliability import kernel_names
+from helpers.tiers import sweep
 
 
 def _import() -> Tuple[Any, Optional[str]]:
@@ -95,6 +98,14 @@ def make_inputs(batch: int, text_len: int, zero_cond_t: bool, *, small: bool, se
 def build_small(zero_cond_t: bool, seed: int = 0):
     torch.manual_seed(seed)
     return QwenImageTransformer2DModel(**SMALL, zero_cond_t=zero_cond_t).to(torch.bfloat16).eval()
+
+
+def format_model_sweep():
+    """``sweep("fmt,zero_cond_t", ...)`` over both formats x the plain and zero_cond_t Qwen-Image; by default
+    ("fp8", plain) and ("nvfp4", zero_cond_t). Ids: "<plain|zero_cond_t>-<fmt>"."""
+    cases = [(fmt, zct) for zct in (False, True) for fmt in ("fp8", "nvfp4")]
+    return sweep("fmt,zero_cond_t", cases, [("fp8", False), ("nvfp4", True)],
+                 ids=[f"{'zero_cond_t' if zct else 'plain'}-{fmt}" for fmt, zct in cases])
 
 
 def run(model, inp) -> torch.Tensor:

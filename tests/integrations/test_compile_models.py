@@ -16,7 +16,8 @@ import torch
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4.integrations._state import converted_blocks
 
-from helpers.diffusers_models import build_small, flux, make_inputs, needs_diffusers, qwen21, run, wan
+from helpers.diffusers_models import (build_small, flux, format_model_sweep, make_inputs, needs_diffusers, qwen21, run,
+                                      wan)
 from helpers.reliability import first_difference
 from helpers.tiers import sweep
 
@@ -397,8 +398,7 @@ def real_width_qwen_image(fmt: str, zero_cond_t: bool):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
+@format_model_sweep()
 def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
     """The CUDA kernels as traced (``aot_eager``: the graph's own ops, no code generation): one graph for repeated
     forwards, every segment fused in it, the bytes of the traced code run eagerly, close to eager, and fused ==

@@ -10,7 +10,7 @@ import torch
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4.integrations import _attention
 
-from helpers.diffusers_models import build_small, make_inputs, needs_diffusers, run
+from helpers.diffusers_models import build_small, format_model_sweep, make_inputs, needs_diffusers, run
 
 pytestmark = needs_diffusers
 
@@ -171,8 +171,7 @@ def graph_targets(model, inp):
     return names
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("zero_cond_t", [False, True], ids=["plain", "zero_cond_t"])
+@format_model_sweep()
 def test_compiled_converted_blocks_have_no_complex_op(fmt, zero_cond_t):
     """The BF16 model's compiled graph rotates with view_as_complex (once per query and key of each stream and
     block); the converted model's has none left (its rotary frequencies are made complex outside the blocks)."""

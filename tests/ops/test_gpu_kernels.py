@@ -291,7 +291,8 @@ def test_cuda_graph_replay_matches_eager():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("rows", (4096, 1024, 17))
+# a fresh process each: by default few rows above one wave (occupancy and stagger) and below (the split)
+@sweep("rows", (4096, 1024, 17), (1024, 17))
 def test_first_launch_inside_graph_capture(rows):
     """The fused and resnorm launches ask the device's SM count and, for many rows or few rows above one wave
     (1024 rows), their kernel's occupancy on their first call and cache them (the split of few rows and the

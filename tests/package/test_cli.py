@@ -1,9 +1,12 @@
 """CPU tests of the command line (info, demo, the bench commands, --version), of its option checks and of the
 install description it prints (qwen_resnorm_fp4.info). The benchmarks themselves: tests/package/test_benchmarks.py.
 
-The subprocesses run from the repository root with CUDA hidden, so they import this source tree and take
-the CPU paths on any machine. Their timeout is the suite's hang guard (helpers.session.HANG_GUARD_S), not a time
-budget: nothing here depends on how fast a (possibly loaded) machine runs them.
+The command line runs in this process (``cli.main``, CUDA reported absent) wherever what is checked is its
+output; a process of its own is started only where the process is the subject: ``python -m`` itself
+(test_info_text), the modules a fresh interpreter loads, and a benchmark's child process importing the package
+the command came from. The subprocesses run with CUDA hidden, importing the package under test, and take the CPU
+paths on any machine. Their timeout is the suite's hang guard (helpers.session.HANG_GUARD_S), not a time budget:
+nothing here depends on how fast a (possibly loaded) machine runs them.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 import qwen_resnorm_fp4 as q
 from helpers.paths import PACKAGE_PARENT, REPO_ROOT, package_env
 from helpers.session import HANG_GUARD_S
+from helpers.tiers import sweep
 from qwen_resnorm_fp4 import cli, env, info
 
 ROOT = REPO_ROOT
@@ -49,7 +53,16 @@ def cli_here(monkeypatch, capfd, *args: str):
     return status, out, err
 
 
+def cli_without_cuda(monkeypatch, capsys, *args: str):
+    """(exit status, stdout, stderr) of the command line run in this process as on a machine without a GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
 def test_info_text():
+    """``python -m qwen_resnorm_fp4 info`` in a process of its own with CUDA hidden: the module entry point."""
     p = run_cli("info")
     assert p.returncode == 0, p.stderr
     out = p.stdout
@@ -63,10 +76,10 @@ def test_info_text():
     assert line.startswith(want), line
 
 
-def test_info_json():
-    p = run_cli("info", "--json")
-    assert p.returncode == 0, p.stderr
-    doc = json.loads(p.stdout)
+def test_info_json(monkeypatch, capsys):
+    status, out, err = cli_without_cuda(monkeypatch, capsys, "info", "--json")
+    assert status == 0, err
+    doc = json.loads(out)
     for key in ("version", "torch", "torch_cuda", "library_loaded", "library", "cuda_archs", "flashinfer",
                 "gpus", "path", "switches", "blackwell_emulation", "kernel_path_switch"):
         assert key in doc
@@ -90,17 +103,17 @@ def test_info_shows_switches(monkeypatch):
     assert doc["fast_math_default"] is False
 
 
-def test_demo_cpu():
-    p = run_cli("demo", "--device", "cpu", "--rows-image", "64", "--rows-text", "17", "--dim", "256", "--reps", "1")
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "image stream" in p.stdout and "text  stream" in p.stdout
-    assert p.stdout.count("byte-exact: yes") == 2, p.stdout
+def test_demo_cpu(monkeypatch, capsys):
+    status, out, err = cli_without_cuda(monkeypatch, capsys, "demo", "--device", "cpu", "--rows-image", "64",
+                                        "--rows-text", "17", "--dim", "256", "--reps", "1")
+    assert status == 0, out + err
+    assert "image stream" in out and "text  stream" in out
+    assert out.count("byte-exact: yes") == 2, out
 
 
 def test_demo_default_runs_as_the_readme_says(monkeypatch, capsys):
     """`python -m qwen_resnorm_fp4 demo` with no arguments (the README's quickstart line), as on a machine without
-    a GPU (the CPU reference at its default size), run in this process: test_demo_cpu starts the command line's
-    own process; the demo's time per call is printed, never checked."""
+    a GPU (the CPU reference at its default size); the demo's time per call is printed, never checked."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli.main(["demo"]) == 0
     out = capsys.readouterr().out
@@ -148,13 +161,16 @@ def test_counts_must_be_positive(argv, capsys):
     assert f"argument {argv[1]}: expected" in err and "positive integer" in err, err
 
 
-def test_demo_refused_count_prints_only_the_error():
+def test_demo_refused_count_prints_only_the_error(monkeypatch, capsys):
     """`demo --reps -1` prints the usage error and nothing else (no banner)."""
-    p = run_cli("demo", "--reps", "-1")
-    assert p.returncode == 2
-    assert p.stdout == ""
-    assert "argument --reps: expected a positive integer, got -1" in p.stderr
-    assert "on CPU" not in p.stderr and "device:" not in p.stderr
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", "--reps", "-1"])
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "argument --reps: expected a positive integer, got -1" in err
+    assert "on CPU" not in err and "device:" not in err
 
 
 def test_demo_refused_width_prints_no_banner(capsys):
@@ -170,8 +186,6 @@ def test_version(capsys):
         cli.main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out.strip() == f"qwen_resnorm_fp4 {__version__}"
-    p = run_cli("--version")
-    assert p.returncode == 0 and p.stdout.strip() == f"qwen_resnorm_fp4 {__version__}", p.stdout + p.stderr
 
 
 def test_console_script_entry_point():
@@ -248,7 +262,11 @@ def test_bench_on_cpu_exits_2(monkeypatch, capfd):
     assert "GPU only" in err
 
 
+@pytest.mark.exhaustive  # a second benchmark child process; what it composes is checked in-process by default
 def test_bench_option_errors_are_the_benchmarks(monkeypatch, capfd):
+    """The benchmark's child process parses its own options: a refused option is its usage error and exit
+    status (the forwarding: test_each_bench_command_runs_its_script; every script's option rules:
+    tests/package/test_benchmarks.py)."""
     status, out, err = cli_here(monkeypatch, capfd, "bench", "--reps", "0")
     assert status == 2 and "argument --reps: expected a positive integer" in err, err
 
@@ -263,36 +281,53 @@ def package_copy(tmp_path):
     return tmp_path / "site"
 
 
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """The command line in this process as an installed package sees itself: its directory in a site directory
+    with no checkout around it, and no QWEN_FP4_BENCHMARKS."""
+    site = tmp_path / "site"
+    (site / "qwen_resnorm_fp4").mkdir(parents=True)
+    monkeypatch.setattr(cli, "_PACKAGE_DIR", site / "qwen_resnorm_fp4")
+    monkeypatch.delenv(cli.BENCHMARKS_DIR_VAR, raising=False)
+    return site
+
+
 @pytest.mark.parametrize("command", ["bench", "bench-gemm"])
-def test_bench_outside_a_checkout_says_how(package_copy, command):
-    p = run_from(package_copy.parent, str(package_copy), command, "--help")
-    assert p.returncode == 2, p.stdout + p.stderr
-    assert "the benchmarks are not part of the installed package" in p.stderr
-    assert f"python benchmarks/{cli.BENCHMARKS[command]} --help" in p.stderr
-    assert cli.BENCHMARKS_DIR_VAR in p.stderr and p.stdout == ""
+def test_bench_outside_a_checkout_says_how(installed, command, capsys):
+    assert cli.main([command, "--help"]) == 2
+    out, err = capsys.readouterr()
+    assert "the benchmarks are not part of the installed package" in err
+    assert f"python benchmarks/{cli.BENCHMARKS[command]} --help" in err
+    assert cli.BENCHMARKS_DIR_VAR in err and out == ""
 
 
-def test_bench_outside_a_checkout_with_the_variable(package_copy):
-    """QWEN_FP4_BENCHMARKS points an installed package at a checkout's benchmarks/, which then imports that
-    package (not the checkout's)."""
-    p = run_from(package_copy.parent, str(package_copy), "bench-pdl", "--help",
-                 extra_env={cli.BENCHMARKS_DIR_VAR: str(ROOT / "benchmarks")})
-    assert p.returncode == 0 and "--rows" in p.stdout, p.stdout + p.stderr
-    bad = run_from(package_copy.parent, str(package_copy), "bench", "--help",
-                   extra_env={cli.BENCHMARKS_DIR_VAR: str(package_copy)})
-    assert bad.returncode == 2 and f"has no {cli.BENCHMARKS['bench']}" in bad.stderr
+def test_bench_outside_a_checkout_with_the_variable(installed, monkeypatch, capsys):
+    """QWEN_FP4_BENCHMARKS points an installed package at a checkout's benchmarks/; a directory without the
+    scripts is refused by name."""
+    monkeypatch.setenv(cli.BENCHMARKS_DIR_VAR, str(ROOT / "benchmarks"))
+    assert cli.find_benchmarks() == ((ROOT / "benchmarks").resolve(), "")
+    monkeypatch.setenv(cli.BENCHMARKS_DIR_VAR, str(installed))
+    assert cli.main(["bench", "--help"]) == 2
+    assert f"has no {cli.BENCHMARKS['bench']}" in capsys.readouterr().err
 
 
-def test_benchmark_imports_the_package_the_cli_ran(package_copy, tmp_path):
-    """The child process imports the qwen_resnorm_fp4 the command line came from."""
+#: How the command line's process found the installed package: on PYTHONPATH, or as the working directory of
+#: ``python -m`` (sys.path[0], which the child does not inherit).
+FOUND_BY = {"pythonpath": lambda site: (site.parent, str(site)), "cwd": lambda site: (site, None)}
+
+
+@sweep("found_by", list(FOUND_BY), ["pythonpath"])
+def test_benchmark_imports_the_package_the_cli_ran(package_copy, tmp_path, found_by):
+    """An installed package's ``bench`` command (its own process, QWEN_FP4_BENCHMARKS set): the benchmark's
+    child process imports the qwen_resnorm_fp4 the command line came from."""
     bench_dir = tmp_path / "bench"
     bench_dir.mkdir()
     (bench_dir / "bench_fused.py").write_text("import qwen_resnorm_fp4, sys; print(qwen_resnorm_fp4.__file__)\n")
     want = str(package_copy / "qwen_resnorm_fp4" / "__init__.py")
-    for cwd, pythonpath in ((package_copy.parent, str(package_copy)), (package_copy, None)):  # PYTHONPATH; the cwd
-        p = run_from(cwd, pythonpath, "bench", extra_env={cli.BENCHMARKS_DIR_VAR: str(bench_dir)})
-        assert p.returncode == 0, p.stderr
-        assert p.stdout.strip() == want, (cwd, p.stdout)
+    cwd, pythonpath = FOUND_BY[found_by](package_copy)
+    p = run_from(cwd, pythonpath, "bench", extra_env={cli.BENCHMARKS_DIR_VAR: str(bench_dir)})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == want, (cwd, p.stdout)
 
 
 @pytest.mark.parametrize("cap,archs,expected", [
