@@ -1,9 +1,10 @@
 """Where inductor's fused and unfused compilations of a converted model part (GPU): a real-width one-block
 Qwen-Image in FP8 ("all" Linears, the model of ``test_gpu_inductor_deterministic_fused_equals_unfused``),
-compiled whole and by regions, in inductor's deterministic mode, with and without
-``emulate_precision_casts`` (bf16 intermediates rounded where eager rounds them). Writes each compilation's
-generated code (``OUT/<case>_<mode>_<n>.py``) and a summary (``OUT/summary.json``): per case, whether the two
-modes' outputs are equal and, where not, how many elements differ, the largest difference and the first rows.
+compiled whole and by regions, in inductor's deterministic mode, with and without ``emulate_precision_casts``
+(bf16 intermediates rounded where eager rounds them), fused, unfused and fused again (whether one mode repeats
+its bytes across compilations). Writes each compilation's generated code (``OUT/<case>_<mode>_<n>.py``) and a
+summary (``OUT/summary.json``): per case, whether the outputs are equal and, where not, how many elements
+differ, the largest difference and the first positions.
 
     python scripts/inductor_fused_unfused.py --out gpu_logs/inductor_diff
 """
@@ -107,13 +108,14 @@ def main(argv: List[str] = None) -> int:
     for case in args.cases.split(","):
         regional, options = CASES[case]
         outs = {}
-        for mode in ("fused", "unfused"):
-            qd.set_mode(model, mode)
+        for mode in ("fused", "unfused", "fused_again"):  # fused_again: does one mode repeat across compilations?
+            qd.set_mode(model, mode.split("_")[0])
             outs[mode], codes = compiled_output(model, inp, regional, options)
             for n, code in enumerate(codes):
                 with open(os.path.join(args.out, f"{case}_{mode}_{n}.py"), "w") as f:
                     f.write(code)
         summary[case] = {"fused vs unfused": difference(outs["fused"], outs["unfused"]),
+                         "fused vs fused compiled again": difference(outs["fused"], outs["fused_again"]),
                          "fused vs eager": difference(outs["fused"], eager["fused"])}
         print(case, json.dumps(summary[case]), flush=True)
     qd.set_mode(model, "fused")
