@@ -311,7 +311,7 @@ KIND_NAMES = tuple(k for k, _ in KERNEL_KINDS) + ("other",)
 PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "over_torchao_row", "compile_s",
                "graphs", "rel_err_vs_bf16", "rel_err_vs_fp32", "fused_equals_unfused", "fused_equals_unfused_inductor",
                "compiled_paths",
-               *(f"{k}_ms" for k in KIND_NAMES), "kernels", "host_ms", "syncs", "first_sync"]
+               *(f"{k}_ms" for k in KIND_NAMES), "kernels", "top_attention", "host_ms", "syncs", "first_sync"]
 
 
 def kernel_kind(name: str) -> str:
@@ -324,7 +324,8 @@ def kernel_kind(name: str) -> str:
 
 def kernel_breakdown(fn: Callable[[], Any]) -> Dict[str, Any]:
     """One call of ``fn`` under torch.profiler: the GPU time of its kernels by kind (``<kind>_ms``; copies and
-    fills are "other") and how many kernels it launched (``kernels``)."""
+    fills are "other"), how many kernels it launched (``kernels``), and the attention kernel that took the most
+    time, with its ms (``top_attention``: which backend and kernel the attention ran)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -333,9 +334,15 @@ def kernel_breakdown(fn: Callable[[], Any]) -> Dict[str, Any]:
         torch.cuda.synchronize()
     row: Dict[str, Any] = {f"{k}_ms": 0.0 for k in KIND_NAMES}
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    attention: Dict[str, float] = {}
     for e in kernels:
-        row[f"{kernel_kind(e.name)}_ms"] += e.device_time / 1e3
+        kind = kernel_kind(e.name)
+        row[f"{kind}_ms"] += e.device_time / 1e3
+        if kind == "attention":
+            attention[e.name] = attention.get(e.name, 0.0) + e.device_time / 1e3
     row["kernels"] = len(kernels)
+    top = max(attention, key=attention.get, default=None)
+    row["top_attention"] = f"{top[:80]} ({attention[top]:.2f} ms)" if top else ""
     return row
 
 
@@ -508,6 +515,7 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                 f"graphs {row['graphs']}, rel err {row['rel_err_vs_bf16']:.4f} (vs fp32 {row['rel_err_vs_fp32']:.4f})"
                 + (f", compiled paths {row['compiled_paths']}" if row.get("compiled_paths") else "")
                 + (", kernels " + ", ".join(f"{k} {row[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ms ({row['kernels']})"
+                   + (f", attention kernel {row['top_attention']}" if row.get("top_attention") else "")
                    if "kernels" in row else "")
                 + (f", host {row['host_ms']:.2f} ms, {row['syncs']} syncs {row['first_sync']}".rstrip()
                    if "host_ms" in row else ""))
