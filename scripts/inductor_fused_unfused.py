@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from helpers.diffusers_models import make_inputs  # noqa: E402
+from helpers.diffusers_models import build_small, make_inputs, real_width_qwen_image  # noqa: E402
 
 CASES = {  # name: (regional, inductor options)
     "whole": (False, {}),
@@ -31,26 +31,15 @@ CASES = {  # name: (regional, inductor options)
 
 
 def build(zero_cond_t: bool, device: str):
-    """The test's model: 1 block, 24 heads x 128, converted (fp8, "all"), and its input (77 text tokens); on
-    the CPU, the CPU tests' small model (a check of this script)."""
-    from diffusers import QwenImageTransformer2DModel
-
+    """The test's model (``helpers.diffusers_models.real_width_qwen_image``, FP8) and its first input; on the
+    CPU, the CPU tests' small model (a check of this script)."""
     import qwen_resnorm_fp4.integrations.diffusers as qd
 
     if device == "cpu":
-        from helpers.diffusers_models import build_small
-
         model, inputs = build_small(zero_cond_t), [make_inputs(1, 7, zero_cond_t, small=True, seed=5)]
         qd.convert_transformer(model, format="fp8", linears="all", calibration_inputs=inputs, allow_cpu=True)
         return model, inputs[0]
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = QwenImageTransformer2DModel(
-            patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=128,
-            num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), zero_cond_t=zero_cond_t)
-    model = model.to(torch.bfloat16).eval()
-    inputs = [make_inputs(1, 77, zero_cond_t, small=False, seed=s, device="cuda") for s in (1, 2)]
-    qd.convert_transformer(model, format="fp8", linears="all", calibration_inputs=inputs[:1])
+    model, inputs = real_width_qwen_image("fp8", zero_cond_t)
     return model, inputs[0]
 
 

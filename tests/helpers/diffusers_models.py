@@ -11,6 +11,8 @@ tests/gemm/test_gpu_fp8_linear.py.
 - Other families, each returning (model, [input dict], converted segments per forward): ``qwen21`` (Qwen-Image
   2.1), ``flux`` (FLUX.1), ``wan`` (Wan 2.1 / 2.2 TI2V), ``qwen_image``; ``SMALL_CASES``: the small CPU cases
   by name.
+- ``real_width_qwen_image(fmt, zero_cond_t)``: a real-width (24 heads x 128) one-block Qwen-Image on the GPU,
+  converted (``linears="all"``), and two inputs (77 text tokens).
 - ``format_model_sweep()``: the parametrization of a test over format x (plain, zero_cond_t) Qwen-Image, by
   default FP8 on the plain model and NVFP4 on zero_cond_t (each format and each modulation form once).
 - ``run(model, inp)``: one forward without grad; ``fused_then_unfused(model, inp, segments)``: the same input
@@ -98,6 +100,19 @@ def make_inputs(batch: int, text_len: int, zero_cond_t: bool, *, small: bool, se
 def build_small(zero_cond_t: bool, seed: int = 0):
     torch.manual_seed(seed)
     return QwenImageTransformer2DModel(**SMALL, zero_cond_t=zero_cond_t).to(torch.bfloat16).eval()
+
+
+def real_width_qwen_image(fmt: str, zero_cond_t: bool):
+    """A real-width Qwen-Image (24 heads x 128) of one block on the GPU, converted (linears="all")."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = QwenImageTransformer2DModel(
+            patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), zero_cond_t=zero_cond_t)
+    model = model.to(torch.bfloat16).eval()
+    inputs = [make_inputs(1, 77, zero_cond_t, small=False, seed=s, device="cuda") for s in (1, 2)]
+    qd.convert_transformer(model, format=fmt, linears="all", calibration_inputs=inputs[:1])
+    return model, inputs
 
 
 def format_model_sweep():

@@ -16,8 +16,8 @@ import torch
 import qwen_resnorm_fp4.integrations.diffusers as qd
 from qwen_resnorm_fp4.integrations._state import converted_blocks
 
-from helpers.diffusers_models import (build_small, flux, format_model_sweep, make_inputs, needs_diffusers, qwen21, run,
-                                      wan)
+from helpers.diffusers_models import (build_small, flux, format_model_sweep, make_inputs, needs_diffusers, qwen21,
+                                      real_width_qwen_image, run, wan)
 from helpers.reliability import first_difference
 from helpers.tiers import sweep
 
@@ -380,21 +380,6 @@ def test_load_state_dict_refuses_a_bad_input_scale(bad):
 # ------------------------------------------------------------------------------------------------------------
 # GPU: inductor, real width
 # ------------------------------------------------------------------------------------------------------------
-
-
-def real_width_qwen_image(fmt: str, zero_cond_t: bool):
-    """A real-width Qwen-Image (24 heads x 128) of one block on the GPU, converted (linears="all")."""
-    from diffusers import QwenImageTransformer2DModel
-
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = QwenImageTransformer2DModel(
-            patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=128,
-            num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), zero_cond_t=zero_cond_t)
-    model = model.to(torch.bfloat16).eval()
-    inputs = [make_inputs(1, 77, zero_cond_t, small=False, seed=s, device="cuda") for s in (1, 2)]
-    qd.convert_transformer(model, format=fmt, linears="all", calibration_inputs=inputs[:1])
-    return model, inputs
 
 
 @pytest.mark.gpu
