@@ -1,5 +1,6 @@
 """What the test suite's fixed costs are on this machine: the wall time of a fresh interpreter (bare, importing
-torch, importing this package; CUDA hidden, as the tests' subprocesses run) and of a first CPU inductor
+torch, importing this package; CUDA hidden, as the tests' subprocesses run; and with the bytecode cache moved to
+a writable directory, ``PYTHONPYCACHEPREFIX``) and of a first CPU inductor
 compilation with an empty cache (with inductor's default compile workers, and with one), and the CPU threads
 torch uses. One line each; ``scripts/gpu_check.sh startup`` runs it.
 
@@ -44,10 +45,16 @@ def first_compile(**env: str) -> str:
 def main() -> int:
     import torch
 
-    print(f"cpu count {os.cpu_count()}, torch threads {torch.get_num_threads()}")
+    print(f"cpu count {os.cpu_count()}, torch threads {torch.get_num_threads()}, PYTHONDONTWRITEBYTECODE="
+          f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '(unset)')}, torch's bytecode cached beside it: "
+          f"{os.path.isdir(os.path.join(os.path.dirname(torch.__file__), '__pycache__'))}")
     for label, code in (("bare", "pass"), ("import torch", "import torch"),
                         ("import qwen_resnorm_fp4", "import qwen_resnorm_fp4")):
         print(f"{label}: {wall(code):.2f} s (second run {wall(code):.2f} s)")
+    with tempfile.TemporaryDirectory() as prefix:  # where site-packages' bytecode cannot be written, it can here
+        first, second = (wall("import qwen_resnorm_fp4", PYTHONPYCACHEPREFIX=prefix, PYTHONDONTWRITEBYTECODE="")
+                         for _ in range(2))
+        print(f"import qwen_resnorm_fp4 with PYTHONPYCACHEPREFIX: {first:.2f} s, then {second:.2f} s")
     print(f"CPU inductor, cold cache, default workers: {first_compile()}")
     one = first_compile(TORCHINDUCTOR_COMPILE_THREADS="1")
     print(f"CPU inductor, cold cache, TORCHINDUCTOR_COMPILE_THREADS=1: {one}")
