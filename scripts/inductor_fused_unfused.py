@@ -49,7 +49,8 @@ def compiled_output(model, inp: Dict[str, Any], regional: bool, options: Dict[st
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
-    with inductor_config.patch(deterministic=True, **options), torch.no_grad():
+    # force_disable_caches: each compilation generates its code afresh (no FX-graph or autograd cache hit)
+    with inductor_config.patch(deterministic=True, force_disable_caches=True, **options), torch.no_grad():
         if regional:
             model.compile_repeated_blocks(fullgraph=True)
             fn = lambda: model(**inp)[0].clone()  # noqa: E731
@@ -65,7 +66,7 @@ def compiled_output(model, inp: Dict[str, Any], regional: bool, options: Dict[st
 
 def difference(a: torch.Tensor, b: torch.Tensor) -> Dict[str, Any]:
     """Equality, and where unequal: the count of differing elements, the largest |a - b| and its relative size,
-    and the first (token, channel) positions."""
+    the first (batch, token, channel) positions and how many tokens differ."""
     if torch.equal(a, b):
         return {"equal": True}
     diff = (a.float() - b.float()).abs()

@@ -33,7 +33,7 @@ def wall(code: str, **env: str) -> float:
 
 
 def first_compile(**env: str) -> str:
-    """(seconds of the first call, seconds of the whole process) of a small CPU inductor compilation, empty cache."""
+    """The seconds of a small CPU inductor compilation's first call and of its whole process, empty cache."""
     with tempfile.TemporaryDirectory() as cache:
         child = dict(os.environ, CUDA_VISIBLE_DEVICES="", TORCHINDUCTOR_CACHE_DIR=cache, **env)
         t = time.perf_counter()
