@@ -129,6 +129,18 @@ def test_inductor_fused_equals_unfused(zero_cond_t):
     assert all(torch.equal(outs["fused"][0], t) for t in outs["fused"] + outs["unfused"])
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.exhaustive  # more CPU inductor compilations; CI runs them with the sweep's CPU cases
+def test_inductor_with_eager_casts_equals_eager(fmt):
+    """Inductor with ``emulate_precision_casts`` (bf16 intermediates rounded where eager rounds them, what the
+    docs recommend for eager's numerics): the compiled converted model's bytes are its eager bytes (CPU)."""
+    model, inp = converted("qwen_image", fmt)
+    eager = run(model, inp)
+    compiled = torch.compile(model, fullgraph=True, options={"emulate_precision_casts": True})
+    out = compiled_runs(model, inp, compiled, runs=1)[0]
+    assert torch.equal(out, eager), first_difference(out, eager)
+
+
 @family_format_sweep(["qwen_image", "qwen_image21", "flux", "wan21", "wan22_ti2v"])
 def test_regional_compilation_compiles_one_block(case, fmt):
     """diffusers' ``compile_repeated_blocks``: one graph serves every block (the blocks' per-layer scales are
