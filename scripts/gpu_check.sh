@@ -6,7 +6,7 @@
 # WHEEL=path it installs that wheel and runs everything against the installed package instead.
 #
 #   bash scripts/gpu_check.sh [startup] [demo] [tests] [bench] [pdl] [per_token] [gemm] [fp8] [fp8_linear] [model]
-#                             [ncu] [sanitizer] [emulation]
+#                             [inductor_diff] [ncu] [sanitizer] [emulation]
 #                                                                                              (default: tests)
 #   PYTEST_ARGS="-m gpu" bash scripts/gpu_check.sh tests
 #   EXHAUSTIVE=0 bash scripts/gpu_check.sh tests        (the default tier instead: the README's `python -m pytest
@@ -88,6 +88,9 @@ for stage in "${stages[@]}"; do
       python3 "$REPO/benchmarks/bench_per_token.py" --out "$OUT/per_token" ${PER_TOKEN_ARGS:-} 2>&1 | tee "$OUT/per_token.log" || status=1 ;;
     startup)  # a fresh interpreter's and a first CPU inductor compilation's wall time here (the tests start both)
       python3 "$REPO/scripts/startup_times.py" 2>&1 | tee "$OUT/startup.log" || status=1 ;;
+    inductor_diff)  # where inductor's fused and unfused compilations of a converted block differ (code + summary)
+      python3 "$REPO/scripts/inductor_fused_unfused.py" --out "$OUT/inductor_diff" ${INDUCTOR_DIFF_ARGS:-} 2>&1 \
+        | tee "$OUT/inductor_diff.log" || status=1 ;;
     demo)
       python3 -m qwen_resnorm_fp4 demo 2>&1 | tee "$OUT/demo.log" || status=1 ;;
     gemm)  # the NVFP4 GEMM paths against the BF16 GEMM of the same shapes
