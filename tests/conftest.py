@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from helpers import progress, tiers
-from helpers.session import SEED_VAR, draw_seed, marker_skip_reasons, what_runs
+from helpers.session import SEED_VAR, cache_child_bytecode, draw_seed, marker_skip_reasons, what_runs
 
 # ----------------------------------------------------------------------------------------------------
 # Tiers: the default run (a representative case of every behaviour) and the exhaustive sweep
@@ -39,6 +39,7 @@ def pytest_addoption(parser) -> None:
 
 def pytest_configure(config) -> None:
     tiers.configure(config)
+    cache_child_bytecode()
 
 
 # ----------------------------------------------------------------------------------------------------

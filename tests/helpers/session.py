@@ -8,11 +8,16 @@ seed, and the hang guard of subprocesses. tests/conftest.py's hooks and fixture 
   machine that cannot load the compiled kernels is refused rather than passing by skipping.
 - ``draw_seed()``: the ``seed`` fixture's value: fresh, or ``QWEN_FP4_TEST_SEED`` (``SEED_VAR``).
 - ``HANG_GUARD_S``: the timeout of the suite's subprocesses: a guard against a hang, never a time budget.
+- ``cache_child_bytecode()``: where the installed torch has no bytecode cached beside its sources, one writable
+  bytecode cache for every child interpreter of the session (``PYTHONPYCACHEPREFIX``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import tempfile
+from pathlib import Path
 from typing import Dict, Optional
 
 import pytest
@@ -21,6 +26,27 @@ import torch
 #: The timeout of every subprocess the tests start: a guard that turns a hang into a failure, not a time limit
 #: (a loaded machine may take minutes where an idle one takes seconds).
 HANG_GUARD_S = 1800
+
+#: The bytecode cache of the session's child interpreters where torch has none beside its sources (kept between
+#: sessions: Python checks each entry against its source).
+CHILD_BYTECODE_CACHE = Path(tempfile.gettempdir()) / "qwen_fp4_test_pycache"
+
+
+def cache_child_bytecode() -> Optional[Path]:
+    """Where the installed torch has no cached bytecode beside its sources (an install without compiled bytecode
+    in a directory Python does not write to, or PYTHONDONTWRITEBYTECODE set), every interpreter the suite starts
+    (the command line's, the fresh-interpreter tests', inductor's compile workers) compiles torch's sources again,
+    seconds each: point the children at one writable cache (PYTHONPYCACHEPREFIX, and bytecode writing on), which
+    the first fills and the others read. Changes this process's environment only for its children; returns the
+    directory, or None where torch's bytecode is cached already or the environment names a cache (nothing
+    changed)."""
+    if os.environ.get("PYTHONPYCACHEPREFIX") or os.path.exists(importlib.util.cache_from_source(torch.__file__)):
+        return None
+    CHILD_BYTECODE_CACHE.mkdir(exist_ok=True)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(CHILD_BYTECODE_CACHE)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    return CHILD_BYTECODE_CACHE
+
 
 #: Set to an integer to rerun tests with that seed (a failing test's report names its seed).
 SEED_VAR = "QWEN_FP4_TEST_SEED"
@@ -78,6 +104,8 @@ def what_runs() -> tuple:
     from qwen_resnorm_fp4 import _library
 
     where = f"qwen_resnorm_fp4 from {os.path.dirname(qwen_resnorm_fp4.__file__)}: {_library.status()}"
+    if os.environ.get("PYTHONPYCACHEPREFIX") == str(CHILD_BYTECODE_CACHE):
+        where += f" (child interpreters cache bytecode in {CHILD_BYTECODE_CACHE}: torch has none cached)"
     if not torch.cuda.is_available():
         return f"{where}; no CUDA GPU: CPU tests only", None
     gpu = torch.cuda.get_device_name()

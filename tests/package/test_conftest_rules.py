@@ -3,6 +3,9 @@ marked tests skip on which machine, the seed, and the tiers (the default run and
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 
@@ -124,3 +127,24 @@ def test_this_session_holds_only_its_tier(request):
     if not tiers.exhaustive_requested(request.config):
         assert not set(i.nodeid for i in marked) - tiers.named_node_ids(request.config)
     assert tiers.exhaustive_run() == tiers.exhaustive_requested(request.config)
+
+
+def test_child_bytecode_cache_only_where_torch_has_none(monkeypatch, tmp_path):
+    """Children get one writable bytecode cache only where torch's sources have no bytecode beside them and the
+    environment names no cache; otherwise nothing changes."""
+    monkeypatch.setattr(session, "CHILD_BYTECODE_CACHE", tmp_path / "pycache")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setattr(importlib.util, "cache_from_source", lambda path: str(tmp_path / "present.pyc"))
+    (tmp_path / "present.pyc").write_bytes(b"")
+    assert session.cache_child_bytecode() is None and "PYTHONPYCACHEPREFIX" not in os.environ
+
+    monkeypatch.setattr(importlib.util, "cache_from_source", lambda path: str(tmp_path / "absent.pyc"))
+    assert session.cache_child_bytecode() == tmp_path / "pycache"
+    env = os.environ
+    assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache") and (tmp_path / "pycache").is_dir()
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    assert "child interpreters cache bytecode" in session.what_runs()[0]
+
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", "/elsewhere")  # a cache the user chose is kept
+    assert session.cache_child_bytecode() is None and env["PYTHONPYCACHEPREFIX"] == "/elsewhere"
