@@ -4,7 +4,7 @@ compiled whole and by regions, in inductor's deterministic mode, with and withou
 (bf16 intermediates rounded where eager rounds them), fused, unfused and fused again (whether one mode repeats
 its bytes across compilations). Writes each compilation's generated code (``OUT/<case>_<mode>_<n>.py``) and a
 summary (``OUT/summary.json``): per case, whether the outputs are equal and, where not, how many elements
-differ, the largest difference and the first positions.
+differ and the first, the largest difference and how many tokens differ.
 
     python scripts/inductor_fused_unfused.py --out gpu_logs/inductor_diff
 """
@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from helpers.diffusers_models import build_small, make_inputs, real_width_qwen_image  # noqa: E402
+from helpers.reliability import first_difference  # noqa: E402
 
 CASES = {  # name: (regional, inductor options)
     "whole": (False, {}),
@@ -65,15 +66,12 @@ def compiled_output(model, inp: Dict[str, Any], regional: bool, options: Dict[st
 
 
 def difference(a: torch.Tensor, b: torch.Tensor) -> Dict[str, Any]:
-    """Equality, and where unequal: the count of differing elements, the largest |a - b| and its relative size,
-    the first (batch, token, channel) positions and how many tokens differ."""
+    """Equality, and where unequal: how many elements differ and the first
+    (:func:`helpers.reliability.first_difference`), the largest |a - b| and how many tokens differ."""
     if torch.equal(a, b):
         return {"equal": True}
-    diff = (a.float() - b.float()).abs()
-    where = (a != b).nonzero()[:8].tolist()
-    return {"equal": False, "differing": int((a != b).sum()), "of": a.numel(), "max_abs": float(diff.max()),
-            "max_rel": float(diff.max() / b.float().abs().max()), "first_positions": where,
-            "rows_differing": int((a != b).reshape(-1, a.shape[-1]).any(-1).sum())}
+    return {"equal": False, "where": first_difference(a, b), "max_abs": float((a.float() - b.float()).abs().max()),
+            "tokens_differing": int((a != b).reshape(-1, a.shape[-1]).any(-1).sum())}
 
 
 def main(argv: List[str] = None) -> int:

@@ -9,11 +9,13 @@ torch uses. One line each; ``scripts/gpu_check.sh startup`` runs it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Tuple
 
 COLD_INDUCTOR = """
 import time, torch
@@ -24,35 +26,32 @@ print(f"{time.perf_counter() - t:.2f}")
 """
 
 
-def wall(code: str, **env: str) -> float:
-    """Seconds of ``python -c code`` with CUDA hidden and ``env`` set, from start to exit."""
-    child = dict(os.environ, CUDA_VISIBLE_DEVICES="", **env)
+def child(code: str, **env: str) -> Tuple[float, str]:
+    """(seconds from start to exit, stdout) of ``python -c code`` with CUDA hidden and ``env`` set."""
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], env=child, check=True, capture_output=True, text=True)
-    return time.perf_counter() - t
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, CUDA_VISIBLE_DEVICES="", **env),
+                         check=True, capture_output=True, text=True).stdout
+    return time.perf_counter() - t, out
 
 
 def first_compile(**env: str) -> str:
     """The seconds of a small CPU inductor compilation's first call and of its whole process, empty cache."""
     with tempfile.TemporaryDirectory() as cache:
-        child = dict(os.environ, CUDA_VISIBLE_DEVICES="", TORCHINDUCTOR_CACHE_DIR=cache, **env)
-        t = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", COLD_INDUCTOR], env=child, check=True, capture_output=True,
-                             text=True).stdout.strip().splitlines()[-1]
-        return f"{out} s first call, {time.perf_counter() - t:.2f} s process"
+        seconds, out = child(COLD_INDUCTOR, TORCHINDUCTOR_CACHE_DIR=cache, **env)
+        return f"{out.strip().splitlines()[-1]} s first call, {seconds:.2f} s process"
 
 
 def main() -> int:
     import torch
 
+    cached = os.path.exists(importlib.util.cache_from_source(torch.__file__))  # helpers.session's rule
     print(f"cpu count {os.cpu_count()}, torch threads {torch.get_num_threads()}, PYTHONDONTWRITEBYTECODE="
-          f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '(unset)')}, torch's bytecode cached beside it: "
-          f"{os.path.isdir(os.path.join(os.path.dirname(torch.__file__), '__pycache__'))}")
+          f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '(unset)')}, torch's bytecode cached beside it: {cached}")
     for label, code in (("bare", "pass"), ("import torch", "import torch"),
                         ("import qwen_resnorm_fp4", "import qwen_resnorm_fp4")):
-        print(f"{label}: {wall(code):.2f} s (second run {wall(code):.2f} s)")
+        print(f"{label}: {child(code)[0]:.2f} s (second run {child(code)[0]:.2f} s)")
     with tempfile.TemporaryDirectory() as prefix:  # where site-packages' bytecode cannot be written, it can here
-        first, second = (wall("import qwen_resnorm_fp4", PYTHONPYCACHEPREFIX=prefix, PYTHONDONTWRITEBYTECODE="")
+        first, second = (child("import qwen_resnorm_fp4", PYTHONPYCACHEPREFIX=prefix, PYTHONDONTWRITEBYTECODE="")[0]
                          for _ in range(2))
         print(f"import qwen_resnorm_fp4 with PYTHONPYCACHEPREFIX: {first:.2f} s, then {second:.2f} s")
     print(f"CPU inductor, cold cache, default workers: {first_compile()}")

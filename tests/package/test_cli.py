@@ -43,21 +43,15 @@ def run_cli(*args: str, timeout: float = HANG_GUARD_S) -> subprocess.CompletedPr
 
 
 def cli_here(monkeypatch, capfd, *args: str):
-    """(exit status, stdout, stderr) of the command line run in this process (no process of its own to start),
-    a benchmark's child process with CUDA hidden, running this checkout's benchmarks/ whether the package
-    imported here is the checkout's or an installed one."""
+    """(exit status, stdout, stderr) of the command line run in this process (no process of its own to start)
+    as on a machine without a GPU (CUDA reported absent here, hidden from a benchmark's child process), a
+    benchmark command running this checkout's benchmarks/ whether the package imported here is the checkout's
+    or an installed one."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv(cli.BENCHMARKS_DIR_VAR, str(ROOT / "benchmarks"))
     status = cli.main(list(args))
     out, err = capfd.readouterr()
-    return status, out, err
-
-
-def cli_without_cuda(monkeypatch, capsys, *args: str):
-    """(exit status, stdout, stderr) of the command line run in this process as on a machine without a GPU."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    status = cli.main(list(args))
-    out, err = capsys.readouterr()
     return status, out, err
 
 
@@ -76,8 +70,8 @@ def test_info_text():
     assert line.startswith(want), line
 
 
-def test_info_json(monkeypatch, capsys):
-    status, out, err = cli_without_cuda(monkeypatch, capsys, "info", "--json")
+def test_info_json(monkeypatch, capfd):
+    status, out, err = cli_here(monkeypatch, capfd, "info", "--json")
     assert status == 0, err
     doc = json.loads(out)
     for key in ("version", "torch", "torch_cuda", "library_loaded", "library", "cuda_archs", "flashinfer",
@@ -103,9 +97,9 @@ def test_info_shows_switches(monkeypatch):
     assert doc["fast_math_default"] is False
 
 
-def test_demo_cpu(monkeypatch, capsys):
-    status, out, err = cli_without_cuda(monkeypatch, capsys, "demo", "--device", "cpu", "--rows-image", "64",
-                                        "--rows-text", "17", "--dim", "256", "--reps", "1")
+def test_demo_cpu(monkeypatch, capfd):
+    status, out, err = cli_here(monkeypatch, capfd, "demo", "--device", "cpu", "--rows-image", "64", "--rows-text",
+                                "17", "--dim", "256", "--reps", "1")
     assert status == 0, out + err
     assert "image stream" in out and "text  stream" in out
     assert out.count("byte-exact: yes") == 2, out
