@@ -294,6 +294,8 @@ PEER_VARIANTS = (
     ("ours_max_autotune", 'ours fp8 "all" fused, torch.compile(fullgraph=True, mode="max-autotune")'),
     ("ours_compiled_eager_casts", 'ours fp8 "all" fused, torch.compile(fullgraph=True, '
      'options={"emulate_precision_casts": True}): the bf16 roundings of eager kept between fused ops'),
+    ("ours_reduce_overhead_eager_casts", 'ours fp8 "all" fused, torch.compile(fullgraph=True, '
+     'options={"emulate_precision_casts": True, "triton.cudagraphs": True}): eager\'s bf16 roundings, CUDA graphs'),
     ("ours_nvfp4_compiled", 'ours nvfp4 "all" fused, torch.compile(model, fullgraph=True)'),
 )
 PEER_NAMES = tuple(n for n, _ in PEER_VARIANTS)
@@ -420,8 +422,9 @@ def _peer_callable(variant: str, model: torch.nn.Module) -> Callable[..., Any]:
     if variant.endswith("_regional"):
         model.compile_repeated_blocks(fullgraph=True)
         return model
-    if variant == "ours_compiled_eager_casts":
-        return torch.compile(model, fullgraph=True, options={"emulate_precision_casts": True})
+    if variant.endswith("_eager_casts"):  # mode= excludes options=: "triton.cudagraphs" is reduce-overhead's
+        graphs = {"triton.cudagraphs": True} if "reduce_overhead" in variant else {}
+        return torch.compile(model, fullgraph=True, options={"emulate_precision_casts": True, **graphs})
     if variant.startswith("ours"):
         mode = {"ours_reduce_overhead": "reduce-overhead", "ours_max_autotune": "max-autotune"}.get(variant)
         return torch.compile(model, fullgraph=True, mode=mode)
@@ -432,13 +435,14 @@ def _compiled_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any], 
     """Fused == unfused bit for bit under torch.compile(fullgraph=True): with ``backend="aot_eager"``, the
     graph's own ops as traced; with "inductor", in its deterministic mode (``torch._inductor.config.deterministic``:
     its default autotuning picks reduction orders by timing, so two default compilations may differ in last
-    bits), one compilation per mode."""
+    bits), one fresh compilation per mode (``force_disable_caches``: no kernel or autotuning choice read from an
+    earlier compilation's caches)."""
     import torch._dynamo as dynamo
     import torch._inductor.config as inductor_config
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
     outs = []
-    with inductor_config.patch(deterministic=True):
+    with inductor_config.patch(deterministic=True, force_disable_caches=True):
         for mode in ("fused", "unfused"):
             dynamo.reset()
             qd.set_mode(model, mode)
