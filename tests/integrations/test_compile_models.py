@@ -424,8 +424,8 @@ def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
 def test_gpu_inductor_deterministic_fused_equals_unfused():
     """Inductor with its deterministic mode (``torch._inductor.config.deterministic``: no timing-based choice
     that changes numerics): the fused and the unfused graph, two fresh compilations, the same bytes.
-    ``force_disable_caches``: each compilation makes its own choices, none read from the caches that earlier
-    compilations of the session wrote (with them, the two graphs' outputs have differed in last bits)."""
+    ``force_disable_caches``: each compilation makes its own choices, none read from an earlier compilation's
+    caches."""
     import torch._inductor.config as inductor_config
 
     if not hasattr(inductor_config, "deterministic"):
