@@ -8,6 +8,7 @@ asserted by running the compiled model several times."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
@@ -421,28 +422,60 @@ def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
 
 
 @pytest.mark.gpu
-def test_gpu_inductor_deterministic_fused_equals_unfused():
+def test_gpu_inductor_deterministic_fused_equals_unfused(tmp_path):
     """Inductor with its deterministic mode (``torch._inductor.config.deterministic``: no timing-based choice
     that changes numerics): the fused and the unfused graph, two fresh compilations, the same bytes.
     ``force_disable_caches``: each compilation makes its own choices, none read from an earlier compilation's
-    caches."""
+    caches. Where they differ, both compilations' generated code is written for a diff (into
+    ``$QWEN_FP4_TEST_ARTIFACTS``, which scripts/gpu_check.sh sets, else the test's tmp_path), with the process's
+    GPU numerics settings."""
     import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
 
     if not hasattr(inductor_config, "deterministic"):
         pytest.skip(f"torch {torch.__version__}'s inductor has no deterministic mode")
     model, inputs = real_width_qwen_image("fp8", False)
     inp = inputs[0]
-    outs = {}
+    outs, codes = {}, {}
     with inductor_config.patch(deterministic=True, force_disable_caches=True):
         for mode in ("fused", "unfused"):
             torch._dynamo.reset()
             qd.set_mode(model, mode)
-            outs[mode] = compiled_runs(model, inp, torch.compile(model, fullgraph=True), runs=2)
+            compiled = torch.compile(model, fullgraph=True)
+            first, codes[mode] = run_and_get_code(compiled_runs, model, inp, compiled, 1)
+            outs[mode] = first + compiled_runs(model, inp, compiled, runs=1)
     for mode, runs in outs.items():  # each compilation repeats its own bytes
         assert torch.equal(runs[0], runs[1]), f"two forwards of the {mode} compilation differ"
     fused, unfused = outs["fused"][0], outs["unfused"][0]
-    assert torch.equal(fused, unfused), f"fused != unfused: {first_difference(fused, unfused)}"
+    if not torch.equal(fused, unfused):
+        where = write_compilations(codes, os.environ.get("QWEN_FP4_TEST_ARTIFACTS") or tmp_path)
+        pytest.fail(f"fused != unfused: {first_difference(fused, unfused)}; the code of both and the settings: "
+                    f"{where}")
     assert qd.fused_path_stats(model)["compiled"]["img"] == ["fused", "unfused"]
+
+
+def write_compilations(codes: Dict[str, List[str]], directory: Any) -> str:
+    """Each compilation's generated code (``<mode>_<n>.py``) and the process's settings that change GPU numerics
+    (``settings.txt``) into ``directory``/inductor_fused_unfused; returns that directory."""
+    out = os.path.join(str(directory), "inductor_fused_unfused")
+    os.makedirs(out, exist_ok=True)
+    for mode, texts in codes.items():
+        for n, text in enumerate(texts):
+            with open(os.path.join(out, f"{mode}_{n}.py"), "w") as f:
+                f.write(text)
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    settings = {"allow_tf32": matmul.allow_tf32, "float32_matmul_precision": torch.get_float32_matmul_precision(),
+                "allow_bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
+                "allow_fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
+                "cudnn.allow_tf32": cudnn.allow_tf32, "cudnn.deterministic": cudnn.deterministic,
+                "cudnn.benchmark": cudnn.benchmark,
+                "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+                "sdp backends (flash, mem_efficient, math, cudnn)": (
+                    torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+                    torch.backends.cuda.math_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled())}
+    with open(os.path.join(out, "settings.txt"), "w") as f:
+        f.write("".join(f"{k}: {v}\n" for k, v in settings.items()))
+    return out
 
 
 #: mode name: (torch.compile keywords, the largest relative distance from eager). "eager-casts" is the README's
