@@ -423,8 +423,8 @@ def _peer_callable(variant: str, model: torch.nn.Module) -> Callable[..., Any]:
         model.compile_repeated_blocks(fullgraph=True)
         return model
     if variant.endswith("_eager_casts"):  # mode= excludes options=: "triton.cudagraphs" is reduce-overhead's
-        graphs = {"triton.cudagraphs": True} if "reduce_overhead" in variant else {}
-        return torch.compile(model, fullgraph=True, options={"emulate_precision_casts": True, **graphs})
+        cudagraphs = {"triton.cudagraphs": True} if "reduce_overhead" in variant else {}
+        return torch.compile(model, fullgraph=True, options={"emulate_precision_casts": True, **cudagraphs})
     if variant.startswith("ours"):
         mode = {"ours_reduce_overhead": "reduce-overhead", "ours_max_autotune": "max-autotune"}.get(variant)
         return torch.compile(model, fullgraph=True, mode=mode)

@@ -69,7 +69,8 @@ for stage in "${stages[@]}"; do
       # gpu_tests_progress.tsv: each test's seconds, outcome and failure as it ends (a run a time limit stops too);
       # test_artifacts/: what a failing test writes for a diagnosis (QWEN_FP4_TEST_ARTIFACTS)
       rm -f "$OUT/gpu_tests_progress.tsv"
-      QWEN_FP4_TEST_PROGRESS=$OUT/gpu_tests_progress.tsv QWEN_FP4_TEST_ARTIFACTS=$OUT/test_artifacts python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEs \
+      QWEN_FP4_TEST_PROGRESS=$OUT/gpu_tests_progress.tsv QWEN_FP4_TEST_ARTIFACTS=$OUT/test_artifacts \
+        python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEs \
         --durations=30 --junitxml="$OUT/gpu_tests.xml" \
         ${TIER[@]+"${TIER[@]}"} ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
         | tee "$OUT/gpu_tests.log" || status=1 ;;
