@@ -2,7 +2,8 @@
 Qwen-Image in FP8 ("all" Linears, the model of ``test_gpu_inductor_deterministic_fused_equals_unfused``),
 compiled whole and by regions, in inductor's deterministic mode, with and without ``emulate_precision_casts``
 (bf16 intermediates rounded where eager rounds them), fused, unfused and fused again (whether one mode repeats
-its bytes across compilations). Writes each compilation's generated code (``OUT/<case>_<mode>_<n>.py``) and a
+its bytes across compilations). Writes each case's generated code and the process's GPU numerics settings
+(``OUT/<case>/<mode>_<n>.py``, ``OUT/<case>/settings.txt``: ``helpers.inductor_code.write_compilations``) and a
 summary (``OUT/summary.json``): per case, whether the outputs are equal and, where not, how many elements
 differ and the first, the largest difference and how many tokens differ.
 
@@ -22,6 +23,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from helpers.diffusers_models import build_small, make_inputs, real_width_qwen_image  # noqa: E402
+from helpers.inductor_code import write_compilations  # noqa: E402
 from helpers.reliability import first_difference  # noqa: E402
 
 CASES = {  # name: (regional, inductor options)
@@ -95,13 +97,11 @@ def main(argv: List[str] = None) -> int:
     summary["eager fused vs unfused"] = difference(eager["fused"], eager["unfused"])
     for case in args.cases.split(","):
         regional, options = CASES[case]
-        outs = {}
+        outs, codes = {}, {}
         for mode in ("fused", "unfused", "fused_again"):  # fused_again: does one mode repeat across compilations?
             qd.set_mode(model, mode.split("_")[0])
-            outs[mode], codes = compiled_output(model, inp, regional, options)
-            for n, code in enumerate(codes):
-                with open(os.path.join(args.out, f"{case}_{mode}_{n}.py"), "w") as f:
-                    f.write(code)
+            outs[mode], codes[mode] = compiled_output(model, inp, regional, options)
+        write_compilations(codes, os.path.join(args.out, case))
         summary[case] = {"fused vs unfused": difference(outs["fused"], outs["unfused"]),
                          "fused vs fused compiled again": difference(outs["fused"], outs["fused_again"]),
                          "fused vs eager": difference(outs["fused"], eager["fused"])}

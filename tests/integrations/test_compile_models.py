@@ -9,7 +9,6 @@ asserted by running the compiled model several times."""
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
@@ -20,7 +19,8 @@ from qwen_resnorm_fp4.integrations._state import converted_blocks
 
 from helpers.diffusers_models import (build_small, flux, format_model_sweep, make_inputs, needs_diffusers, qwen21,
                                       real_width_qwen_image, run, wan)
-from helpers.reliability import first_difference
+from helpers.inductor_code import write_compilations
+from helpers.reliability import first_difference, rel_err
 from helpers.tiers import sweep
 
 pytestmark = needs_diffusers
@@ -415,7 +415,7 @@ def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
             patch.setattr(torch.compiler, "is_compiling", lambda: True)
             traced_eager = run(model, inp)
         assert torch.equal(fused[0], traced_eager)
-    assert ((fused[0].float() - eager.float()).norm() / eager.float().norm()).item() < 1e-2
+    assert rel_err(fused[0], eager) < 1e-2
     assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
     qd.set_mode(model, "unfused")
     with torch.no_grad():
@@ -449,35 +449,11 @@ def test_gpu_inductor_deterministic_fused_equals_unfused(tmp_path):
         assert torch.equal(runs[0], runs[1]), f"two forwards of the {mode} compilation differ"
     fused, unfused = outs["fused"][0], outs["unfused"][0]
     if not torch.equal(fused, unfused):
-        where = write_compilations(codes, os.environ.get("QWEN_FP4_TEST_ARTIFACTS") or tmp_path)
+        artifacts = os.environ.get("QWEN_FP4_TEST_ARTIFACTS") or str(tmp_path)
+        where = write_compilations(codes, os.path.join(artifacts, "inductor_fused_unfused"))
         pytest.fail(f"fused != unfused: {first_difference(fused, unfused)}; the code of both and the settings: "
                     f"{where}")
     assert qd.fused_path_stats(model)["compiled"]["img"] == ["fused", "unfused"]
-
-
-def write_compilations(codes: Dict[str, List[str]], directory: Any) -> str:
-    """Each compilation's generated code (``<mode>_<n>.py``) and the process's settings that change GPU numerics
-    (``settings.txt``) into ``directory``/inductor_fused_unfused; returns that directory."""
-    out = os.path.join(str(directory), "inductor_fused_unfused")
-    shutil.rmtree(out, ignore_errors=True)  # one failure's files only
-    os.makedirs(out)
-    for mode, texts in codes.items():
-        for n, text in enumerate(texts):
-            with open(os.path.join(out, f"{mode}_{n}.py"), "w") as f:
-                f.write(text)
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    settings = {"allow_tf32": matmul.allow_tf32, "float32_matmul_precision": torch.get_float32_matmul_precision(),
-                "allow_bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
-                "allow_fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
-                "cudnn.allow_tf32": cudnn.allow_tf32, "cudnn.deterministic": cudnn.deterministic,
-                "cudnn.benchmark": cudnn.benchmark,
-                "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-                "sdp backends (flash, mem_efficient, math, cudnn)": (
-                    torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
-                    torch.backends.cuda.math_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled())}
-    with open(os.path.join(out, "settings.txt"), "w") as f:
-        f.write("".join(f"{k}: {v}\n" for k, v in settings.items()))
-    return out
 
 
 #: mode name: (torch.compile keywords, the largest relative distance from eager). "eager-casts" is the README's
@@ -509,7 +485,7 @@ def test_gpu_inductor_compiles_once(mode_name, fmt):
     compiled = torch.compile(model, fullgraph=True, **kwargs)
     outs = compiled_runs(model, inp, compiled, runs=4)
     assert all(torch.equal(outs[0], t) for t in outs)
-    distance = ((outs[0].float() - eager).norm() / eager.norm()).item()
+    distance = rel_err(outs[0], eager)
     assert distance < max_distance, f"{mode_name}: {distance:.2e} from eager"
     assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())
 
@@ -540,5 +516,5 @@ def test_gpu_inductor_second_image_size_recompiles_at_most_once():
     assert graphs <= 2, f"{graphs} graphs for two image sizes (TORCH_LOGS=recompiles says why)"
     outs = compiled_runs_each(model, sizes + sizes, compiled)  # error_on_recompile: a recompile raises its reason
     for out, want in zip(outs, eager + eager):
-        assert ((out.float() - want).norm() / want.norm()).item() < 1e-2
+        assert rel_err(out, want) < 1e-2
     assert all(p == ["fused"] for p in qd.fused_path_stats(model)["compiled"].values())

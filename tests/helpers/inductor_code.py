@@ -1,0 +1,44 @@
+"""What inductor generated, kept for a diff: two compilations that should give the same bytes and do not.
+
+- ``numerics_settings()``: the process's switches that change GPU numerics (TF32, reduced-precision
+  reductions, cuDNN, deterministic algorithms, the SDPA backends), by name.
+- ``write_compilations(codes, out)``: each compilation's generated code (``<name>_<n>.py``, from
+  ``torch._inductor.utils.run_and_get_code``) and those settings (``settings.txt``) into the directory ``out``,
+  emptied first, so that it holds one comparison's files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Dict, List
+
+import torch
+
+
+def numerics_settings() -> Dict[str, Any]:
+    """The switches of this process that change what GPU kernels compute."""
+    matmul, cudnn, cuda = torch.backends.cuda.matmul, torch.backends.cudnn, torch.backends.cuda
+    return {"allow_tf32": matmul.allow_tf32, "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "allow_bf16_reduced_precision_reduction": matmul.allow_bf16_reduced_precision_reduction,
+            "allow_fp16_reduced_precision_reduction": matmul.allow_fp16_reduced_precision_reduction,
+            "cudnn.allow_tf32": cudnn.allow_tf32, "cudnn.deterministic": cudnn.deterministic,
+            "cudnn.benchmark": cudnn.benchmark,
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "sdp backends (flash, mem_efficient, math, cudnn)": (
+                cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(),
+                cuda.cudnn_sdp_enabled())}
+
+
+def write_compilations(codes: Dict[str, List[str]], out: str) -> str:
+    """``codes`` (name -> the compilation's generated sources) as ``out/<name>_<n>.py``, and
+    :func:`numerics_settings` as ``out/settings.txt``; ``out`` is emptied first. Returns ``out``."""
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    for name, texts in codes.items():
+        for n, text in enumerate(texts):
+            with open(os.path.join(out, f"{name}_{n}.py"), "w") as f:
+                f.write(text)
+    with open(os.path.join(out, "settings.txt"), "w") as f:
+        f.write("".join(f"{k}: {v}\n" for k, v in numerics_settings().items()))
+    return out
