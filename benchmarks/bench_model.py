@@ -442,8 +442,10 @@ def _compiled_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any], 
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
     outs = []
-    with inductor_config.patch(deterministic=True, force_disable_caches=True):
-        for mode in ("fused", "unfused"):
+    for mode in ("fused", "unfused"):
+        # one patch per compilation: dynamo ends each frame with torch.use_deterministic_algorithms(<the
+        # process's setting>), which also resets inductor's deterministic flag
+        with inductor_config.patch(deterministic=True, force_disable_caches=True):
             dynamo.reset()
             qd.set_mode(model, mode)
             outs.append(torch.compile(model, fullgraph=True, backend=backend)(**inp)[0].clone())

@@ -2,6 +2,8 @@
 
 - ``numerics_settings()``: the process's switches that change GPU numerics (TF32, reduced-precision
   reductions, cuDNN, deterministic algorithms, the SDPA backends), by name.
+- ``all_kernels_deterministic(codes)``: whether every Triton kernel of a compilation was generated in inductor's
+  deterministic mode (its ``inductor_meta`` says so).
 - ``write_compilations(codes, out)``: each compilation's generated code (``<name>_<n>.py``, from
   ``torch._inductor.utils.run_and_get_code``) and those settings (``settings.txt``) into the directory ``out``,
   emptied first, so that it holds one comparison's files.
@@ -28,6 +30,13 @@ def numerics_settings() -> Dict[str, Any]:
             "sdp backends (flash, mem_efficient, math, cudnn)": (
                 cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(),
                 cuda.cudnn_sdp_enabled())}
+
+
+def all_kernels_deterministic(codes: List[str]) -> bool:
+    """Whether ``codes`` (one compilation's generated sources) hold Triton kernels and every one of them says
+    ``'deterministic': True`` in its ``inductor_meta``: a compilation in inductor's deterministic mode."""
+    text = "".join(codes)
+    return "'deterministic': True" in text and "'deterministic': False" not in text
 
 
 def write_compilations(codes: Dict[str, List[str]], out: str) -> str:

@@ -19,7 +19,7 @@ from qwen_resnorm_fp4.integrations._state import converted_blocks
 
 from helpers.diffusers_models import (build_small, flux, format_model_sweep, make_inputs, needs_diffusers, qwen21,
                                       real_width_qwen_image, run, wan)
-from helpers.inductor_code import write_compilations
+from helpers.inductor_code import all_kernels_deterministic, write_compilations
 from helpers.reliability import first_difference, rel_err
 from helpers.tiers import sweep
 
@@ -438,15 +438,19 @@ def test_gpu_inductor_deterministic_fused_equals_unfused(tmp_path):
     model, inputs = real_width_qwen_image("fp8", False)
     inp = inputs[0]
     outs, codes = {}, {}
-    with inductor_config.patch(deterministic=True, force_disable_caches=True):
-        for mode in ("fused", "unfused"):
+    for mode in ("fused", "unfused"):
+        # one patch per compilation: dynamo ends each frame with torch.use_deterministic_algorithms(<the
+        # process's setting>), which also sets inductor's deterministic flag, so a patch around both would leave
+        # the second compilation without it
+        with inductor_config.patch(deterministic=True, force_disable_caches=True):
             torch._dynamo.reset()
             qd.set_mode(model, mode)
             compiled = torch.compile(model, fullgraph=True)
             first, codes[mode] = run_and_get_code(compiled_runs, model, inp, compiled, 1)
             outs[mode] = first + compiled_runs(model, inp, compiled, runs=1)
-    for mode, runs in outs.items():  # each compilation repeats its own bytes
+    for mode, runs in outs.items():  # each compilation repeats its own bytes, and was deterministic
         assert torch.equal(runs[0], runs[1]), f"two forwards of the {mode} compilation differ"
+        assert all_kernels_deterministic(codes[mode]), f"the {mode} compilation has kernels not in deterministic mode"
     fused, unfused = outs["fused"][0], outs["unfused"][0]
     if not torch.equal(fused, unfused):
         artifacts = os.environ.get("QWEN_FP4_TEST_ARTIFACTS") or str(tmp_path)
