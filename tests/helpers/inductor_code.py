@@ -2,8 +2,8 @@
 
 - ``numerics_settings()``: the process's switches that change GPU numerics (TF32, reduced-precision
   reductions, cuDNN, deterministic algorithms, the SDPA backends), by name.
-- ``all_kernels_deterministic(codes)``: whether every Triton kernel of a compilation was generated in inductor's
-  deterministic mode (its ``inductor_meta`` says so).
+- ``deterministic_flags(codes)``: how many Triton kernels of a compilation were generated in inductor's
+  deterministic mode and how many not (their ``inductor_meta`` says).
 - ``write_compilations(codes, out)``: each compilation's generated code (``<name>_<n>.py``, from
   ``torch._inductor.utils.run_and_get_code``) and those settings (``settings.txt``) into the directory ``out``,
   emptied first, so that it holds one comparison's files.
@@ -32,11 +32,12 @@ def numerics_settings() -> Dict[str, Any]:
                 cuda.cudnn_sdp_enabled())}
 
 
-def all_kernels_deterministic(codes: List[str]) -> bool:
-    """Whether ``codes`` (one compilation's generated sources) hold Triton kernels and every one of them says
-    ``'deterministic': True`` in its ``inductor_meta``: a compilation in inductor's deterministic mode."""
+def deterministic_flags(codes: List[str]) -> Dict[bool, int]:
+    """How many Triton kernels of ``codes`` (one compilation's generated sources) say ``'deterministic': True``
+    and how many ``False`` in their ``inductor_meta``: a compilation in inductor's deterministic mode has only
+    the first."""
     text = "".join(codes)
-    return "'deterministic': True" in text and "'deterministic': False" not in text
+    return {flag: text.count(f"'deterministic': {flag}") for flag in (True, False)}
 
 
 def write_compilations(codes: Dict[str, List[str]], out: str) -> str:
