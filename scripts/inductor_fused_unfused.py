@@ -5,7 +5,8 @@ compiled whole and by regions, in inductor's deterministic mode, with and withou
 its bytes across compilations). Writes each case's generated code and the process's GPU numerics settings
 (``OUT/<case>/<mode>_<n>.py``, ``OUT/<case>/settings.txt``: ``helpers.inductor_code.write_compilations``) and a
 summary (``OUT/summary.json``): per case, whether the outputs are equal and, where not, how many elements
-differ and the first, the largest difference and how many tokens differ.
+differ and the first, the largest difference and how many tokens differ; and each compilation's Triton kernels
+counted by whether inductor generated them in its deterministic mode.
 
     python scripts/inductor_fused_unfused.py --out gpu_logs/inductor_diff
 """
@@ -23,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from helpers.diffusers_models import build_small, make_inputs, real_width_qwen_image  # noqa: E402
-from helpers.inductor_code import write_compilations  # noqa: E402
+from helpers.inductor_code import deterministic_flags, write_compilations  # noqa: E402
 from helpers.reliability import first_difference  # noqa: E402
 
 CASES = {  # name: (regional, inductor options)
@@ -104,7 +105,10 @@ def main(argv: List[str] = None) -> int:
         write_compilations(codes, os.path.join(args.out, case))
         summary[case] = {"fused vs unfused": difference(outs["fused"], outs["unfused"]),
                          "fused vs fused compiled again": difference(outs["fused"], outs["fused_again"]),
-                         "fused vs eager": difference(outs["fused"], eager["fused"])}
+                         "fused vs eager": difference(outs["fused"], eager["fused"]),
+                         # per compilation, its kernels by inductor's deterministic mode (GPU: all True)
+                         "kernels deterministic (True / False)": {
+                             mode: list(deterministic_flags(code).values()) for mode, code in codes.items()}}
         print(case, json.dumps(summary[case]), flush=True)
     qd.set_mode(model, "fused")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
