@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from helpers.diffusers_models import build_small, make_inputs, real_width_qwen_image  # noqa: E402
-from helpers.inductor_code import deterministic_flags, write_compilations  # noqa: E402
+from helpers.inductor_code import deterministic_compilation, deterministic_flags, write_compilations  # noqa: E402
 from helpers.reliability import first_difference  # noqa: E402
 
 CASES = {  # name: (regional, inductor options)
@@ -49,12 +49,10 @@ def build(zero_cond_t: bool, device: str):
 
 def compiled_output(model, inp: Dict[str, Any], regional: bool, options: Dict[str, Any]):
     """One forward of a fresh compilation (whole model, or its repeated blocks) and inductor's code for it."""
-    import torch._inductor.config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
-    # force_disable_caches: each compilation generates its code afresh (no FX-graph or autograd cache hit)
-    with inductor_config.patch(deterministic=True, force_disable_caches=True, **options), torch.no_grad():
+    with deterministic_compilation(**options), torch.no_grad():
         if regional:
             model.compile_repeated_blocks(fullgraph=True)
             fn = lambda: model(**inp)[0].clone()  # noqa: E731

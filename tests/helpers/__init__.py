@@ -32,8 +32,10 @@ Modules
   full call.
 - ``diffusers_models``: small diffusers transformers (Qwen-Image, Qwen-Image 2.1, FLUX.1, Wan) and their inputs,
   ``SKIP_REASON`` / ``needs_diffusers``, ``run``, ``fused_then_unfused``, ``sha256``, ``launches_by_mode``.
-- ``inductor_code``: ``write_compilations`` (inductor's generated code of compilations that should agree, and
-  the process's GPU numerics settings, ``numerics_settings``, written for a diff).
+- ``inductor_code``: ``deterministic_compilation`` (one fresh compilation in inductor's deterministic mode),
+  ``deterministic_flags`` (its kernels by that mode) and ``write_compilations`` (inductor's generated code of
+  compilations that should agree, and the process's GPU numerics settings, ``numerics_settings``, written for a
+  diff).
 - ``progress``: the test-by-test log of ``QWEN_FP4_TEST_PROGRESS`` (tests/conftest.py's report hook).
 - ``sglang``: ``leading_parameters`` (a drop-in's positional parameter names, compared with SGLang's).
 """

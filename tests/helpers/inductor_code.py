@@ -2,6 +2,8 @@
 
 - ``numerics_settings()``: the process's switches that change GPU numerics (TF32, reduced-precision
   reductions, cuDNN, deterministic algorithms, the SDPA backends), by name.
+- ``deterministic_compilation(**options)``: the inductor configuration of one fresh compilation in its
+  deterministic mode, entered once per compilation.
 - ``deterministic_flags(codes)``: how many Triton kernels of a compilation were generated in inductor's
   deterministic mode and how many not (their ``inductor_meta`` says).
 - ``write_compilations(codes, out)``: each compilation's generated code (``<name>_<n>.py``, from
@@ -30,6 +32,17 @@ def numerics_settings() -> Dict[str, Any]:
             "sdp backends (flash, mem_efficient, math, cudnn)": (
                 cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(),
                 cuda.cudnn_sdp_enabled())}
+
+
+def deterministic_compilation(**options: Any) -> Any:
+    """``torch._inductor.config.patch``: deterministic mode (no timing-based choice that changes numerics),
+    caches off (the compilation makes its own choices, none read from an earlier one's) and ``options``. Enter it
+    once per compilation: dynamo ends each frame with ``torch.use_deterministic_algorithms(<the process's
+    setting>)``, which also sets inductor's deterministic flag, so one patch around two compilations would leave
+    the second without it."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(deterministic=True, force_disable_caches=True, **options)
 
 
 def deterministic_flags(codes: List[str]) -> Dict[bool, int]:

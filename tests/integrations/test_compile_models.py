@@ -19,7 +19,7 @@ from qwen_resnorm_fp4.integrations._state import converted_blocks
 
 from helpers.diffusers_models import (build_small, flux, format_model_sweep, make_inputs, needs_diffusers, qwen21,
                                       real_width_qwen_image, run, wan)
-from helpers.inductor_code import deterministic_flags, write_compilations
+from helpers.inductor_code import deterministic_compilation, deterministic_flags, write_compilations
 from helpers.reliability import first_difference, rel_err
 from helpers.tiers import sweep
 
@@ -425,9 +425,9 @@ def test_gpu_compiled_fused_equals_unfused(fmt, zero_cond_t):
 @pytest.mark.gpu
 def test_gpu_inductor_deterministic_fused_equals_unfused(tmp_path):
     """Inductor with its deterministic mode (``torch._inductor.config.deterministic``: no timing-based choice
-    that changes numerics): the fused and the unfused graph, two fresh compilations, the same bytes.
-    ``force_disable_caches``: each compilation makes its own choices, none read from an earlier compilation's
-    caches. Where they differ, both compilations' generated code is written for a diff (into
+    that changes numerics): the fused and the unfused graph, two fresh compilations
+    (``helpers.inductor_code.deterministic_compilation``, caches off), every kernel of both made in that mode,
+    the same bytes. Where they differ, both compilations' generated code is written for a diff (into
     ``$QWEN_FP4_TEST_ARTIFACTS``, which scripts/gpu_check.sh sets, else the test's tmp_path), with the process's
     GPU numerics settings."""
     import torch._inductor.config as inductor_config
@@ -439,10 +439,7 @@ def test_gpu_inductor_deterministic_fused_equals_unfused(tmp_path):
     inp = inputs[0]
     outs, codes = {}, {}
     for mode in ("fused", "unfused"):
-        # one patch per compilation: dynamo ends each frame with torch.use_deterministic_algorithms(<the
-        # process's setting>), which also sets inductor's deterministic flag, so a patch around both would leave
-        # the second compilation without it
-        with inductor_config.patch(deterministic=True, force_disable_caches=True):
+        with deterministic_compilation():
             torch._dynamo.reset()
             qd.set_mode(model, mode)
             compiled = torch.compile(model, fullgraph=True)
