@@ -35,7 +35,7 @@ import math
 import sys
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -431,6 +431,15 @@ def _peer_callable(variant: str, model: torch.nn.Module) -> Callable[..., Any]:
     return torch.compile(model)  # the peers as a user compiles them
 
 
+def fresh_compile_caches() -> ContextManager[None]:
+    """Empty inductor and Triton caches for one variant (``torch._inductor.utils.fresh_cache``, in a temporary
+    directory removed on exit): its compile time is a cold compilation's, whatever ran before it on the machine."""
+    import torch._inductor.utils as inductor_utils
+
+    fresh = getattr(inductor_utils, "fresh_cache", None) or inductor_utils.fresh_inductor_cache
+    return fresh()
+
+
 def _compiled_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any], backend: str) -> bool:
     """Fused == unfused bit for bit under torch.compile(fullgraph=True): with ``backend="aot_eager"``, the
     graph's own ops as traced; with "inductor", in its deterministic mode (``torch._inductor.config.deterministic``:
@@ -454,6 +463,22 @@ def _compiled_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any], 
     return results.outputs_equal(outs[0], outs[1])
 
 
+def peer_row_line(row: Dict[str, Any]) -> str:
+    """One measured variant and token count as the run's log prints it."""
+    line = (f"{'zct ' if row['zero_cond_t'] else ''}{row['tokens']} tokens {row['variant']}: {row['ms']:.2f} ms, "
+            f"compile {row['compile_s']:.1f} s, graphs {row['graphs']}, rel err {row['rel_err_vs_bf16']:.4f} "
+            f"(vs fp32 {row['rel_err_vs_fp32']:.4f})")
+    if row.get("compiled_paths"):
+        line += f", compiled paths {row['compiled_paths']}"
+    if "kernels" in row:
+        line += ", kernels " + ", ".join(f"{k} {row[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ms ({row['kernels']})"
+        if row.get("top_attention"):
+            line += f", attention kernel {row['top_attention']}"
+    if "host_ms" in row:
+        line += f", host {row['host_ms']:.2f} ms, {row['syncs']} syncs {row['first_sync']}".rstrip()
+    return line
+
+
 def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Sequence[str], layers: int,
                   text_len: int, reps: int, warmup: int, flush: torch.Tensor, log=print, text_mask: str = "pipeline",
                   profile: bool = False, attention_backend: Optional[str] = None,
@@ -461,7 +486,8 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     """Every variant of one model (``zero_cond_t`` off or on) at every token count, one variant at a time
     (dynamo reset between variants, so no variant inherits another's graphs or recompile budget). Per
     variant and token count: the forward time (:func:`timing.flushed_per_call_us`, median of ``reps``), the
-    compile time (the first call's wall time less one timed forward), the graphs dynamo compiled for it
+    compile time (the first call's wall time less one timed forward, in a fresh inductor cache of the variant's
+    own: :func:`fresh_compile_caches`), the graphs dynamo compiled for it
     (one per shape, or a second, dynamic one), the relative errors against the BF16 eager output and against
     the fp32 model's (:func:`fp32_outputs`); for ours compiled, the segments' compiled paths, and for ours
     compiled whole, fused == unfused under compile (:func:`_compiled_fused_equals_unfused`: aot_eager at every
@@ -483,63 +509,57 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     for variant in variants:
         dynamo.reset()
         dynamo.utils.counters.clear()
-        if variant.startswith("ours"):
-            fmt = "nvfp4" if "nvfp4" in variant else "fp8"
-            subject = _ours_model(model, fmt, list(inputs.values()))
-        elif variant.startswith("torchao"):
-            if names is None:
-                names = qd.linear_names(model, "all", "fp8")
-            subject = _torchao_model(model, names, "row" if "_row_" in variant else "tensor")
-        elif variant == "bf16_regional":  # compiled in place: a copy, so the other variants keep the eager blocks
-            subject = copy.deepcopy(model)
-        else:
-            subject = model
-        run = _peer_callable(variant, subject)
-        for t, inp in inputs.items():
-            with torch.no_grad():
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                out = run(**inp)[0].clone()  # a CUDA-graph output is overwritten by the next replay
-                torch.cuda.synchronize()
-                first_s = time.perf_counter() - start
-                ms = timing.flushed_per_call_us(lambda run=run, inp=inp: run(**inp), reps, warmup, flush) / 1e3
-                row = {"variant": variant, "tokens": t, "zero_cond_t": zero_cond_t, "ms": ms,
-                       "compile_s": 0.0 if variant.endswith("_eager") else max(first_s - ms / 1e3, 0.0),
-                       "graphs": int(dynamo.utils.counters["stats"]["unique_graphs"]),
-                       "rel_err_vs_bf16": rel_err(out, reference[t]), "rel_err_vs_fp32": rel_err(out, exact[t])}
-                if variant.startswith("ours") and variant != "ours_eager":
-                    paths = qd.fused_path_stats(subject)["compiled"]
-                    row["compiled_paths"] = "; ".join(f"{k}: {'/'.join(v)}" for k, v in paths.items())
-                    row["compiled_all_fused"] = bool(paths) and all(v == ["fused"] for v in paths.values())
-                for figures in (kernel_breakdown, host_figures) if profile else ():
-                    try:  # a profile is a figure, not a check: one that fails is said and left out
-                        row.update(figures(lambda run=run, inp=inp: run(**inp)))
-                    except Exception as exc:  # noqa: BLE001
-                        log(f"{variant} {t} tokens: no {figures.__name__} ({type(exc).__name__}: {exc})")
-            rows.append(row)
-            log(f"{'zct ' if zero_cond_t else ''}{t} tokens {variant}: {ms:.2f} ms, compile {row['compile_s']:.1f} s, "
-                f"graphs {row['graphs']}, rel err {row['rel_err_vs_bf16']:.4f} (vs fp32 {row['rel_err_vs_fp32']:.4f})"
-                + (f", compiled paths {row['compiled_paths']}" if row.get("compiled_paths") else "")
-                + (", kernels " + ", ".join(f"{k} {row[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ms ({row['kernels']})"
-                   + (f", attention kernel {row['top_attention']}" if row.get("top_attention") else "")
-                   if "kernels" in row else "")
-                + (f", host {row['host_ms']:.2f} ms, {row['syncs']} syncs {row['first_sync']}".rstrip()
-                   if "host_ms" in row else ""))
-        if variant == "ours_compiled":  # after the timed and noted graphs: these traces note "unfused"
-            # aot_eager at every token count; inductor's two deterministic compilations at the first (the
-            # kernels' bytes per shape are the test suite's; this is the compiled graph's check)
-            for i, r in enumerate(rows[-len(inputs):]):
-                checks = (("aot_eager", "fused_equals_unfused"), ("inductor", "fused_equals_unfused_inductor"))
+        with fresh_compile_caches():  # a cold compilation: no kernel or choice from an earlier variant
+            if variant.startswith("ours"):
+                fmt = "nvfp4" if "nvfp4" in variant else "fp8"
+                subject = _ours_model(model, fmt, list(inputs.values()))
+            elif variant.startswith("torchao"):
+                if names is None:
+                    names = qd.linear_names(model, "all", "fp8")
+                subject = _torchao_model(model, names, "row" if "_row_" in variant else "tensor")
+            elif variant == "bf16_regional":  # compiled in place: a copy, so the other variants keep the eager blocks
+                subject = copy.deepcopy(model)
+            else:
+                subject = model
+            run = _peer_callable(variant, subject)
+            for t, inp in inputs.items():
                 with torch.no_grad():
-                    for backend, field in checks[:2 if i == 0 else 1]:
-                        try:  # a check that cannot run fails the run, after the other variants are measured
-                            r[field] = _compiled_fused_equals_unfused(subject, inputs[r["tokens"]], backend)
-                        except Exception as exc:  # noqa: BLE001 - any failure: reported as the check not made
-                            r[field] = None
-                            r.setdefault("check_errors", []).append(f"{backend}: {type(exc).__name__}: {exc}")
-                log(f"{'zct ' if zero_cond_t else ''}{r['tokens']} tokens {variant}: fused == unfused under "
-                    f"compile: aot_eager {r['fused_equals_unfused']}, inductor (deterministic) "
-                    f"{r.get('fused_equals_unfused_inductor', 'not checked at this token count')}")
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    out = run(**inp)[0].clone()  # a CUDA-graph output is overwritten by the next replay
+                    torch.cuda.synchronize()
+                    first_s = time.perf_counter() - start
+                    ms = timing.flushed_per_call_us(lambda run=run, inp=inp: run(**inp), reps, warmup, flush) / 1e3
+                    row = {"variant": variant, "tokens": t, "zero_cond_t": zero_cond_t, "ms": ms,
+                           "compile_s": 0.0 if variant.endswith("_eager") else max(first_s - ms / 1e3, 0.0),
+                           "graphs": int(dynamo.utils.counters["stats"]["unique_graphs"]),
+                           "rel_err_vs_bf16": rel_err(out, reference[t]), "rel_err_vs_fp32": rel_err(out, exact[t])}
+                    if variant.startswith("ours") and variant != "ours_eager":
+                        paths = qd.fused_path_stats(subject)["compiled"]
+                        row["compiled_paths"] = "; ".join(f"{k}: {'/'.join(v)}" for k, v in paths.items())
+                        row["compiled_all_fused"] = bool(paths) and all(v == ["fused"] for v in paths.values())
+                    for figures in (kernel_breakdown, host_figures) if profile else ():
+                        try:  # a profile is a figure, not a check: one that fails is said and left out
+                            row.update(figures(lambda run=run, inp=inp: run(**inp)))
+                        except Exception as exc:  # noqa: BLE001
+                            log(f"{variant} {t} tokens: no {figures.__name__} ({type(exc).__name__}: {exc})")
+                rows.append(row)
+                log(peer_row_line(row))
+            if variant == "ours_compiled":  # after the timed and noted graphs: these traces note "unfused"
+                # aot_eager at every token count; inductor's two deterministic compilations at the first (the
+                # kernels' bytes per shape are the test suite's; this is the compiled graph's check)
+                for i, r in enumerate(rows[-len(inputs):]):
+                    checks = (("aot_eager", "fused_equals_unfused"), ("inductor", "fused_equals_unfused_inductor"))
+                    with torch.no_grad():
+                        for backend, field in checks[:2 if i == 0 else 1]:
+                            try:  # a check that cannot run fails the run, after the other variants are measured
+                                r[field] = _compiled_fused_equals_unfused(subject, inputs[r["tokens"]], backend)
+                            except Exception as exc:  # noqa: BLE001 - any failure: reported as the check not made
+                                r[field] = None
+                                r.setdefault("check_errors", []).append(f"{backend}: {type(exc).__name__}: {exc}")
+                    log(f"{'zct ' if zero_cond_t else ''}{r['tokens']} tokens {variant}: fused == unfused under "
+                        f"compile: aot_eager {r['fused_equals_unfused']}, inductor (deterministic) "
+                        f"{r.get('fused_equals_unfused_inductor', 'not checked at this token count')}")
         del run, subject
         torch.cuda.empty_cache()
         add_peer_ratios(rows)
@@ -624,7 +644,8 @@ def peers_main(args: argparse.Namespace) -> int:
         f"{args.text_len} text tokens, text mask: {args.text_mask}, attention backend: "
         f"{args.attention_backend or 'diffusers default'}; forward time, CUDA events, median of {reps} "
         f"after {warmup} (cold L2); "
-        "compile s: the first call's wall time less one forward; graphs: dynamo's graphs for the variant so far; "
+        "compile s: the first call's wall time less one forward, with empty compile caches of the variant's own; "
+        "graphs: dynamo's graphs for the variant so far; "
         "rel err: Frobenius, against the BF16 eager output and against an fp32 copy of the model (no TF32, "
         "diffusers' default attention backend)",
         *(f"{n}: {d}" for n, d in PEER_VARIANTS if n in variants)]

@@ -5,12 +5,15 @@ the tests that run this build's FP8 ops on the CPU skip where the build has none
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 import types
 
 import pytest
 import torch
 
+from helpers.diffusers_models import needs_diffusers
 from helpers.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -642,3 +645,56 @@ def test_model_inputs_text_mask_follows_the_pipeline():
     assert padded.tolist() == [[True] * 6, [True] * 3 + [False] * 3]  # a padded prompt keeps its mask
     with pytest.raises(ValueError, match="text_mask must be one of pipeline, always"):
         bench_model.model_inputs(1, shapes, 5, seed=0, text_mask="never", device="cpu")
+
+
+@pytest.mark.exhaustive  # about 20 s of dynamo on CPU; CI runs it with the sweep's CPU cases
+@needs_diffusers
+def test_model_measure_peers_runs_each_variant_in_its_own_cold_cache(monkeypatch):
+    """measure_peers end to end on a small CPU Qwen-Image (dynamo with aot_eager in place of inductor, the
+    timing faked): a row per variant and token count with its figures, ours compiled with each segment's path
+    (on CPU the reference: "cpu_tensors") and fused == unfused under compile, and every variant compiled in a
+    fresh inductor cache of its own, removed after it."""
+    from diffusers import QwenImageTransformer2DModel
+
+    def small_model(layers, zero_cond_t, attention_backend=None):
+        torch.manual_seed(0)
+        return QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=layers,
+                                           attention_head_dim=32, num_attention_heads=2, joint_attention_dim=3584,
+                                           axes_dims_rope=(8, 12, 12), zero_cond_t=zero_cond_t).bfloat16().eval()
+
+    real_compile, real_callable, cache_dirs = torch.compile, bench_model._peer_callable, {}
+
+    def peer_callable(variant, model):
+        cache_dirs[variant] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        return real_callable(variant, model)
+
+    def aot_eager(model=None, **kw):  # what the variants trace, without inductor's code generation
+        return real_compile(model, **{**kw, "backend": "aot_eager"})
+
+    _fake_gpu(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch, "compile", aot_eager)
+    monkeypatch.setattr(bench_model, "build_model", small_model)
+    monkeypatch.setattr(bench_model, "model_inputs", functools.partial(bench_model.model_inputs, device="cpu"))
+    monkeypatch.setattr(bench_model, "_peer_callable", peer_callable)
+    monkeypatch.setattr(timing, "flushed_per_call_us", lambda fn, reps, warmup, flush: (fn(), 2000.0)[1])
+    variants = ["bf16_eager", "bf16_compiled", "ours_eager", "ours_compiled", "ours_regional"]
+    seen = []
+    rows = bench_model.measure_peers(False, [16, 24], variants, 1, 8, 1, 0, None, log=lambda line: None,
+                                     on_variant=lambda rows: seen.append(len(rows)))
+    assert [(r["variant"], r["tokens"]) for r in rows] == [(v, t) for v in variants for t in (16, 24)]
+    assert seen == [2, 4, 6, 8, 10]
+    by = {(r["variant"], r["tokens"]): r for r in rows}
+    assert all(r["ms"] == 2.0 and r["over_bf16_eager"] == 1.0 and r["rel_err_vs_fp32"] > 0 for r in rows)
+    assert by["bf16_eager", 16]["rel_err_vs_bf16"] == 0 and by["ours_eager", 16]["rel_err_vs_bf16"] > 0
+    assert by["bf16_compiled", 16]["graphs"] >= 1 and by["bf16_eager", 16]["compile_s"] == 0.0
+    for t in (16, 24):
+        paths = dict(p.split(": ") for p in by["ours_compiled", t]["compiled_paths"].split("; "))
+        assert set(paths) >= {"img", "txt"} and set(paths.values()) == {"cpu_tensors"}  # on CPU: the reference
+        assert not by["ours_compiled", t]["compiled_all_fused"]
+        assert by["ours_compiled", t]["fused_equals_unfused"]
+    assert by["ours_compiled", 16]["fused_equals_unfused_inductor"]
+    assert "fused_equals_unfused_inductor" not in by["ours_compiled", 24]
+    assert len(set(cache_dirs.values())) == len(variants) and None not in cache_dirs.values()
+    assert not any(os.path.exists(d) for d in cache_dirs.values())
+    assert "compile 0.0 s" in bench_model.peer_row_line(by["bf16_eager", 16])
