@@ -310,7 +310,8 @@ KERNEL_KINDS = (
     ("inductor", ()),
 )
 KIND_NAMES = tuple(k for k, _ in KERNEL_KINDS) + ("other",)
-PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "over_torchao_row", "compile_s",
+PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "over_torchao_row", "queued_ms",
+               "queued_over_bf16_eager", "queued_over_torchao_row", "compile_s",
                "graphs", "rel_err_vs_bf16", "rel_err_vs_fp32", "fused_equals_unfused", "fused_equals_unfused_inductor",
                "compiled_paths",
                *(f"{k}_ms" for k in KIND_NAMES), "kernels", "top_attention", "host_ms", "syncs", "first_sync"]
@@ -465,9 +466,9 @@ def _compiled_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any], 
 
 def peer_row_line(row: Dict[str, Any]) -> str:
     """One measured variant and token count as the run's log prints it."""
-    line = (f"{'zct ' if row['zero_cond_t'] else ''}{row['tokens']} tokens {row['variant']}: {row['ms']:.2f} ms, "
-            f"compile {row['compile_s']:.1f} s, graphs {row['graphs']}, rel err {row['rel_err_vs_bf16']:.4f} "
-            f"(vs fp32 {row['rel_err_vs_fp32']:.4f})")
+    line = (f"{'zct ' if row['zero_cond_t'] else ''}{row['tokens']} tokens {row['variant']}: {row['ms']:.2f} ms "
+            f"(queued {row['queued_ms']:.2f}), compile {row['compile_s']:.1f} s, graphs {row['graphs']}, "
+            f"rel err {row['rel_err_vs_bf16']:.4f} (vs fp32 {row['rel_err_vs_fp32']:.4f})")
     if row.get("compiled_paths"):
         line += f", compiled paths {row['compiled_paths']}"
     if "kernels" in row:
@@ -485,7 +486,8 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                   on_variant: Optional[Callable[[List[Dict[str, Any]]], None]] = None) -> List[Dict[str, Any]]:
     """Every variant of one model (``zero_cond_t`` off or on) at every token count, one variant at a time
     (dynamo reset between variants, so no variant inherits another's graphs or recompile budget). Per
-    variant and token count: the forward time (:func:`timing.flushed_per_call_us`, median of ``reps``), the
+    variant and token count: the forward time from an idle GPU (:func:`timing.flushed_per_call_us`, median of
+    ``reps``) and with the queue pre-filled (``queued_ms``, :func:`timing.queued_flushed_per_call_us`), the
     compile time (the first call's wall time less one timed forward, in a fresh inductor cache of the variant's
     own: :func:`fresh_compile_caches`), the graphs dynamo compiled for it
     (one per shape, or a second, dynamic one), the relative errors against the BF16 eager output and against
@@ -501,6 +503,7 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     model = build_model(layers, zero_cond_t, attention_backend)
     inputs = {t: model_inputs(1, image_shapes(t, zero_cond_t), text_len, seed=t, text_mask=text_mask)
               for t in tokens_list}
+    timer = timing.EventTimer()
     with torch.no_grad():
         reference = {t: model(**inp)[0] for t, inp in inputs.items()}
         exact = fp32_outputs(model, inputs)
@@ -530,7 +533,10 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                     torch.cuda.synchronize()
                     first_s = time.perf_counter() - start
                     ms = timing.flushed_per_call_us(lambda run=run, inp=inp: run(**inp), reps, warmup, flush) / 1e3
+                    queued_ms = timing.queued_flushed_per_call_us(lambda run=run, inp=inp: run(**inp), reps, 0,
+                                                                  flush, timer) / 1e3
                     row = {"variant": variant, "tokens": t, "zero_cond_t": zero_cond_t, "ms": ms,
+                           "queued_ms": queued_ms,
                            "compile_s": 0.0 if variant.endswith("_eager") else max(first_s - ms / 1e3, 0.0),
                            "graphs": int(dynamo.utils.counters["stats"]["unique_graphs"]),
                            "rel_err_vs_bf16": rel_err(out, reference[t]), "rel_err_vs_fp32": rel_err(out, exact[t])}
@@ -572,22 +578,26 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
 def add_peer_ratios(rows: Sequence[Dict[str, Any]]) -> None:
     """Each row's time over BF16 eager's and over torchao per-row compiled's at its token count (rows of one
     zero_cond_t; nan where that peer was not measured)."""
-    times = {(r["tokens"], r["variant"]): r["ms"] for r in rows}
-    for r in rows:
-        for field, peer in (("over_bf16_eager", "bf16_eager"), ("over_torchao_row", "torchao_fp8_row_compiled")):
-            base = times.get((r["tokens"], peer))
-            r[field] = r["ms"] / base if base else float("nan")
+    for measure, prefix in (("ms", ""), ("queued_ms", "queued_")):
+        times = {(r["tokens"], r["variant"]): r.get(measure) for r in rows}
+        for r in rows:
+            for field, peer in (("over_bf16_eager", "bf16_eager"), ("over_torchao_row", "torchao_fp8_row_compiled")):
+                base = times.get((r["tokens"], peer))
+                r[prefix + field] = r[measure] / base if base and r.get(measure) else float("nan")
 
 
 def peers_table_lines(rows: Sequence[Dict[str, Any]]) -> List[str]:
     """The ``--peers`` markdown table, one line per variant, token count and zero_cond_t."""
     columns = ("image tokens", "zero_cond_t", "variant", "ms", "x BF16 eager", "x torchao row compiled",
+               "queued ms", "queued x BF16 eager", "queued x torchao row compiled",
                "compile s", "graphs", "rel err vs BF16 eager", "rel err vs fp32",
                "fused == unfused (aot_eager / inductor)",
                "GPU ms: " + " / ".join(KIND_NAMES) + " (kernels)", "host ms (syncs)")
     return results.markdown_table(columns, (
         (r["tokens"], "yes" if r["zero_cond_t"] else "no", r["variant"], f"{r['ms']:.2f}",
          results.fmt(r.get("over_bf16_eager"), ".3f"), results.fmt(r.get("over_torchao_row"), ".3f"),
+         results.fmt(r.get("queued_ms"), ".2f"), results.fmt(r.get("queued_over_bf16_eager"), ".3f"),
+         results.fmt(r.get("queued_over_torchao_row"), ".3f"),
          f"{r['compile_s']:.1f}", r["graphs"], f"{r['rel_err_vs_bf16']:.4f}",
          results.fmt(r.get("rel_err_vs_fp32"), ".4f"),
          f"{results.yes_no(r['fused_equals_unfused'])} / "
@@ -643,7 +653,9 @@ def peers_main(args: argparse.Namespace) -> int:
         f"QwenImageTransformer2DModel, {args.layers} blocks, 24 heads x 128 (width 3072), random weights, batch 1, "
         f"{args.text_len} text tokens, text mask: {args.text_mask}, attention backend: "
         f"{args.attention_backend or 'diffusers default'}; forward time, CUDA events, median of {reps} "
-        f"after {warmup} (cold L2); "
+        f"after {warmup} (cold L2), from an idle GPU (ms: the host's work before the first kernel counted) and "
+        "with the GPU queue pre-filled ahead of each forward (queued ms: as in a loop whose previous step keeps "
+        "the GPU busy; a loop runs at the larger of it and the host's time); "
         "compile s: the first call's wall time less one forward, with empty compile caches of the variant's own; "
         "graphs: dynamo's graphs for the variant so far; "
         "rel err: Frobenius, against the BF16 eager output and against an fp32 copy of the model (no TF32, "

@@ -10,7 +10,9 @@ GPU time of one call
     :func:`sets_for_cold_l2`), the GPU queue pre-filled by a spinning kernel ahead of each batch so that
     host launch time is not counted; the median. ``.probe_us`` and :func:`adaptive_reps` size the reps.
     :func:`flushed_per_call_us` ``(fn, reps, warmup, flush)``: events around each call after writing a
-    buffer larger than L2 (for work whose inputs are too large to rotate: GEMMs, whole models).
+    buffer larger than L2 (for work whose inputs are too large to rotate: GEMMs, whole models), the host's
+    work before the first kernel counted; :func:`queued_flushed_per_call_us` the same with the queue
+    pre-filled ahead of each call, so that it is not (a call's time inside a busy loop).
 
 GPU time by CUDA-graph replay (no launch cost at all)
     :func:`graph_per_call_us` ``(fn, calls, replays)``: ``fn(0) .. fn(calls - 1)`` captured in one graph
@@ -120,7 +122,8 @@ class EventTimer:
             return "SM clock: not measured (no torch.cuda._sleep)"
         return f"SM clock under a spinning kernel (torch.cuda._sleep): {self.cycles_per_us:.0f} MHz"
 
-    def _sleep_us(self, us: float) -> None:
+    def sleep_us(self, us: float) -> None:
+        """Queue a spinning kernel of about ``us`` (at most 100 ms) on the current stream."""
         if self.has_sleep and us > 0:
             torch.cuda._sleep(int(min(us, 100_000.0) * self.cycles_per_us))
 
@@ -142,7 +145,7 @@ class EventTimer:
         while done < reps:
             b = min(batch, reps - done)
             events = [torch.cuda.Event(enable_timing=True) for _ in range(b + 1)]
-            self._sleep_us(2.0 * host_us * b + 50.0)
+            self.sleep_us(2.0 * host_us * b + 50.0)
             events[0].record()
             for j in range(b):
                 fn(idx % n_sets)
@@ -182,6 +185,33 @@ def flushed_per_call_us(fn: Callable[[], object], reps: int, warmup: int, flush:
     for _ in range(reps):
         flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def queued_flushed_per_call_us(fn: Callable[[], object], reps: int, warmup: int, flush: torch.Tensor,
+                               timer: EventTimer) -> float:
+    """Median GPU time (us) of ``fn()`` as :func:`flushed_per_call_us` measures it, but with the GPU queue
+    pre-filled ahead of each call (``timer``'s spinning kernel, twice the call's host time), so that the host
+    work before its first kernel (guards, wrappers, launches) runs while the GPU is busy, as it does in a loop
+    whose previous step keeps the GPU busy: the call's GPU-bound time. A loop of such calls runs at the larger
+    of this and the call's host time."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start_s = time.perf_counter()
+    fn()
+    host_us = (time.perf_counter() - start_s) * 1e6
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        timer.sleep_us(2.0 * host_us + 50.0)
         start.record()
         fn()
         end.record()

@@ -525,7 +525,8 @@ def _fake_peers(monkeypatch, change=None):
                 r = {"variant": v, "tokens": t, "zero_cond_t": zct, "ms": ms, "compile_s": 0.0 if v == "bf16_eager"
                      else 12.5, "graphs": 1, "rel_err_vs_bf16": 0.0 if v == "bf16_eager" else 0.0138,
                      "rel_err_vs_fp32": 0.0065 if v == "bf16_eager" else 0.0042,
-                     "over_bf16_eager": ms / 20.0, "over_torchao_row": nan}
+                     "over_bf16_eager": ms / 20.0, "over_torchao_row": nan, "queued_ms": ms - 2.0,
+                     "queued_over_bf16_eager": (ms - 2.0) / 18.0, "queued_over_torchao_row": nan}
                 if v == "ours_compiled":  # inductor's check at the first token count only, as measure_peers does
                     r.update(compiled_paths="norm1: fused", compiled_all_fused=True, fused_equals_unfused=True)
                     if t == tokens[0]:
@@ -556,9 +557,11 @@ def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys)
     csv_lines = (tmp_path / "bench_model_peers.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_model.PEER_FIELDS and len(csv_lines) == 1 + 2 * 2 * 2
     md = (tmp_path / "bench_model_peers.md").read_text()
-    assert "| 6889 | no | ours_compiled | 30.00 | 1.500 | n/a | 12.5 | 1 | 0.0138 | 0.0042 | yes / yes |" in md
-    assert "| 10209 | yes | bf16_eager | 20.00 | 1.000 | n/a | 0.0 | 1 | 0.0000 | 0.0065 |  |" in md
-    assert "| 10209 | no | ours_compiled | 30.00 | 1.500 | n/a | 12.5 | 1 | 0.0138 | 0.0042 | yes / not checked |" in md
+    row = "| 6889 | no | ours_compiled | 30.00 | 1.500 | n/a | 28.00 | 1.556 | n/a | 12.5 | 1 | 0.0138 | 0.0042 |"
+    assert row + " yes / yes |" in md
+    assert "| 10209 | yes | bf16_eager | 20.00 | 1.000 | n/a | 18.00 | 1.000 | n/a | 0.0 | 1 | 0.0000 | 0.0065 |  |" \
+        in md
+    assert row.replace("6889", "10209") + " yes / not checked |" in md
     assert capsys.readouterr().err == ""
 
 
@@ -678,6 +681,8 @@ def test_model_measure_peers_runs_each_variant_in_its_own_cold_cache(monkeypatch
     monkeypatch.setattr(bench_model, "model_inputs", functools.partial(bench_model.model_inputs, device="cpu"))
     monkeypatch.setattr(bench_model, "_peer_callable", peer_callable)
     monkeypatch.setattr(timing, "flushed_per_call_us", lambda fn, reps, warmup, flush: (fn(), 2000.0)[1])
+    monkeypatch.setattr(timing, "queued_flushed_per_call_us", lambda fn, reps, warmup, flush, timer: (fn(), 1500.0)[1])
+    monkeypatch.setattr(timing, "EventTimer", lambda: None)
     variants = ["bf16_eager", "bf16_compiled", "ours_eager", "ours_compiled", "ours_regional"]
     seen = []
     rows = bench_model.measure_peers(False, [16, 24], variants, 1, 8, 1, 0, None, log=lambda line: None,
@@ -686,6 +691,7 @@ def test_model_measure_peers_runs_each_variant_in_its_own_cold_cache(monkeypatch
     assert seen == [2, 4, 6, 8, 10]
     by = {(r["variant"], r["tokens"]): r for r in rows}
     assert all(r["ms"] == 2.0 and r["over_bf16_eager"] == 1.0 and r["rel_err_vs_fp32"] > 0 for r in rows)
+    assert all(r["queued_ms"] == 1.5 and r["queued_over_bf16_eager"] == 1.0 for r in rows)
     assert by["bf16_eager", 16]["rel_err_vs_bf16"] == 0 and by["ours_eager", 16]["rel_err_vs_bf16"] > 0
     assert by["bf16_compiled", 16]["graphs"] >= 1 and by["bf16_eager", 16]["compile_s"] == 0.0
     for t in (16, 24):
@@ -697,4 +703,4 @@ def test_model_measure_peers_runs_each_variant_in_its_own_cold_cache(monkeypatch
     assert "fused_equals_unfused_inductor" not in by["ours_compiled", 24]
     assert len(set(cache_dirs.values())) == len(variants) and None not in cache_dirs.values()
     assert not any(os.path.exists(d) for d in cache_dirs.values())
-    assert "compile 0.0 s" in bench_model.peer_row_line(by["bf16_eager", 16])
+    assert "2.00 ms (queued 1.50), compile 0.0 s" in bench_model.peer_row_line(by["bf16_eager", 16])
