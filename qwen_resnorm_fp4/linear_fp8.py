@@ -280,22 +280,44 @@ class FP8Linear(FrozenTensorsModule):
         return out.reshape(*lead, self.out_features)
 
     def _scaled_mm(self, a: Tensor) -> Tensor:
-        """torch._scaled_mm on E4M3 activations [M, K] (row-major) and the weight (column-major [K, N])."""
+        """torch._scaled_mm on E4M3 activations [M, K] (row-major) and the weight (column-major [K, N]); traced,
+        one opaque op (:func:`_fp8_scaled_mm_traced`), so every compile mode runs eager's GEMM."""
         a = a.contiguous()
+        mm = _fp8_scaled_mm_traced if torch.compiler.is_compiling() else _fp8_scaled_mm
         if self.per_channel:  # row-wise on both operands: scale_a [M, 1], scale_b [1, N], both contiguous
             scale_a = self.input_scale.reshape(1, 1).expand(a.shape[0], 1).contiguous()
             scale_b = self.weight_scale.reshape(1, self.out_features)
             if self.bias is not None:  # no row-wise bias epilogue (not every shape has one): bf16 out, + bias
-                return torch._scaled_mm(a, self.weight.t(), scale_a, scale_b, out_dtype=torch.bfloat16,
-                                        use_fast_accum=self.use_fast_accum) + self.bias
+                return mm(a, self.weight, scale_a, scale_b, None, self.use_fast_accum) + self.bias
         else:
             scale_a, scale_b = self.input_scale, self.weight_scale
-        return torch._scaled_mm(a, self.weight.t(), scale_a, scale_b, bias=self.bias, out_dtype=torch.bfloat16,
-                                use_fast_accum=self.use_fast_accum)
+        return mm(a, self.weight, scale_a, scale_b, self.bias, self.use_fast_accum)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"per_channel={self.per_channel}, use_fast_accum={self.use_fast_accum}")
+
+
+def _fp8_scaled_mm(a: Tensor, weight: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Optional[Tensor],
+                   use_fast_accum: bool) -> Tensor:
+    """bf16 ``a @ weight.T`` of E4M3 ``a`` [M, K] and ``weight`` [N, K] with their scales (+ ``bias``), by
+    ``torch._scaled_mm`` (cuBLASLt)."""
+    return torch._scaled_mm(a, weight.t(), scale_a, scale_b, bias=bias, out_dtype=torch.bfloat16,
+                            use_fast_accum=use_fast_accum)
+
+
+# Traced code calls the GEMM as one opaque op: inductor lowers a raw aten._scaled_mm by mode, and its max-autotune
+# lowering fails on a 1-D bias (torch 2.11: tuned_scaled_mm hands the bias unexpanded to the Triton template's
+# epilogue) or may pick a Triton GEMM whose sums differ from eager's; the op runs eager's call in every mode.
+_fp8_scaled_mm_traced = torch.library.custom_op(
+    "qwen_fp4::_fp8_scaled_mm", _fp8_scaled_mm, mutates_args=(),
+    schema="(Tensor a, Tensor weight, Tensor scale_a, Tensor scale_b, Tensor? bias, bool use_fast_accum) -> Tensor")
+
+
+@_fp8_scaled_mm_traced.register_fake
+def _fp8_scaled_mm_fake(a: Tensor, weight: Tensor, scale_a: Tensor, scale_b: Tensor, bias: Optional[Tensor],
+                        use_fast_accum: bool) -> Tensor:
+    return a.new_empty((a.shape[0], weight.shape[0]), dtype=torch.bfloat16)
 
 
 def fp8_linear_reference(a: Tensor, weight: Tensor, weight_scale: Tensor, input_scale: Tensor,

@@ -18,9 +18,10 @@ The compiled library (_library.py, loaded below once the schemas exist) register
 (csrc/registration.cpp), whose own checks hold for raw calls. Adding an op: an entry here, its reference,
 its kernel with its host wrapper and registration line, its typed wrapper in api.py, its tests.
 
-Two private ops of the namespace have no kernel and are not in the table: Python functions that traced code
+Three private ops of the namespace have no kernel and are not in the table: Python functions that traced code
 must call as one opaque op, defined with ``torch.library.custom_op`` beside their callers
-(``_bf16_gemm_fp32_accumulate_scaled`` in gemm.py, ``_gelu_tanh_eager`` in integrations/_segments.py).
+(``_bf16_gemm_fp32_accumulate_scaled`` in gemm.py, ``_fp8_scaled_mm`` in linear_fp8.py, ``_gelu_tanh_eager`` in
+integrations/_segments.py).
 """
 
 from __future__ import annotations

@@ -265,6 +265,38 @@ def test_compile_fullgraph_traces_without_breaks():
     assert torch.equal(compiled(xq), layer(xq))
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_traced_gemm_is_one_opaque_op_with_the_eager_bytes(per_channel, bias):
+    """The CUDA GEMM as torch.compile traces it: one ``qwen_fp4::_fp8_scaled_mm`` per call, no raw
+    ``aten._scaled_mm`` for inductor to lower by mode (its max-autotune lowering fails on a 1-D bias), the eager
+    call's bytes; the op passes opcheck. Run on CPU where torch has a CPU ``_scaled_mm``."""
+    layer = FP8Linear.from_linear(make_linear(bias=bias), 5.0, per_channel=per_channel)
+    a = (torch.randn(16, 64) * 3).to(torch.float8_e4m3fn)
+    try:
+        eager = layer._scaled_mm(a)
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip(f"this torch has no CPU _scaled_mm: {e}")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    traced = torch.compile(layer._scaled_mm, fullgraph=True, backend=backend)(a)
+    assert torch.equal(traced, eager)
+    assert graphs and "qwen_fp4._fp8_scaled_mm" in graphs[0] and "aten._scaled_mm" not in graphs[0]
+    if per_channel:  # the row-wise operands _scaled_mm takes; the bias is added after the op
+        scales = layer.input_scale.reshape(1, 1).expand(16, 1).contiguous(), layer.weight_scale.reshape(1, -1)
+    else:
+        scales = layer.input_scale, layer.weight_scale
+    args = (a, layer.weight, *scales, None if per_channel else layer.bias, True)
+    # opcheck's schema test compares inputs with allclose, which has no CPU float8 kernel
+    torch.library.opcheck(torch.ops.qwen_fp4._fp8_scaled_mm.default, args,
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
 def test_exported_from_the_package():
     assert q.FP8Linear is FP8Linear and "FP8Linear" in q.__all__
     assert E4M3_MAX == 448.0
