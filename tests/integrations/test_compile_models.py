@@ -135,10 +135,21 @@ def test_inductor_fused_equals_unfused(zero_cond_t):
 @pytest.mark.exhaustive  # more CPU inductor compilations; CI runs them with the sweep's CPU cases
 def test_inductor_with_eager_casts_equals_eager(fmt):
     """Inductor with ``emulate_precision_casts`` (bf16 intermediates rounded where eager rounds them, what the
-    docs recommend for eager's numerics): the compiled converted model's bytes are its eager bytes (CPU)."""
+    docs recommend for eager's numerics): the compiled converted model's bytes are its eager bytes (CPU), where
+    this torch gives the unconverted model's eager bytes so (torch 2.14 does; torch 2.11's CPU code for
+    diffusers' own LayerNorm modulation does not, with or without our ops): our ops, fakes and segments then
+    take nothing from the casts inductor emulates."""
+    bf16, inputs = CASES["qwen_image"]()
+    options = {"emulate_precision_casts": True}
+    plain = compiled_runs(bf16, inputs[0], torch.compile(bf16, fullgraph=True, options=options), runs=1)[0]
+    differ = int((plain != run(bf16, inputs[0])).sum())
+    if differ:
+        pytest.skip(f"torch {torch.__version__}'s inductor with emulate_precision_casts gives the unconverted "
+                    f"model {differ} of {plain.numel()} elements other than eager: no eager bytes to keep")
+    torch._dynamo.reset()
     model, inp = converted("qwen_image", fmt)
     eager = run(model, inp)
-    compiled = torch.compile(model, fullgraph=True, options={"emulate_precision_casts": True})
+    compiled = torch.compile(model, fullgraph=True, options=options)
     out = compiled_runs(model, inp, compiled, runs=1)[0]
     assert torch.equal(out, eager), first_difference(out, eager)
 
