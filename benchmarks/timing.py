@@ -123,9 +123,11 @@ class EventTimer:
         return f"SM clock under a spinning kernel (torch.cuda._sleep): {self.cycles_per_us:.0f} MHz"
 
     def sleep_us(self, us: float) -> None:
-        """Queue a spinning kernel of about ``us`` (at most 100 ms) on the current stream."""
-        if self.has_sleep and us > 0:
+        """Queue spinning kernels of about ``us`` in all on the current stream (each at most 100 ms, so that
+        the cycle count stays well inside an int32 at any clock)."""
+        while self.has_sleep and us > 0:
             torch.cuda._sleep(int(min(us, 100_000.0) * self.cycles_per_us))
+            us -= 100_000.0
 
     def per_call_us(self, fn: Fn, n_sets: int, reps: int, warmup: int = 3, batch: int = 25) -> float:
         """Median GPU time (us) of ``fn(i)``, ``i`` rotating over ``n_sets`` input sets."""
@@ -199,7 +201,10 @@ def queued_flushed_per_call_us(fn: Callable[[], object], reps: int, warmup: int,
     pre-filled ahead of each call (``timer``'s spinning kernel, twice the call's host time), so that the host
     work before its first kernel (guards, wrappers, launches) runs while the GPU is busy, as it does in a loop
     whose previous step keeps the GPU busy: the call's GPU-bound time. A loop of such calls runs at the larger
-    of this and the call's host time."""
+    of this and the call's host time where the call makes no synchronizing CUDA call (one that does waits for
+    the queue and counts what the host does after it). NaN without ``torch.cuda._sleep``."""
+    if not timer.has_sleep:
+        return float("nan")
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

@@ -136,9 +136,8 @@ def test_inductor_fused_equals_unfused(zero_cond_t):
 def test_inductor_with_eager_casts_equals_eager(fmt):
     """Inductor with ``emulate_precision_casts`` (bf16 intermediates rounded where eager rounds them, what the
     docs recommend for eager's numerics): the compiled converted model's bytes are its eager bytes (CPU), where
-    this torch gives the unconverted model's eager bytes so (torch 2.14 does; torch 2.11's CPU code for
-    diffusers' own LayerNorm modulation does not, with or without our ops): our ops, fakes and segments then
-    take nothing from the casts inductor emulates."""
+    this torch gives the unconverted model's eager bytes so (torch's own property, docs/diffusers.md): our ops,
+    fakes and segments take nothing from the casts inductor emulates."""
     bf16, inputs = CASES["qwen_image"]()
     options = {"emulate_precision_casts": True}
     plain = compiled_runs(bf16, inputs[0], torch.compile(bf16, fullgraph=True, options=options), runs=1)[0]

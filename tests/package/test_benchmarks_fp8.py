@@ -6,6 +6,7 @@ the tests that run this build's FP8 ops on the CPU skip where the build has none
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import types
@@ -704,3 +705,18 @@ def test_model_measure_peers_runs_each_variant_in_its_own_cold_cache(monkeypatch
     assert len(set(cache_dirs.values())) == len(variants) and None not in cache_dirs.values()
     assert not any(os.path.exists(d) for d in cache_dirs.values())
     assert "2.00 ms (queued 1.50), compile 0.0 s" in bench_model.peer_row_line(by["bf16_eager", 16])
+
+
+def test_model_peer_ratios_per_measure_and_token_count():
+    rows = [{"variant": "bf16_eager", "tokens": 16, "ms": 40.0, "queued_ms": 32.0},
+            {"variant": "torchao_fp8_row_compiled", "tokens": 16, "ms": 25.0, "queued_ms": 20.0},
+            {"variant": "ours_compiled", "tokens": 16, "ms": 20.0, "queued_ms": 16.0},
+            {"variant": "ours_compiled", "tokens": 24, "ms": 30.0},  # no BF16 eager here, no queued figure
+            {"variant": "bf16_eager", "tokens": 32, "ms": 50.0, "queued_ms": nan}]
+    bench_model.add_peer_ratios(rows)
+    ours = rows[2]
+    assert (ours["over_bf16_eager"], ours["over_torchao_row"]) == (0.5, 0.8)
+    assert (ours["queued_over_bf16_eager"], ours["queued_over_torchao_row"]) == (0.5, 0.8)
+    assert rows[1]["queued_over_bf16_eager"] == 20.0 / 32.0
+    assert all(math.isnan(rows[3][f]) for f in ("over_bf16_eager", "queued_over_bf16_eager", "over_torchao_row"))
+    assert rows[4]["over_bf16_eager"] == 1.0 and math.isnan(rows[4]["queued_over_bf16_eager"])
