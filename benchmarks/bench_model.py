@@ -435,10 +435,9 @@ def _peer_callable(variant: str, model: torch.nn.Module) -> Callable[..., Any]:
 def fresh_compile_caches() -> ContextManager[None]:
     """Empty inductor and Triton caches for one variant (``torch._inductor.utils.fresh_cache``, in a temporary
     directory removed on exit): its compile time is a cold compilation's, whatever ran before it on the machine."""
-    import torch._inductor.utils as inductor_utils
+    from torch._inductor.utils import fresh_cache
 
-    fresh = getattr(inductor_utils, "fresh_cache", None) or inductor_utils.fresh_inductor_cache
-    return fresh()
+    return fresh_cache()
 
 
 def _compiled_fused_equals_unfused(model: torch.nn.Module, inp: Dict[str, Any], backend: str) -> bool:

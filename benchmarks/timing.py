@@ -183,16 +183,7 @@ def flushed_per_call_us(fn: Callable[[], object], reps: int, warmup: int, flush:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return _flushed_median_us(fn, reps, flush, lambda: None)
 
 
 def queued_flushed_per_call_us(fn: Callable[[], object], reps: int, warmup: int, flush: torch.Tensor,
@@ -212,11 +203,17 @@ def queued_flushed_per_call_us(fn: Callable[[], object], reps: int, warmup: int,
     fn()
     host_us = (time.perf_counter() - start_s) * 1e6
     torch.cuda.synchronize()
+    return _flushed_median_us(fn, reps, flush, lambda: timer.sleep_us(2.0 * host_us + 50.0))
+
+
+def _flushed_median_us(fn: Callable[[], object], reps: int, flush: torch.Tensor, ahead: Callable[[], None]) -> float:
+    """The median of ``reps`` event-timed calls of ``fn()``, each after writing ``flush`` and queuing ``ahead()``
+    (nothing, or a spin), and synchronized before the next."""
     times = []
     for _ in range(reps):
         flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        timer.sleep_us(2.0 * host_us + 50.0)
+        ahead()
         start.record()
         fn()
         end.record()
