@@ -492,7 +492,7 @@ INDUCTOR_CASES = [(mode, fmt) for mode in INDUCTOR_MODES for fmt in ("fp8", "nvf
 
 
 @pytest.mark.gpu
-# by default each mode but max-autotune (its GEMM autotuning takes minutes) once, each format once
+# by default each mode but max-autotune (it benchmarks candidate kernels while compiling) once, each format once
 @sweep("mode_name,fmt", INDUCTOR_CASES, [("default", "nvfp4"), ("reduce-overhead", "fp8"), ("eager-casts", "fp8")],
        ids=[f"{mode}-{fmt}" for mode, fmt in INDUCTOR_CASES])
 def test_gpu_inductor_compiles_once(mode_name, fmt):
