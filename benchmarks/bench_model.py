@@ -325,28 +325,43 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, marks in KERNEL_KINDS if any(m in low for m in marks)), "other")
 
 
+def kernel_summary(kernels: Sequence[Tuple[str, float]], top: int = 4) -> Dict[str, Any]:
+    """The GPU time of ``kernels`` ((name, ms) of each launch) by kind (``<kind>_ms``; copies and fills are
+    "other"), how many there were (``kernels``), the attention kernel that took the most time, with its ms
+    (``top_attention``: which backend and kernel the attention ran), and, for every kind but attention, its
+    ``top`` kernels by total time, with their ms and launches (``top_kernels``: where a kind's time goes)."""
+    row: Dict[str, Any] = {f"{k}_ms": 0.0 for k in KIND_NAMES}
+    by_kind: Dict[str, Dict[str, List[float]]] = {k: {} for k in KIND_NAMES}
+    for name, ms in kernels:
+        kind = kernel_kind(name)
+        row[f"{kind}_ms"] += ms
+        total = by_kind[kind].setdefault(name, [0.0, 0])
+        total[0] += ms
+        total[1] += 1
+    row["kernels"] = len(kernels)
+    attention = by_kind["attention"]
+    first = max(attention, key=lambda n: attention[n][0], default=None)
+    row["top_attention"] = f"{first[:80]} ({attention[first][0]:.2f} ms)" if first else ""
+    parts = []
+    for kind in KIND_NAMES:
+        if kind == "attention" or not by_kind[kind]:
+            continue
+        ranked = sorted(by_kind[kind].items(), key=lambda item: -item[1][0])[:top]
+        parts.append(f"{kind}: " + "; ".join(f"{n[:60]} {ms:.2f} ms x{int(count)}" for n, (ms, count) in ranked))
+    row["top_kernels"] = " | ".join(parts)
+    return row
+
+
 def kernel_breakdown(fn: Callable[[], Any]) -> Dict[str, Any]:
-    """One call of ``fn`` under torch.profiler: the GPU time of its kernels by kind (``<kind>_ms``; copies and
-    fills are "other"), how many kernels it launched (``kernels``), and the attention kernel that took the most
-    time, with its ms (``top_attention``: which backend and kernel the attention ran)."""
+    """:func:`kernel_summary` of the GPU kernels of one call of ``fn``, under torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    row: Dict[str, Any] = {f"{k}_ms": 0.0 for k in KIND_NAMES}
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    attention: Dict[str, float] = {}
-    for e in kernels:
-        kind = kernel_kind(e.name)
-        row[f"{kind}_ms"] += e.device_time / 1e3
-        if kind == "attention":
-            attention[e.name] = attention.get(e.name, 0.0) + e.device_time / 1e3
-    row["kernels"] = len(kernels)
-    top = max(attention, key=attention.get, default=None)
-    row["top_attention"] = f"{top[:80]} ({attention[top]:.2f} ms)" if top else ""
-    return row
+    return kernel_summary([(e.name, e.device_time / 1e3) for e in prof.events()
+                           if e.device_type == torch.autograd.DeviceType.CUDA])
 
 
 def host_figures(fn: Callable[[], Any]) -> Dict[str, Any]:
@@ -474,6 +489,8 @@ def peer_row_line(row: Dict[str, Any]) -> str:
         line += ", kernels " + ", ".join(f"{k} {row[k + '_ms']:.2f}" for k in KIND_NAMES) + f" ms ({row['kernels']})"
         if row.get("top_attention"):
             line += f", attention kernel {row['top_attention']}"
+        if row.get("top_kernels"):
+            line += f", top kernels {row['top_kernels']}"
     if "host_ms" in row:
         line += f", host {row['host_ms']:.2f} ms, {row['syncs']} syncs {row['first_sync']}".rstrip()
     return line

@@ -640,6 +640,21 @@ def test_model_kernel_kinds(name, kind):
     assert bench_model.kernel_kind(name) == kind
 
 
+def test_model_kernel_summary_totals_kinds_and_ranks_each_kinds_kernels():
+    kernels = [("cudnn_generated_fort_native_sdpa_sm90_a", 3.0), ("cudnn_generated_fort_native_sdpa_sm90_a", 2.0),
+               ("fmha_cutlassF_b", 1.0), ("triton_poi_fused_add_0", 0.5), ("triton_per_fused_mean_1", 0.25),
+               ("triton_poi_fused_add_0", 0.5), ("nvjet_qqtst_a", 4.0), ("Memcpy DtoD (Device -> Device)", 0.125)]
+    row = bench_model.kernel_summary(kernels, top=1)
+    assert (row["attention_ms"], row["gemm_ms"], row["ours_ms"], row["inductor_ms"], row["other_ms"]) == (
+        6.0, 4.0, 0.0, 1.25, 0.125)
+    assert row["kernels"] == 8
+    assert row["top_attention"] == "cudnn_generated_fort_native_sdpa_sm90_a (5.00 ms)"
+    # per kind but attention, the kernel with the most time (summed over its launches) first; no empty kind
+    assert row["top_kernels"] == ("gemm: nvjet_qqtst_a 4.00 ms x1 | inductor: triton_poi_fused_add_0 1.00 ms x2 | "
+                                  "other: Memcpy DtoD (Device -> Device) 0.12 ms x1")
+    assert bench_model.kernel_summary([])["top_kernels"] == "" and bench_model.kernel_summary([])["kernels"] == 0
+
+
 def test_model_inputs_text_mask_follows_the_pipeline():
     shapes = bench_model.image_shapes(16, False)
     assert bench_model.model_inputs(1, shapes, 5, seed=0, device="cpu")["encoder_hidden_states_mask"] is None
