@@ -331,23 +331,21 @@ def kernel_summary(kernels: Sequence[Tuple[str, float]], top: int = 4) -> Dict[s
     (``top_attention``: which backend and kernel the attention ran), and, for every kind but attention, its
     ``top`` kernels by total time, with their ms and launches (``top_kernels``: where a kind's time goes)."""
     row: Dict[str, Any] = {f"{k}_ms": 0.0 for k in KIND_NAMES}
-    by_kind: Dict[str, Dict[str, List[float]]] = {k: {} for k in KIND_NAMES}
+    total_ms: Dict[str, float] = {}
+    launches: Dict[str, int] = {}
     for name, ms in kernels:
-        kind = kernel_kind(name)
-        row[f"{kind}_ms"] += ms
-        total = by_kind[kind].setdefault(name, [0.0, 0])
-        total[0] += ms
-        total[1] += 1
+        row[f"{kernel_kind(name)}_ms"] += ms
+        total_ms[name] = total_ms.get(name, 0.0) + ms
+        launches[name] = launches.get(name, 0) + 1
     row["kernels"] = len(kernels)
-    attention = by_kind["attention"]
-    first = max(attention, key=lambda n: attention[n][0], default=None)
-    row["top_attention"] = f"{first[:80]} ({attention[first][0]:.2f} ms)" if first else ""
+    ranked = sorted(total_ms, key=total_ms.get, reverse=True)  # stable: ties keep their first launch's order
+    attention = [n for n in ranked if kernel_kind(n) == "attention"]
+    row["top_attention"] = f"{attention[0][:80]} ({total_ms[attention[0]]:.2f} ms)" if attention else ""
     parts = []
-    for kind in KIND_NAMES:
-        if kind == "attention" or not by_kind[kind]:
-            continue
-        ranked = sorted(by_kind[kind].items(), key=lambda item: -item[1][0])[:top]
-        parts.append(f"{kind}: " + "; ".join(f"{n[:60]} {ms:.2f} ms x{int(count)}" for n, (ms, count) in ranked))
+    for kind in (k for k in KIND_NAMES if k != "attention"):  # attention's is top_attention
+        names = [n for n in ranked if kernel_kind(n) == kind][:top]
+        if names:
+            parts.append(f"{kind}: " + "; ".join(f"{n[:60]} {total_ms[n]:.2f} ms x{launches[n]}" for n in names))
     row["top_kernels"] = " | ".join(parts)
     return row
 
