@@ -35,6 +35,7 @@ import math
 import sys
 import time
 import warnings
+from functools import partial
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -181,7 +182,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         "_native_cudnn, _native_flash; default: diffusers' own choice)")
     p.add_argument("--profile", action="store_true",
                    help="with --peers: also each variant's GPU time per kernel kind in one profiled forward "
-                        "(attention, GEMM, ours, inductor's, other), and its host time and synchronizing calls")
+                        "(attention, GEMM, ours, inductor's, other), when its first kernel started and how long "
+                        "the GPU waited for the host in it (its Chrome trace in --out), and its host time and "
+                        "synchronizing calls")
     harness.add_out_argument(p)
     return p
 
@@ -313,8 +316,8 @@ KIND_NAMES = tuple(k for k, _ in KERNEL_KINDS) + ("other",)
 PEER_FIELDS = ["variant", "tokens", "zero_cond_t", "ms", "over_bf16_eager", "over_torchao_row", "queued_ms",
                "queued_over_bf16_eager", "queued_over_torchao_row", "compile_s",
                "graphs", "rel_err_vs_bf16", "rel_err_vs_fp32", "fused_equals_unfused", "fused_equals_unfused_inductor",
-               "compiled_paths",
-               *(f"{k}_ms" for k in KIND_NAMES), "kernels", "top_attention", "host_ms", "syncs", "first_sync"]
+               "compiled_paths", *(f"{k}_ms" for k in KIND_NAMES), "kernels", "top_attention", "first_kernel_ms",
+               "gpu_idle_ms", "top_gaps", "host_ms", "syncs", "first_sync"]
 
 
 def kernel_kind(name: str) -> str:
@@ -350,16 +353,43 @@ def kernel_summary(kernels: Sequence[Tuple[str, float]], top: int = 4) -> Dict[s
     return row
 
 
-def kernel_breakdown(fn: Callable[[], Any]) -> Dict[str, Any]:
-    """:func:`kernel_summary` of the GPU kernels of one call of ``fn``, under torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile
+def timeline_summary(call_start_us: float, kernels: Sequence[Tuple[str, float, float]], top: int = 3) -> Dict[str, Any]:
+    """Where the GPU waited in one call: ``first_kernel_ms``, from the call's start on the host to its first
+    kernel's start on the GPU (guards, wrappers, launches: the host's work before the GPU has any); ``gpu_idle_ms``,
+    the time between the first kernel's start and the last one's end in which no kernel ran (the GPU waited for
+    the host); ``top_gaps``, the ``top`` longest such waits with the kernel each preceded. ``kernels``: (name,
+    start us, duration us) of each launch, on the clock of ``call_start_us``."""
+    ordered = sorted(kernels, key=lambda k: k[1])
+    gaps: List[Tuple[float, str]] = []
+    busy_until = None
+    for name, start, duration in ordered:
+        if busy_until is not None and start > busy_until:
+            gaps.append((start - busy_until, name))
+        busy_until = start + duration if busy_until is None else max(busy_until, start + duration)
+    ranked = sorted(gaps, key=lambda g: g[0], reverse=True)[:top]
+    return {"first_kernel_ms": (ordered[0][1] - call_start_us) / 1e3 if ordered else float("nan"),
+            "gpu_idle_ms": sum(g for g, _ in gaps) / 1e3,
+            "top_gaps": "; ".join(f"{g / 1e3:.3f} ms before {name[:60]}" for g, name in ranked)}
+
+
+def kernel_breakdown(fn: Callable[[], Any], trace_path: Optional[str] = None) -> Dict[str, Any]:
+    """:func:`kernel_summary` and :func:`timeline_summary` of the GPU kernels of one call of ``fn``, under
+    torch.profiler (host and GPU activity: the host's times carry the profiler's own overhead, the kernels' do
+    not); ``trace_path``: also that call's Chrome trace there."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("bench_model.forward"):
+            fn()
         torch.cuda.synchronize()
-    return kernel_summary([(e.name, e.device_time / 1e3) for e in prof.events()
-                           if e.device_type == torch.autograd.DeviceType.CUDA])
+    if trace_path is not None:
+        prof.export_chrome_trace(trace_path)
+    events = prof.events()
+    call_start = next(e.time_range.start for e in events if e.name == "bench_model.forward")
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {**kernel_summary([(e.name, e.device_time / 1e3) for e in kernels]),
+            **timeline_summary(call_start, [(e.name, e.time_range.start, e.time_range.elapsed_us()) for e in kernels])}
 
 
 def host_figures(fn: Callable[[], Any]) -> Dict[str, Any]:
@@ -489,6 +519,9 @@ def peer_row_line(row: Dict[str, Any]) -> str:
             line += f", attention kernel {row['top_attention']}"
         if row.get("top_kernels"):
             line += f", top kernels {row['top_kernels']}"
+    if "gpu_idle_ms" in row:
+        line += (f", first kernel after {row['first_kernel_ms']:.2f} ms, GPU idle {row['gpu_idle_ms']:.2f} ms"
+                 + (f" (longest: {row['top_gaps']})" if row["top_gaps"] else ""))
     if "host_ms" in row:
         line += f", host {row['host_ms']:.2f} ms, {row['syncs']} syncs {row['first_sync']}".rstrip()
     return line
@@ -496,7 +529,7 @@ def peer_row_line(row: Dict[str, Any]) -> str:
 
 def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Sequence[str], layers: int,
                   text_len: int, reps: int, warmup: int, flush: torch.Tensor, log=print, text_mask: str = "pipeline",
-                  profile: bool = False, attention_backend: Optional[str] = None,
+                  profile: bool = False, attention_backend: Optional[str] = None, trace_dir: Optional[str] = None,
                   on_variant: Optional[Callable[[List[Dict[str, Any]]], None]] = None) -> List[Dict[str, Any]]:
     """Every variant of one model (``zero_cond_t`` off or on) at every token count, one variant at a time
     (dynamo reset between variants, so no variant inherits another's graphs or recompile budget). Per
@@ -508,7 +541,8 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     the fp32 model's (:func:`fp32_outputs`); for ours compiled, the segments' compiled paths, and for ours
     compiled whole, fused == unfused under compile (:func:`_compiled_fused_equals_unfused`: aot_eager at every
     token count, inductor at the first); with ``profile``, :func:`kernel_breakdown` and :func:`host_figures` of
-    one forward each.
+    one forward each (``trace_dir``: the profiled forward's Chrome trace there,
+    ``trace_[zct_]<tokens>_<variant>.json``).
     ``on_variant``: called with the rows so far after each variant (a run stopped midway keeps what it
     measured)."""
     import torch._dynamo as dynamo
@@ -558,11 +592,14 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                         paths = qd.fused_path_stats(subject)["compiled"]
                         row["compiled_paths"] = "; ".join(f"{k}: {'/'.join(v)}" for k, v in paths.items())
                         row["compiled_all_fused"] = bool(paths) and all(v == ["fused"] for v in paths.values())
-                    for figures in (kernel_breakdown, host_figures) if profile else ():
+                    trace = (f"{trace_dir}/trace_{'zct_' if zero_cond_t else ''}{t}_{variant}.json"
+                             if trace_dir else None)
+                    for figures in (partial(kernel_breakdown, trace_path=trace), host_figures) if profile else ():
                         try:  # a profile is a figure, not a check: one that fails is said and left out
                             row.update(figures(lambda run=run, inp=inp: run(**inp)))
                         except Exception as exc:  # noqa: BLE001
-                            log(f"{variant} {t} tokens: no {figures.__name__} ({type(exc).__name__}: {exc})")
+                            name = getattr(figures, "func", figures).__name__
+                            log(f"{variant} {t} tokens: no {name} ({type(exc).__name__}: {exc})")
                 rows.append(row)
                 log(peer_row_line(row))
             if variant == "ours_compiled":  # after the timed and noted graphs: these traces note "unfused"
@@ -689,8 +726,9 @@ def peers_main(args: argparse.Namespace) -> int:
         rows += measure_peers(zct, tokens_list, variants, args.layers, args.text_len, reps, warmup, flush,
                               log=lambda line: print(line, flush=True), text_mask=args.text_mask,
                               profile=args.profile, attention_backend=args.attention_backend,
+                              trace_dir=args.out if args.profile else None,
                               # done: the rows of the zero_cond_t settings before this one, as they are now
-                              on_variant=lambda partial, done=list(rows): report(done + partial))
+                              on_variant=lambda so_far, done=list(rows): report(done + so_far))
         torch.cuda.empty_cache()
     print("\n".join(report(rows)))
     failures = [f"{r['tokens']} tokens{' zct' if r['zero_cond_t'] else ''} {r['variant']}: {problem}"

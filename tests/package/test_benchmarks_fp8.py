@@ -735,3 +735,13 @@ def test_model_peer_ratios_per_measure_and_token_count():
     assert rows[1]["queued_over_bf16_eager"] == 20.0 / 32.0
     assert all(math.isnan(rows[3][f]) for f in ("over_bf16_eager", "queued_over_bf16_eager", "over_torchao_row"))
     assert rows[4]["over_bf16_eager"] == 1.0 and math.isnan(rows[4]["queued_over_bf16_eager"])
+
+
+def test_model_timeline_summary_counts_only_the_gpu_waits_between_kernels():
+    # kernels (name, start us, duration us): b overlaps a (no wait), c waits 30 us after b's end, d 10 us after c
+    kernels = [("c", 200.0, 50.0), ("a", 100.0, 50.0), ("b", 120.0, 50.0), ("d", 260.0, 5.0)]
+    row = bench_model.timeline_summary(40.0, kernels, top=1)
+    assert row["first_kernel_ms"] == 0.06
+    assert abs(row["gpu_idle_ms"] - 0.04) < 1e-12
+    assert row["top_gaps"] == "0.030 ms before c"
+    assert bench_model.timeline_summary(0.0, [])["gpu_idle_ms"] == 0.0
