@@ -516,9 +516,9 @@ def _fake_peers(monkeypatch, change=None):
     calls = []
 
     def measure_peers(zct, tokens, variants, layers, text_len, reps, warmup, flush, log=print, text_mask="unset",
-                      profile=None, attention_backend="unset", on_variant=None):
+                      profile=None, attention_backend="unset", trace_dir="unset", on_variant=None):
         calls.append((zct, list(tokens), list(variants), layers, text_len, reps, warmup, text_mask, profile,
-                      attention_backend))
+                      attention_backend, trace_dir))
         rows = []
         for v in variants:
             for t in tokens:
@@ -553,7 +553,7 @@ def test_model_peers_main_writes_the_peers_report(monkeypatch, tmp_path, capsys)
     calls = _fake_peers(monkeypatch)
     assert bench_model.main(["--peers", "--variants", "bf16_eager,ours_compiled", "--reps", "7", "--warmup", "2",
                              "--out", str(tmp_path)]) == 0
-    assert calls == [(z, [6889, 10209], ["bf16_eager", "ours_compiled"], 4, 128, 7, 2, "pipeline", False, None)
+    assert calls == [(z, [6889, 10209], ["bf16_eager", "ours_compiled"], 4, 128, 7, 2, "pipeline", False, None, None)
                      for z in (False, True)]
     csv_lines = (tmp_path / "bench_model_peers.csv").read_text().splitlines()
     assert csv_lines[0].split(",") == bench_model.PEER_FIELDS and len(csv_lines) == 1 + 2 * 2 * 2
@@ -615,7 +615,8 @@ def test_model_peers_profile_and_text_mask_reach_the_measurement(monkeypatch, tm
     assert bench_model.main(["--peers", "--variants", "ours_compiled", "--zero-cond-t", "off", "--profile",
                              "--text-mask", "always", "--attention-backend", "_native_cudnn",
                              "--out", str(tmp_path)]) == 0
-    assert calls == [(False, [6889, 10209], ["ours_compiled"], 4, 128, 10, 3, "always", True, "_native_cudnn")]
+    assert calls == [(False, [6889, 10209], ["ours_compiled"], 4, 128, 10, 3, "always", True, "_native_cudnn",
+                      tmp_path)]  # the profiled forwards' traces go beside the report
     md = (tmp_path / "bench_model_peers.md").read_text()
     assert "attention / gemm / ours / inductor / other (kernels)" in md
     assert "| 1.00 / 2.00 / 3.00 / 4.00 / 5.00 (321) |" in md
