@@ -38,12 +38,18 @@ from torch import Tensor
 def rotate_pairs(x: Tensor, freqs: Tensor) -> Tensor:
     """``x`` [B, S, H, D] with each (even, odd) pair of its last dimension multiplied by ``freqs`` [S, D/2]
     (complex64, unit rotations): diffusers' ``apply_rotary_emb_qwen(x, freqs, use_real=False)`` on real fp32
-    pairs, in ``x``'s dtype."""
-    angle = torch.view_as_real(freqs).unsqueeze(1)  # [S, 1, D/2, 2]: broadcast over the heads
-    cos, sin = angle[..., 0], angle[..., 1]
-    pairs = x.float().unflatten(-1, (-1, 2))
-    re, im = pairs[..., 0], pairs[..., 1]
-    return torch.stack((re * cos - im * sin, re * sin + im * cos), dim=-1).flatten(-2).type_as(x)
+    pairs, in ``x``'s dtype.
+
+    Written as one pointwise expression over the pairs, ``(re, im) * (cos, cos) + (im, re) * (-sin, sin)``, so
+    that inductor fuses it with the QK-norm before it and the joint concatenation after it (two rotated halves
+    stacked back together are a concatenation it realizes as separate fp32 buffers). Each component is the
+    complex product's expression in the same bits: ``re*cos + im*(-sin) == re*cos - im*sin`` and
+    ``im*cos + re*sin == re*sin + im*cos`` (IEEE negation and addition order)."""
+    angle = torch.view_as_real(freqs).unsqueeze(1)  # [S, 1, D/2, 2]: (cos, sin), broadcast over the heads
+    cos = angle[..., :1].expand_as(angle)  # (cos, cos)
+    sin = angle[..., 1:] * torch.tensor([-1.0, 1.0], dtype=angle.dtype, device=angle.device)  # (-sin, sin)
+    pairs = x.float().unflatten(-1, (-1, 2))  # (re, im)
+    return (pairs * cos + pairs.flip(-1) * sin).flatten(-2).type_as(x)
 
 
 def _diffusers_processor_class() -> Optional[type]:
