@@ -372,6 +372,10 @@ def timeline_summary(call_start_us: float, kernels: Sequence[Tuple[str, float, f
             "top_gaps": "; ".join(f"{g / 1e3:.3f} ms before {name[:60]}" for g, name in ranked)}
 
 
+#: The profiled call's range (host and GPU sides) in :func:`kernel_breakdown`.
+_FORWARD_MARK = "bench_model.forward"
+
+
 def kernel_breakdown(fn: Callable[[], Any], trace_path: Optional[str] = None) -> Dict[str, Any]:
     """:func:`kernel_summary` and :func:`timeline_summary` of the GPU kernels of one call of ``fn``, under
     torch.profiler (host and GPU activity: the host's times carry the profiler's own overhead, the kernels' do
@@ -380,14 +384,16 @@ def kernel_breakdown(fn: Callable[[], Any], trace_path: Optional[str] = None) ->
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        with record_function("bench_model.forward"):
+        with record_function(_FORWARD_MARK):
             fn()
         torch.cuda.synchronize()
     if trace_path is not None:
         prof.export_chrome_trace(trace_path)
     events = prof.events()
-    call_start = next(e.time_range.start for e in events if e.name == "bench_model.forward")
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    call_start = next(e.time_range.start for e in events
+                      if e.name == _FORWARD_MARK and e.device_type == torch.autograd.DeviceType.CPU)
+    # the GPU side of the marker is a range over the call's kernels, not a kernel
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.name != _FORWARD_MARK]
     return {**kernel_summary([(e.name, e.device_time / 1e3) for e in kernels]),
             **timeline_summary(call_start, [(e.name, e.time_range.start, e.time_range.elapsed_us()) for e in kernels])}
 
