@@ -36,6 +36,7 @@ mkdir -p "$OUT"
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(tests)
 export PYTHONUNBUFFERED=1
 export TORCH_LOGS=${TORCH_LOGS-recompiles}  # dynamo says why it recompiles (TORCH_LOGS= to silence)
+[ -z "$TORCH_LOGS" ] && unset TORCH_LOGS  # torch 2.11 fails to import with TORCH_LOGS set but empty
 status=0
 # The tier of the test stages: the exhaustive sweep unless EXHAUSTIVE=0 (the default tier, as the README runs it).
 if [ "${EXHAUSTIVE:-1}" = 0 ]; then TIER=(); else TIER=(--exhaustive); fi
