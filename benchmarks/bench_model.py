@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import os
 import sys
 import time
 import warnings
@@ -554,6 +555,8 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
     import torch._dynamo as dynamo
     from qwen_resnorm_fp4.integrations import diffusers as qd
 
+    if trace_dir is not None:  # the profiler's trace export fails silently into a missing directory
+        os.makedirs(trace_dir, exist_ok=True)
     model = build_model(layers, zero_cond_t, attention_backend)
     inputs = {t: model_inputs(1, image_shapes(t, zero_cond_t), text_len, seed=t, text_mask=text_mask)
               for t in tokens_list}
