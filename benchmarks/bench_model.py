@@ -36,7 +36,6 @@ import os
 import sys
 import time
 import warnings
-from functools import partial
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -184,8 +183,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="with --peers: also each variant's GPU time per kernel kind in one profiled forward "
                         "(attention, GEMM, ours, inductor's, other), when its first kernel started and how long "
-                        "the GPU waited for the host in it (its Chrome trace in --out), and its host time and "
-                        "synchronizing calls")
+                        "the GPU waited for the host in it (the profiler's own overhead included; its Chrome "
+                        "trace in --out), and its host time and synchronizing calls")
     harness.add_out_argument(p)
     return p
 
@@ -379,8 +378,9 @@ _FORWARD_MARK = "bench_model.forward"
 
 def kernel_breakdown(fn: Callable[[], Any], trace_path: Optional[str] = None) -> Dict[str, Any]:
     """:func:`kernel_summary` and :func:`timeline_summary` of the GPU kernels of one call of ``fn``, under
-    torch.profiler (host and GPU activity: the host's times carry the profiler's own overhead, the kernels' do
-    not); ``trace_path``: also that call's Chrome trace there."""
+    torch.profiler (host and GPU activity: the host's times carry the profiler's own overhead, e.g. its
+    activity-buffer allocation before the first kernel, the kernels' do not); ``trace_path``: also that call's
+    Chrome trace there."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.cuda.synchronize()
@@ -603,11 +603,12 @@ def measure_peers(zero_cond_t: bool, tokens_list: Sequence[int], variants: Seque
                         row["compiled_all_fused"] = bool(paths) and all(v == ["fused"] for v in paths.values())
                     trace = (f"{trace_dir}/trace_{'zct_' if zero_cond_t else ''}{t}_{variant}.json"
                              if trace_dir else None)
-                    for figures in (partial(kernel_breakdown, trace_path=trace), host_figures) if profile else ():
+                    profiles = (("kernel_breakdown", lambda fn, trace=trace: kernel_breakdown(fn, trace)),
+                                ("host_figures", host_figures)) if profile else ()
+                    for name, figures in profiles:
                         try:  # a profile is a figure, not a check: one that fails is said and left out
                             row.update(figures(lambda run=run, inp=inp: run(**inp)))
                         except Exception as exc:  # noqa: BLE001
-                            name = getattr(figures, "func", figures).__name__
                             log(f"{variant} {t} tokens: no {name} ({type(exc).__name__}: {exc})")
                 rows.append(row)
                 log(peer_row_line(row))
