@@ -6,7 +6,7 @@
 # WHEEL=path it installs that wheel and runs everything against the installed package instead.
 #
 #   bash scripts/gpu_check.sh [startup] [demo] [tests] [bench] [pdl] [per_token] [gemm] [fp8] [fp8_linear] [model]
-#                             [inductor_diff] [ncu] [sanitizer] [emulation]
+#                             [inductor_diff] [ncu] [sanitizer] [emulation] [baseline_tests]
 #                                                                                              (default: tests)
 #   PYTEST_ARGS="-m gpu" bash scripts/gpu_check.sh tests
 #   EXHAUSTIVE=0 bash scripts/gpu_check.sh tests        (the default tier instead: the README's `python -m pytest
@@ -16,9 +16,12 @@
 #                                                       workers, each takes CPU threads and GPU memory)
 #   PYTEST_K="not real_width" bash scripts/gpu_check.sh tests     (a -k expression with spaces)
 #   WHEEL=dist/qwen_resnorm_fp4-....whl bash scripts/gpu_check.sh tests bench
-#   BASELINE_WHEEL=old.whl bash scripts/gpu_check.sh bench     (this checkout's benchmark of old.whl first, then of
-#                                                              this build, same machine, same arguments: before/after;
-#                                                              BASELINE_DIR=dir: a directory holding an older build)
+#   BASELINE_WHEEL=old.whl bash scripts/gpu_check.sh bench fp8 baseline_tests
+#       before/after on one machine: stages bench and fp8 run their benchmark of old.whl first, then of this build,
+#       same arguments; stage baseline_tests runs the test suite against old.whl (PYTEST_ARGS, PYTEST_WORKERS and the
+#       tier as for tests). BASELINE_TREE=dir: the old build's own tree, whose benchmarks/ and tests/ run against it
+#       instead of this checkout's (when the scripts or tests changed with it). BASELINE_DIR=dir: a directory holding
+#       an older build, instead of BASELINE_WHEEL
 #   stages bench, pdl, per_token, gemm, fp8, fp8_linear, model run benchmarks/bench_*.py (BENCH_ARGS, PDL_ARGS,
 #   PER_TOKEN_ARGS, GEMM_ARGS, FP8_ARGS, FP8_LINEAR_ARGS, MODEL_ARGS pass options), against the package the tests use
 #   EMULATION_WHEEL=emu.whl bash scripts/gpu_check.sh emulation   (the Blackwell emulation wheel, built elsewhere with
@@ -56,6 +59,21 @@ if ls "$REPO"/.whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$REPO"/.whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# The baseline of a before/after: an older build (BASELINE_WHEEL, installed into its own target, or BASELINE_DIR),
+# run with its own tree's benchmarks and tests where BASELINE_TREE names that tree.
+if [ -n "${BASELINE_WHEEL:-}" ]; then
+  rm -rf /tmp/baseline && python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/baseline \
+    "$BASELINE_WHEEL" && BASELINE_DIR=/tmp/baseline || { echo "installing $BASELINE_WHEEL failed"; exit 2; }
+fi
+BASELINE_TREE=${BASELINE_TREE:+$(cd "$BASELINE_TREE" && pwd)}
+BASELINE_TESTS=${BASELINE_TREE:-$REPO}/tests
+# baseline_bench SCRIPT NAME ARGS...: benchmarks/SCRIPT.py against the baseline build, logs NAME_baseline.*
+baseline_bench() {
+  local script=$1 name=$2; shift 2
+  [ -n "${BASELINE_DIR:-}" ] || return 0
+  (cd /tmp && PYTHONPATH=$BASELINE_DIR${PYTHONPATH:+:$PYTHONPATH} python3 "${BASELINE_TREE:-$REPO}/benchmarks/$script.py" \
+     --out "$OUT/${name}_baseline" "$@" 2>&1 | tee "$OUT/${name}_baseline.log"; exit "${PIPESTATUS[0]}") || status=1
+}
 cd "$RUN_DIR"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -76,15 +94,14 @@ for stage in "${stages[@]}"; do
         ${TIER[@]+"${TIER[@]}"} ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
         | tee "$OUT/gpu_tests.log" || status=1 ;;
     bench)
-      if [ -n "${BASELINE_WHEEL:-}" ]; then
-        rm -rf /tmp/baseline && python3 -m pip install -q --no-deps --no-index --target /tmp/baseline "$BASELINE_WHEEL" \
-          && BASELINE_DIR=/tmp/baseline
-      fi
-      if [ -n "${BASELINE_DIR:-}" ]; then  # a directory holding an older built qwen_resnorm_fp4
-        (cd /tmp && PYTHONPATH=$BASELINE_DIR python3 "$REPO/benchmarks/bench_fused.py" \
-           --out "$OUT/bench_baseline" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_baseline.log") || status=1
-      fi
+      baseline_bench bench_fused bench ${BENCH_ARGS:-}
       python3 "$REPO/benchmarks/bench_fused.py" --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    baseline_tests)  # the suite against the baseline build, from BASELINE_TREE where given
+      [ -n "${BASELINE_DIR:-}" ] || { echo "stage baseline_tests: set BASELINE_WHEEL or BASELINE_DIR"; status=2; continue; }
+      (cd /tmp && PYTHONPATH=$BASELINE_DIR${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest "$BASELINE_TESTS" \
+         -p no:cacheprovider -q -rfEs --durations=10 --junitxml="$OUT/baseline_tests.xml" ${TIER[@]+"${TIER[@]}"} \
+         ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
+         | tee "$OUT/baseline_tests.log"; exit "${PIPESTATUS[0]}") || status=1 ;;
     pdl)  # a GEMM -> fused op pair, programmatic dependent launch on and off
       python3 "$REPO/benchmarks/bench_pdl.py" --out "$OUT/pdl" ${PDL_ARGS:-} 2>&1 | tee "$OUT/pdl.log" || status=1 ;;
     per_token)  # per-token modulation against FlashInfer's DiT kernel (built now from its header)
@@ -99,6 +116,7 @@ for stage in "${stages[@]}"; do
     gemm)  # the NVFP4 GEMM paths against the BF16 GEMM of the same shapes
       python3 "$REPO/benchmarks/bench_gemm.py" --out "$OUT/gemm" ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.log" || status=1 ;;
     fp8)  # the FP8 ops against a copy of the same bytes and the unfused chains
+      baseline_bench bench_fp8 fp8 ${FP8_ARGS:-}
       python3 "$REPO/benchmarks/bench_fp8.py" --out "$OUT/fp8" ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8.log" || status=1 ;;
     fp8_linear)  # FP8Linear (torch._scaled_mm) against BF16 nn.Linear at the Qwen-Image shapes
       python3 "$REPO/benchmarks/bench_fp8_linear.py" --out "$OUT/fp8_linear" ${FP8_LINEAR_ARGS:-} 2>&1 \
