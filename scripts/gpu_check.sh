@@ -72,7 +72,14 @@ baseline_bench() {
   local script=$1 name=$2; shift 2
   [ -n "${BASELINE_DIR:-}" ] || return 0
   (cd /tmp && PYTHONPATH=$BASELINE_DIR${PYTHONPATH:+:$PYTHONPATH} python3 "${BASELINE_TREE:-$REPO}/benchmarks/$script.py" \
-     --out "$OUT/${name}_baseline" "$@" 2>&1 | tee "$OUT/${name}_baseline.log"; exit "${PIPESTATUS[0]}") || status=1
+     --out "$OUT/${name}_baseline" "$@" 2>&1 | tee "$OUT/${name}_baseline.log") || status=1
+}
+# run_suite DIR NAME: the test suite in DIR at this run's tier, workers, PYTEST_ARGS and PYTEST_K; logs NAME.log/.xml
+# (-rfEs: the failures' names in the summary; -n N: pytest-xdist workers side by side)
+run_suite() {
+  python3 -m pytest "$1" -p no:cacheprovider -q -rfEs --durations=30 --junitxml="$OUT/$2.xml" \
+    ${TIER[@]+"${TIER[@]}"} ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
+    | tee "$OUT/$2.log"
 }
 cd "$RUN_DIR"
 {
@@ -84,24 +91,18 @@ cd "$RUN_DIR"
 for stage in "${stages[@]}"; do
   case "$stage" in
     tests)
-      # -rfEs: the failures' names in the summary; -n N (pytest-xdist, where installed) runs workers side by side;
       # gpu_tests_progress.tsv: each test's seconds, outcome and failure as it ends (a run a time limit stops too);
       # test_artifacts/: what a failing test writes for a diagnosis (QWEN_FP4_TEST_ARTIFACTS)
       rm -f "$OUT/gpu_tests_progress.tsv"
       QWEN_FP4_TEST_PROGRESS=$OUT/gpu_tests_progress.tsv QWEN_FP4_TEST_ARTIFACTS=$OUT/test_artifacts \
-        python3 -m pytest "$REPO/tests" -p no:cacheprovider -q -rfEs \
-        --durations=30 --junitxml="$OUT/gpu_tests.xml" \
-        ${TIER[@]+"${TIER[@]}"} ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
-        | tee "$OUT/gpu_tests.log" || status=1 ;;
+        run_suite "$REPO/tests" gpu_tests || status=1 ;;
     bench)
       baseline_bench bench_fused bench ${BENCH_ARGS:-}
       python3 "$REPO/benchmarks/bench_fused.py" --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     baseline_tests)  # the suite against the baseline build, from BASELINE_TREE where given
       [ -n "${BASELINE_DIR:-}" ] || { echo "stage baseline_tests: set BASELINE_WHEEL or BASELINE_DIR"; status=2; continue; }
-      (cd /tmp && PYTHONPATH=$BASELINE_DIR${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest "$BASELINE_TESTS" \
-         -p no:cacheprovider -q -rfEs --durations=10 --junitxml="$OUT/baseline_tests.xml" ${TIER[@]+"${TIER[@]}"} \
-         ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
-         | tee "$OUT/baseline_tests.log"; exit "${PIPESTATUS[0]}") || status=1 ;;
+      (cd /tmp && PYTHONPATH=$BASELINE_DIR${PYTHONPATH:+:$PYTHONPATH} run_suite "$BASELINE_TESTS" baseline_tests) \
+        || status=1 ;;
     pdl)  # a GEMM -> fused op pair, programmatic dependent launch on and off
       python3 "$REPO/benchmarks/bench_pdl.py" --out "$OUT/pdl" ${PDL_ARGS:-} 2>&1 | tee "$OUT/pdl.log" || status=1 ;;
     per_token)  # per-token modulation against FlashInfer's DiT kernel (built now from its header)
